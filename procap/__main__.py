@@ -1,0 +1,5 @@
+import sys
+
+from procap.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The ``procap`` command line: one subcommand per module in ``procap.commands``.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported lazily so that ``procap --help`` stays fast and a command's heavy imports
+(torch, cv2) are only paid when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from procap.errors import ProCapError
+
+# name -> module under procap.commands; the order is the order shown by --help.
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "synth": "synth",
+    "vocab": "vocab",
+    "prepare": "prepare",
+    "vqgan": "vqgan",
+    "pretrain": "pretrain",
+    "train": "train",
+    "evaluate": "evaluate",
+    "caption": "caption",
+    "score": "score",
+    "info": "info",
+    "profile": "profile",
+}
+
+
+def _available_commands() -> dict[str, object]:
+    modules = {}
+    for name, module_name in COMMANDS.items():
+        try:
+            modules[name] = importlib.import_module(f"procap.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"procap.commands.{module_name}":
+                raise
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="procap", description="ProCap: fast change captioning (ICLR 2026).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in _available_commands().items():
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except ProCapError as exc:
+        print(f"procap: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("procap: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

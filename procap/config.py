@@ -1,0 +1,156 @@
+"""Model and training configuration: dataclasses with named presets.
+
+Presets follow the paper (DESIGN.md section 3): ``clevr``, ``spot``, ``edit`` at paper size, and ``tiny``
+for CPU runs (tests, the demo). Look-up is by exact name; an unknown name raises ``KeyError`` with the
+list of valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+MASKING_SCHEMES = ("entire", "random_patch", "in_block", "out_of_block")
+NEGATIVE_WARPS = ("batch_frame_swap", "frame_shuffle", "color_shift", "affine")
+
+
+@dataclass
+class VQGANConfig:
+    """taming-transformers VQModel hyper-parameters (f16: 224 -> 14x14 latents)."""
+
+    resolution: int = 224
+    in_channels: int = 3
+    out_ch: int = 3
+    ch: int = 128
+    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
+    num_res_blocks: int = 2
+    attn_resolutions: tuple[int, ...] = (16,)  # taming's config value; with 224 input it lands at the 14x14 level
+    z_channels: int = 256
+    embed_dim: int = 256
+    n_embed: int = 1024
+    dropout: float = 0.0
+    beta: float = 0.25  # commitment weight
+
+    def __post_init__(self) -> None:
+        self.ch_mult = tuple(self.ch_mult)
+        self.attn_resolutions = tuple(self.attn_resolutions)
+
+    @property
+    def downsample_factor(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+    @property
+    def latent_size(self) -> int:
+        return self.resolution // self.downsample_factor
+
+
+@dataclass
+class MaskingConfig:
+    """Multi-granularity masking (paper Appendix C). Probabilities are over MASKING_SCHEMES in order."""
+
+    scheme_probs: tuple[float, float, float, float] = (0.1, 0.7, 0.1, 0.1)
+    patch_prob_range: tuple[float, float] = (0.2, 0.5)  # random-patch: mask prob p ~ U(lo, hi)
+    block_area_range: tuple[float, float] = (0.2, 0.8)
+    block_aspect_range: tuple[float, float] = (0.5, 2.0)
+
+    def __post_init__(self) -> None:
+        self.scheme_probs = tuple(float(p) for p in self.scheme_probs)
+        if len(self.scheme_probs) != len(MASKING_SCHEMES) or abs(sum(self.scheme_probs) - 1.0) > 1e-6:
+            raise ValueError(f"masking scheme_probs must be 4 probabilities summing to 1, got {self.scheme_probs}")
+
+
+@dataclass
+class ProCapConfig:
+    """Everything that shapes the ProCap model (both stages)."""
+
+    name: str = "custom"
+    vqgan: VQGANConfig = field(default_factory=VQGANConfig)
+    image_size: int = 224
+    vocab_size: int = 80
+    max_caption_len: int = 24  # tokens including BOS/EOS
+    # procedure
+    num_keyframes: int = 2  # k
+    num_generated_frames: int = 7  # l
+    # procedure encoder (pre-LN Transformer)
+    enc_dim: int = 768
+    enc_heads: int = 12
+    enc_mlp: int = 3072
+    enc_layers: int = 12
+    dropout: float = 0.1
+    # caption decoder
+    dec_dim: int = 512
+    dec_heads: int = 8
+    dec_ffn: int = 2048
+    dec_layers: int = 2
+    label_smoothing: float = 0.1
+    # stage-1 losses and augmentations
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    msm_weight: float = 1.0
+    align_weight: float = 1.0
+    csy_weight: float = 1.0
+    negative_probs: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)  # over NEGATIVE_WARPS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vqgan, dict):
+            self.vqgan = VQGANConfig(**self.vqgan)
+        if isinstance(self.masking, dict):
+            self.masking = MaskingConfig(**self.masking)
+        self.negative_probs = tuple(float(p) for p in self.negative_probs)
+        if self.enc_dim % self.enc_heads or self.dec_dim % self.dec_heads:
+            raise ValueError("enc_dim/dec_dim must be divisible by enc_heads/dec_heads")
+        if self.num_keyframes < 0 or self.num_keyframes > self.num_generated_frames:
+            raise ValueError(f"num_keyframes must be in [0, {self.num_generated_frames}], got {self.num_keyframes}")
+
+    @property
+    def grid_size(self) -> int:
+        """Latent grid side (14 for 224 px with f16)."""
+        return self.image_size // self.vqgan.downsample_factor
+
+    @property
+    def tokens_per_frame(self) -> int:
+        """n_I: visual tokens per frame."""
+        return self.grid_size**2
+
+    @property
+    def num_frames(self) -> int:
+        """Frames in the procedure sequence: before, k keyframes, after."""
+        return self.num_keyframes + 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProCapConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown ProCapConfig fields: {sorted(unknown)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "ProCapConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _tiny_vqgan() -> VQGANConfig:
+    # 64 px, f8 -> 8x8 latents (64 tokens per frame): small enough to train in a CPU demo.
+    return VQGANConfig(resolution=64, ch=32, ch_mult=(1, 1, 2, 4), num_res_blocks=1, attn_resolutions=(8,),
+                       z_channels=64, embed_dim=64, n_embed=256)
+
+
+PRESETS: dict[str, ProCapConfig] = {
+    "clevr": ProCapConfig(name="clevr", enc_layers=12, dec_layers=2, vocab_size=80,
+                          msm_weight=1.0, align_weight=1.0, csy_weight=1.0),
+    "spot": ProCapConfig(name="spot", enc_layers=4, dec_layers=3, vocab_size=834),
+    "edit": ProCapConfig(name="edit", enc_layers=12, dec_layers=2, vocab_size=524),
+    "tiny": ProCapConfig(name="tiny", vqgan=_tiny_vqgan(), image_size=64, enc_dim=128, enc_heads=4, enc_mlp=512,
+                         enc_layers=2, dec_dim=128, dec_heads=4, dec_ffn=512, dec_layers=2, dropout=0.1),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ProCapConfig:
+    """Return a fresh copy of the named preset, with optional field overrides."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    base = PRESETS[name]
+    return ProCapConfig.from_dict({**dataclasses.asdict(base), **overrides})

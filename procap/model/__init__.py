@@ -1,0 +1,1 @@
+"""The standard PyTorch ProCap model: VQGAN tokenizer, procedure encoder, caption decoder."""
