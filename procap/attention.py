@@ -1,17 +1,57 @@
 """Scaled dot-product attention behind one function, used by the encoder and the decoder.
 
-Backends: ``math`` (the reference) and ``sdpa`` (PyTorch's fused kernels). ``auto`` picks the fastest
-available for the device and dtype.
+Backends (``BACKENDS``):
+
+- ``flash``: the ``flash-attn`` package (CUDA, fp16/bf16, Ampere or newer; no arbitrary masks).
+- ``xformers``: ``xformers.ops.memory_efficient_attention`` (CUDA).
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` letting PyTorch pick its kernel;
+  ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``, ``sdpa_math`` pin one kernel through
+  ``torch.nn.attention.sdpa_kernel``.
+- ``math``: the plain reference (softmax in fp32), the truth every other backend is tested against.
+
+``auto`` resolves to the fastest backend available for the device type and dtype. The decision is made
+once per ``(device type, dtype)`` and cached (like timm's ``fused_attn`` flag), and can be overridden for a
+scope with :func:`use_backend` or for the process with the ``PROCAP_ATTENTION`` environment variable.
+Requesting an unavailable backend explicitly raises :class:`BackendUnavailableError` naming the backend and
+how to install it.
+
+Masks follow one convention everywhere: ``attn_mask`` is bool, broadcastable to (B, H, Lq, Lk), True = may
+attend; ``causal`` lets query i see keys ``j <= i + Lk - Lq`` (bottom-right aligned, so a single decoding
+query sees the whole prefix).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import importlib.util
 import math
+import os
+import warnings
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "math", "sdpa")
+SDPA_KERNELS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
+BACKENDS = ("auto", "flash", "xformers", "sdpa", *SDPA_KERNELS, "math")
+_INSTALL_HINTS = {
+    "flash": "pip install flash-attn --no-build-isolation (CUDA, fp16/bf16, compute capability >= 8.0)",
+    "xformers": "pip install xformers (a wheel matching your torch and CUDA versions)",
+    "sdpa_cudnn": "a CUDA build of PyTorch with cuDNN >= 9 on a Hopper/Ampere GPU",
+    "sdpa_efficient": "a CUDA build of PyTorch",
+    "sdpa_flash": "a CUDA build of PyTorch on compute capability >= 8.0 with fp16/bf16, or any CPU build",
+}
+# Priority used by ``auto``: fused third-party kernel, then PyTorch's own dispatcher, then the reference.
+_AUTO_ORDER = ("flash", "sdpa", "xformers", "math")
+
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("procap_attention_backend", default=None)
+_auto_cache: dict[tuple[str, torch.dtype], str] = {}
+_probe_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested attention backend cannot run on this device/dtype/installation."""
 
 
 def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -22,29 +62,220 @@ def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         q: (B, H, Lq, Dh); k, v: (B, H, Lk, Dh).
         causal: mask keys after the query position (query i sees keys <= i + Lk - Lq).
         attn_mask: optional bool mask broadcastable to (B, H, Lq, Lk), True = may attend.
+
+    Returns:
+        (B, H, Lq, Dh) in q's dtype.
     """
     scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if causal:
-        lq, lk = q.shape[-2], k.shape[-2]
-        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-        scores = scores.masked_fill(~keep, float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              attn_mask: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
-    """Attention over (B, H, L, Dh) tensors with the chosen backend; see :func:`attention_math`."""
-    if backend == "math":
-        return attention_math(q, k, v, causal, attn_mask)
+def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bottom-right aligned causal mask (Lq, Lk), True = may attend."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+
+
+# ----------------------------------------------------------------------------------------------- availability
+
+
+def _import_reason(backend: str) -> str | None:
+    module = {"flash": "flash_attn", "xformers": "xformers"}.get(backend)
+    if module and importlib.util.find_spec(module) is None:
+        return f"the {module} package is not installed"
+    return None
+
+
+def _static_reason(backend: str, device_type: str, dtype: torch.dtype) -> str | None:
+    """Why ``backend`` cannot run on (device type, dtype), judged without running it; None if it may."""
+    if backend in ("math", "sdpa", "sdpa_math"):
+        return None
+    reason = _import_reason(backend)
+    if reason:
+        return reason
+    if backend in ("flash", "xformers", "sdpa_cudnn", "sdpa_efficient") and device_type != "cuda":
+        return f"it needs a CUDA device, got {device_type}"
+    if backend == "flash":
+        if dtype not in (torch.float16, torch.bfloat16):
+            return f"flash-attn supports only fp16/bf16, got {dtype}"
+        if torch.cuda.get_device_capability()[0] < 8:
+            return "flash-attn 2 needs compute capability >= 8.0"
+    return None
+
+
+def _probe(backend: str, device_type: str, dtype: torch.dtype) -> str | None:
+    """Run a tiny call once to learn whether a pinned SDPA kernel works here (rules vary by build)."""
+    key = (backend, device_type, dtype)
+    if key not in _probe_cache:
+        q = torch.zeros(1, 1, 8, 64, device=device_type, dtype=dtype)
+        try:
+            with warnings.catch_warnings():  # PyTorch warns once per refused kernel; the reason is returned instead
+                warnings.simplefilter("ignore")
+                _run_backend(backend, q, q, q, False, None)
+            _probe_cache[key] = None
+        except RuntimeError as exc:  # PyTorch: "No viable backend ..." with per-kernel warnings
+            _probe_cache[key] = f"PyTorch has no usable {backend[5:]} kernel here ({str(exc).splitlines()[0][:80]})"
+    return _probe_cache[key]
+
+
+def unavailable_reason(backend: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why ``backend`` cannot run for this device and dtype, or None when it can.
+
+    Args:
+        backend: one of ``BACKENDS`` other than ``auto``.
+        device: the device the tensors live on.
+        dtype: the tensors' dtype.
+    """
+    if backend not in BACKENDS or backend == "auto":
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS[1:]}")
+    device_type = torch.device(device).type
+    reason = _static_reason(backend, device_type, dtype)
+    if reason is None and backend in SDPA_KERNELS:
+        reason = _probe(backend, device_type, dtype)
+    return reason
+
+
+def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[str]:
+    """Backends that can run on ``device`` with ``dtype`` (``auto`` excluded), in ``BACKENDS`` order."""
+    return [b for b in BACKENDS[1:] if unavailable_reason(b, device, dtype) is None]
+
+
+def select_backend(device: torch.device | str, dtype: torch.dtype) -> str:
+    """The backend ``auto`` resolves to for (device type, dtype); decided once and cached.
+
+    A scope opened with :func:`use_backend` or the ``PROCAP_ATTENTION`` environment variable wins.
+    """
+    forced = _override.get() or os.environ.get("PROCAP_ATTENTION") or None
+    if forced and forced != "auto":
+        return forced
+    key = (torch.device(device).type, dtype)
+    if key not in _auto_cache:
+        _auto_cache[key] = next(b for b in _AUTO_ORDER if unavailable_reason(b, key[0], dtype) is None)
+    return _auto_cache[key]
+
+
+@contextlib.contextmanager
+def use_backend(backend: str) -> Iterator[None]:
+    """Make ``backend="auto"`` calls inside the ``with`` block use ``backend`` (checked on first use)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    token = _override.set(None if backend == "auto" else backend)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def _require(backend: str, q: torch.Tensor) -> None:
+    reason = unavailable_reason(backend, q.device, q.dtype)
+    if reason is not None:
+        hint = _INSTALL_HINTS.get(backend)
+        raise BackendUnavailableError(
+            f"attention backend {backend!r} is unavailable because {reason}" + (f"; it needs {hint}" if hint else ""))
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+          attn_mask: torch.Tensor | None) -> torch.Tensor:
+    lq, lk = q.shape[-2], k.shape[-2]
     if causal and attn_mask is not None:
-        lq, lk = q.shape[-2], k.shape[-2]
-        attn_mask = attn_mask & torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-        causal = False
-    if causal and q.shape[-2] != k.shape[-2]:
-        lq, lk = q.shape[-2], k.shape[-2]
-        attn_mask, causal = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq), False
+        # SDPA refuses is_causal together with a mask: fold the causal part into the bool mask.
+        attn_mask, causal = attn_mask & causal_mask(lq, lk, q.device), False
+    if causal and lq != lk:
+        # SDPA's is_causal is top-left aligned; ours is bottom-right.
+        from torch.nn.attention.bias import causal_lower_right
+
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    from flash_attn import flash_attn_func
+
+    # flash-attn wants (B, L, H, Dh); its causal mask is bottom-right aligned (>= 2.1), like ours.
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+    return out.transpose(1, 2)
+
+
+def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              attn_mask: torch.Tensor | None) -> torch.Tensor:
+    from xformers import ops as xops
+
+    bias = None
+    if attn_mask is not None:
+        if causal:
+            attn_mask = attn_mask & causal_mask(q.shape[-2], k.shape[-2], q.device)
+        bias = _additive_bias(attn_mask, q)
+    elif causal:
+        bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
+    out = xops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    return out.transpose(1, 2)
+
+
+def _additive_bias(attn_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Bool mask -> additive bias (B, H, Lq, Lk) in q's dtype; xformers wants the last dim 8-aligned in memory."""
+    b, h, lq = q.shape[0], q.shape[1], q.shape[2]
+    lk = attn_mask.shape[-1]
+    padded = torch.empty(b, h, lq, (lk + 7) // 8 * 8, dtype=q.dtype, device=q.device)
+    bias = padded[..., :lk]
+    bias.copy_(torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
+               .expand(b, h, lq, lk))
+    return bias
+
+
+def _run_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 attn_mask: torch.Tensor | None) -> torch.Tensor:
+    if backend == "math":
+        return attention_math(q, k, v, causal, attn_mask)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, causal, attn_mask)
+    if backend in SDPA_KERNELS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kernel = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}[backend]
+        with sdpa_kernel([kernel]):
+            return _sdpa(q, k, v, causal, attn_mask)
+    if backend == "flash":
+        if attn_mask is not None:
+            raise BackendUnavailableError("attention backend 'flash' does not take attn_mask; use 'sdpa' or 'auto'")
+        return _flash(q, k, v, causal)
+    if backend == "xformers":
+        return _xformers(q, k, v, causal, attn_mask)
+    raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _flash_fits(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    return attn_mask is None and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              attn_mask: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """Attention over (B, H, L, Dh) tensors with the chosen backend.
+
+    Args:
+        q: (B, H, Lq, Dh); k, v: (B, H, Lk, Dh), same dtype and device.
+        causal: query i sees keys ``j <= i + Lk - Lq`` (bottom-right aligned).
+        attn_mask: optional bool mask broadcastable to (B, H, Lq, Lk), True = may attend.
+        backend: one of ``BACKENDS``; ``auto`` uses :func:`select_backend`.
+
+    Returns:
+        (B, H, Lq, Dh) in q's dtype.
+
+    Raises:
+        BackendUnavailableError: an explicitly named backend cannot run here.
+    """
+    if backend == "auto":
+        backend = select_backend(q.device, q.dtype)
+        if backend == "flash" and not _flash_fits(q, attn_mask):
+            backend = "sdpa"  # flash-attn takes no arbitrary mask / large head dims: PyTorch's kernels do
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    if backend not in ("math", "sdpa"):
+        _require(backend, q)
+    return _run_backend(backend, q, k, v, causal, attn_mask)

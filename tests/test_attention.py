@@ -1,0 +1,119 @@
+"""Every attention backend against the fp32 ``math`` reference: shapes, causal with Lq != Lk, bool masks, dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from procap import attention as attn_mod
+from procap.attention import (BACKENDS, BackendUnavailableError, attention, attention_math, available_backends,
+                              select_backend, unavailable_reason, use_backend)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    "not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU"))]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (B, H, Lq, Lk, Dh): odd lengths, a single decoding query, Lq > Lk would be meaningless with causal.
+SHAPES = [(2, 3, 7, 7, 16), (1, 2, 1, 13, 32), (2, 2, 5, 33, 64), (1, 1, 97, 123, 8)]
+
+
+def _plain_low_precision(q, k, v, causal, mask):
+    """The same math in q's dtype end to end: the error budget a low-precision backend is allowed (x2)."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril(k.shape[-2] - q.shape[-2])
+    if mask is not None:
+        allowed = allowed & mask
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+
+def _inputs(shape, dtype, device, with_mask):
+    b, h, lq, lk, dh = shape
+    q, k, v = (torch.randn(b, h, n, dh, device=device) for n in (lq, lk, lk))
+    mask = None
+    if with_mask:
+        mask = torch.rand(b, 1, lq, lk, device=device) > 0.3
+        mask[..., -1] = True  # every query keeps a key that survives the causal cut: no all -inf rows
+    return q, k, v, mask, tuple(t.to(dtype) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "auto"])
+@pytest.mark.parametrize("causal,with_mask", [(False, False), (True, False), (False, True), (True, True)])
+def test_backend_matches_math(backend, dtype, device, causal, with_mask):
+    reason = unavailable_reason(backend, device, dtype)
+    if reason:
+        pytest.skip(f"{backend} on {device}/{dtype}: {reason}")
+    if backend == "flash" and with_mask:
+        pytest.skip("flash-attn takes no attn_mask (checked in test_flash_rejects_mask)")
+    for shape in SHAPES:
+        if causal and shape[2] > shape[3]:
+            continue
+        q, k, v, mask, low = _inputs(shape, dtype, device, with_mask)
+        ref = attention_math(q, k, v, causal, mask)
+        out = attention(*low, causal=causal, attn_mask=mask, backend=backend)
+        assert out.dtype == dtype and out.shape == ref.shape
+        err = (out.float() - ref).abs().max().item()
+        if dtype == torch.float32:
+            assert err < 2e-5, f"{backend} {shape}: max error {err}"
+        else:
+            budget = (_plain_low_precision(*low, causal, mask).float() - ref).abs().max().item()
+            assert err <= 2 * budget + 1e-3, f"{backend} {shape}: error {err} vs plain {dtype} {budget}"
+
+
+def test_math_causal_is_bottom_right_aligned():
+    q, k, v = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    out = attention_math(q, k, v, causal=True)
+    # The last query sees every key; the first sees keys 0..2.
+    full = attention_math(q[..., -1:, :], k, v)
+    prefix = attention_math(q[..., :1, :], k[..., :3, :], v[..., :3, :])
+    torch.testing.assert_close(out[..., -1:, :], full)
+    torch.testing.assert_close(out[..., :1, :], prefix)
+
+
+def test_mask_blocks_keys():
+    q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mask = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
+    mask[..., :2] = True
+    for backend in ("math", "sdpa"):
+        torch.testing.assert_close(attention(q, k, v, attn_mask=mask, backend=backend),
+                                   attention_math(q, k[..., :2, :], v[..., :2, :]))
+
+
+def test_auto_is_cached_and_available():
+    choice = select_backend("cpu", torch.float32)
+    assert choice in available_backends("cpu", torch.float32)
+    assert attn_mod._auto_cache[("cpu", torch.float32)] == choice
+    assert select_backend(torch.device("cpu"), torch.float32) == choice
+
+
+def test_use_backend_scope_overrides_auto():
+    with use_backend("math"):
+        assert select_backend("cpu", torch.float32) == "math"
+    assert select_backend("cpu", torch.float32) != "math" or "sdpa" not in available_backends("cpu", torch.float32)
+
+
+def test_unavailable_backend_raises_clear_error():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(BackendUnavailableError, match=r"'flash'.*pip install flash-attn"):
+        attention(q, q, q, backend="flash")  # flash-attn never runs on CPU tensors
+    with pytest.raises(BackendUnavailableError, match=r"'xformers'.*xformers"):
+        attention(q, q, q, backend="xformers")
+
+
+def test_unknown_backend_raises():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention(q, q, q, backend="fastest")
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+def test_flash_rejects_mask():
+    if unavailable_reason("flash", "cuda", torch.bfloat16):
+        pytest.skip("flash-attn is not installed or not supported on this GPU")
+    q = torch.randn(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(BackendUnavailableError, match="attn_mask"):
+        attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool, device="cuda"), backend="flash")
