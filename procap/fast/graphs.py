@@ -1,0 +1,76 @@
+"""CUDA-graph capture of a step function that reads and writes only static buffers.
+
+The recipe follows flash-attention's ``capture_graph``: run the step a few times on a side stream (so lazy
+initialisation, cuBLAS workspaces and autotuning happen outside the graph), capture one call into a memory
+pool shared by all graphs of a Captioner, then ``replay()`` it. Inputs are copied into the static buffers
+before replaying and outputs cloned out afterwards by the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import torch
+
+
+class CapturedStep:
+    """One CUDA graph of ``step()``.
+
+    Args:
+        step: a function of no arguments whose inputs and outputs all live in tensors allocated before
+            capture (its closure); it must not synchronise with the host.
+        device: the CUDA device.
+        pool: a memory pool handle shared with other graphs (``torch.cuda.graph_pool_handle()``).
+        warmup: eager calls on a side stream before capture. They mutate the static state; callers reset it.
+    """
+
+    def __init__(self, step: Callable[[], None], device: torch.device, pool=None, warmup: int = 2) -> None:
+        self.device = device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            step()
+
+    def replay(self) -> None:
+        """Launch the captured kernels on the current stream; returns without waiting for them."""
+        self.graph.replay()
+
+
+class GraphCache:
+    """Graphs keyed by (batch bucket, max_len), dropped when the device or dtype changes.
+
+    Args:
+        device: the device every cached graph was captured on.
+        dtype: the weights' dtype.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self._graphs: dict[Hashable, CapturedStep] = {}
+
+    def retarget(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Forget every graph if the placement changed (captured kernels hold pointers to the old buffers)."""
+        if (device, dtype) != (self.device, self.dtype):
+            self.clear()
+            self.device, self.dtype = device, dtype
+            self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    def get(self, key: Hashable, build: Callable[[], CapturedStep]) -> CapturedStep:
+        if key not in self._graphs:
+            self._graphs[key] = build()
+        return self._graphs[key]
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs

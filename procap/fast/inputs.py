@@ -1,0 +1,106 @@
+"""Turn what a user hands the Captioner (paths, PIL images, numpy arrays, tensors) into one image batch.
+
+The preprocessing is training's: RGB, bicubic resize to ``config.image_size``, floats in [0, 1]. Paths go
+through :func:`procap.data.load_image` itself; PIL images and uint8 arrays take the same PIL route, so a PNG
+on disk and the same image opened by the user give identical tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from procap.errors import ProCapError
+
+ImageLike = Union[str, Path, Image.Image, np.ndarray, torch.Tensor]
+
+
+def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
+    """PIL image -> (3, size, size) float in [0, 1], the way load_image treats a decoded file."""
+    image = image.convert("RGB")
+    if image.size != (size, size):
+        image = image.resize((size, size), Image.BICUBIC)
+    array = np.asarray(image, dtype=np.uint8)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+def _from_path(path: Path, size: int) -> torch.Tensor:
+    if not path.is_file():
+        raise ProCapError(f"image file {path} does not exist")
+    try:
+        from procap.data import load_image
+    except ImportError:  # procap.data not importable (partial install): decode with PIL the same way
+        load_image = None
+    if load_image is not None:
+        return load_image(path, size)
+    try:
+        with Image.open(path) as image:
+            return _from_pil(image, size)
+    except OSError as exc:
+        raise ProCapError(f"image file {path} could not be decoded ({exc})") from None
+
+
+def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
+    if array.ndim == 2:
+        array = np.stack([array] * 3, axis=-1)
+    if array.ndim != 3 or array.shape[-1] not in (3, 4):
+        raise ProCapError(f"numpy images must be (H, W, 3) or (H, W, 4), got shape {tuple(array.shape)}")
+    if array.dtype != np.uint8:
+        if not np.issubdtype(array.dtype, np.floating):
+            raise ProCapError(f"numpy images must be uint8 or float in [0, 1], got dtype {array.dtype}")
+        array = np.clip(np.rint(array * 255.0), 0, 255).astype(np.uint8)
+    return _from_pil(Image.fromarray(np.ascontiguousarray(array)), size)
+
+
+def _from_tensor(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    if tensor.dtype == torch.uint8:
+        if tensor.ndim == 3 and tensor.shape[0] in (3, 4) and tensor.shape[-1] not in (3, 4):
+            tensor = tensor.permute(1, 2, 0)
+        return _from_array(tensor.cpu().numpy(), size)
+    if tensor.ndim != 3 or tensor.shape[0] != 3:
+        raise ProCapError(f"float image tensors must be (3, H, W) in [0, 1], got shape {tuple(tensor.shape)}")
+    tensor = tensor.float()
+    if tensor.shape[-2:] != (size, size):
+        # Not bit-identical to PIL's bicubic; pass uint8 / PIL / paths for training's exact preprocessing.
+        tensor = F.interpolate(tensor[None], size=(size, size), mode="bicubic", antialias=True,
+                               align_corners=False)[0].clamp_(0.0, 1.0)
+    return tensor
+
+
+def to_image_tensor(image: ImageLike, size: int) -> torch.Tensor:
+    """One image -> (3, size, size) float32 in [0, 1] on the CPU.
+
+    Args:
+        image: a path, a PIL image, a numpy array (H, W, 3) uint8 (or float in [0, 1]), a uint8 tensor
+            (H, W, 3) / (3, H, W), or a float tensor (3, H, W) in [0, 1].
+        size: the model's ``config.image_size``.
+    """
+    if isinstance(image, (str, Path)):
+        return _from_path(Path(image), size)
+    if isinstance(image, Image.Image):
+        return _from_pil(image, size)
+    if isinstance(image, np.ndarray):
+        return _from_array(image, size)
+    if isinstance(image, torch.Tensor):
+        return _from_tensor(image.detach(), size)
+    raise ProCapError(f"cannot caption an image of type {type(image).__name__}; pass a path, PIL image, "
+                      "numpy array or tensor")
+
+
+def to_image_batch(images: Any, size: int) -> torch.Tensor:
+    """A sequence of images, or an already batched float tensor (B, 3, size, size), -> (B, 3, size, size)."""
+    if isinstance(images, torch.Tensor) and images.ndim == 4 and images.dtype != torch.uint8:
+        if images.shape[1] != 3 or images.shape[-2:] != (size, size):
+            raise ProCapError(f"a batched image tensor must be (B, 3, {size}, {size}), got {tuple(images.shape)}")
+        return images.detach().float().cpu()
+    if isinstance(images, (str, Path, Image.Image)) or (hasattr(images, "ndim") and images.ndim == 3):
+        images = [images]  # a single image where a batch was expected
+    images = list(images) if isinstance(images, Sequence) or hasattr(images, "__iter__") else [images]
+    if not images:
+        return torch.empty(0, 3, size, size)
+    return torch.stack([to_image_tensor(image, size) for image in images])
