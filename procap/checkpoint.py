@@ -1,0 +1,336 @@
+"""Checkpoints without pickle: model weights in safetensors, training state in safetensors + JSON.
+
+A model checkpoint is one ``.safetensors`` file. Its header metadata (string -> string) carries everything
+needed to rebuild the model: the :class:`~procap.config.ProCapConfig` as JSON, the vocabulary as a JSON
+word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics...).
+Loading reads tensors and JSON only, so opening an untrusted checkpoint runs no code.
+
+safetensors refuses tensors that share storage, and ProCap ties its decoder input embedding to the output
+projection; such aliases are stored once and re-attached on load (``aliases`` in the metadata).
+
+The resumable training state (optimizer moments, schedule step, epoch, RNG states, best metric) lives beside
+the weights: ``<stem>.state.safetensors`` for the tensors and ``<stem>.state.json`` for the structure and
+scalars. Every write goes to a temporary file first and is moved into place with ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from procap.errors import ProCapError
+
+FORMAT = "procap"
+FORMAT_VERSION = "1"
+
+
+# ----------------------------------------------------------------------------------------------- atomic I/O
+def _atomic_write(path: Path, writer) -> None:
+    """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it succeeded."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, then ``os.replace``)."""
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_save_tensors(path: Path | str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` through a temporary file; tensors are made contiguous on the CPU."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load all tensors and the header metadata of a safetensors file, with a one-sentence error on failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProCapError(f"{what} file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})") from None
+    return tensors, metadata
+
+
+# ----------------------------------------------------------------------------------------------- tied weights
+def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Keep one copy of tensors that share storage; return ``(tensors, aliases)`` with alias -> kept name.
+
+    The first name in state-dict order is kept, so the choice is deterministic across save/load cycles.
+    """
+    kept: dict[tuple, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, tensor in state.items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            tensors[name] = tensor
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype)
+        if key in kept:
+            aliases[name] = kept[key]
+        else:
+            kept[key] = name
+            tensors[name] = tensor
+    return tensors, aliases
+
+
+def _restore_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    out = dict(tensors)
+    for alias, name in aliases.items():
+        out[alias] = tensors[name]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- vocabulary
+def vocab_to_dict(vocab: Any) -> dict[str, int]:
+    """Word -> index map of a :class:`procap.data.Vocabulary` through its own JSON ``save``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vocab.json"
+        vocab.save(path)
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def vocab_from_dict(word2idx: dict[str, int]) -> Any:
+    """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map through ``Vocabulary.load``."""
+    from procap.data import Vocabulary
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vocab.json"
+        path.write_text(json.dumps(word2idx), encoding="utf-8")
+        return Vocabulary.load(path)
+
+
+# ----------------------------------------------------------------------------------------------- model files
+def save_checkpoint(path: Path | str, model: torch.nn.Module, vocab: Any, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (a ProCap), its config and ``vocab`` to one safetensors file, atomically.
+
+    Args:
+        path: destination ``.safetensors`` file; parent folders are created.
+        model: a :class:`procap.model.procap.ProCap` with a ``config`` attribute.
+        vocab: the :class:`procap.data.Vocabulary` the model was trained with.
+        extra: JSON-serialisable facts to keep with the weights (step, stage, validation metrics...).
+
+    Returns:
+        The path written.
+    """
+    tensors, aliases = dedupe_shared(model.state_dict())
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": json.dumps(model.config.to_dict()),
+        "vocab": json.dumps(vocab_to_dict(vocab)),
+        "aliases": json.dumps(aliases),
+        "extra": json.dumps(extra or {}),
+    }
+    atomic_save_tensors(path, tensors, metadata)
+    return Path(path)
+
+
+def read_checkpoint_metadata(path: Path | str) -> dict[str, Any]:
+    """Decoded metadata of a ProCap checkpoint (``config``, ``vocab``, ``extra``, ``aliases``) without the weights."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProCapError(f"checkpoint file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            raw = dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ProCapError(f"checkpoint file {path} is not a readable safetensors file ({exc})") from None
+    return _decode_metadata(path, raw)
+
+
+def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
+    if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
+        raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
+    try:
+        return {key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key]
+                for key in raw}
+    except json.JSONDecodeError as exc:
+        raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
+
+
+def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+    """Rebuild a ProCap model and its vocabulary from a checkpoint written by :func:`save_checkpoint`.
+
+    Args:
+        path: the ``.safetensors`` file.
+        map_location: device for the returned model.
+
+    Returns:
+        ``(model, vocab, metadata)``: the model in eval mode on ``map_location``, the Vocabulary, and the
+        decoded metadata dict (``config``, ``vocab``, ``extra``, ...).
+
+    Raises:
+        ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
+    """
+    from procap.config import ProCapConfig
+    from procap.model.procap import ProCap
+
+    path = Path(path)
+    tensors, raw = read_tensors(path)
+    metadata = _decode_metadata(path, raw)
+    try:
+        config = ProCapConfig.from_dict(metadata["config"])
+    except (TypeError, ValueError) as exc:
+        raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
+    model = ProCap(config)
+    load_weights(model, _restore_aliases(tensors, metadata.get("aliases", {})), path)
+    model.to(map_location).eval()
+    return model, vocab_from_dict(metadata["vocab"]), metadata
+
+
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path | str) -> None:
+    """``load_state_dict(strict=True)`` with missing/unexpected keys and shape mismatches named in one sentence."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or wrong:
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+            if keys:
+                parts.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+        raise ProCapError(f"weights in {path} do not fit the model: {'; '.join(parts)}")
+    module.load_state_dict(state, strict=True)
+
+
+def save_module(path: Path | str, module: torch.nn.Module, metadata: dict[str, Any]) -> Path:
+    """Save any module's weights (e.g. a VQGAN) with JSON metadata values, deduplicating tied tensors."""
+    tensors, aliases = dedupe_shared(module.state_dict())
+    meta = {key: json.dumps(value) for key, value in metadata.items()}
+    meta["aliases"] = json.dumps(aliases)
+    atomic_save_tensors(path, tensors, meta)
+    return Path(path)
+
+
+def load_module_state(path: Path | str, what: str = "weights") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Counterpart of :func:`save_module`: ``(state_dict, metadata)`` with aliases restored and JSON decoded."""
+    tensors, raw = read_tensors(path, what)
+    try:
+        meta = {key: json.loads(value) for key, value in raw.items()}
+    except json.JSONDecodeError as exc:
+        raise ProCapError(f"{what} file {path} has malformed JSON metadata ({exc})") from None
+    return _restore_aliases(tensors, meta.pop("aliases", {})), meta
+
+
+# ----------------------------------------------------------------------------------------------- training state
+def state_paths(checkpoint: Path | str) -> tuple[Path, Path]:
+    """``(<stem>.state.safetensors, <stem>.state.json)`` next to a model checkpoint."""
+    checkpoint = Path(checkpoint)
+    stem = checkpoint.name.removesuffix(".safetensors")
+    return checkpoint.with_name(f"{stem}.state.safetensors"), checkpoint.with_name(f"{stem}.state.json")
+
+
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer ``state_dict`` into tensors (``optim/<param>/<key>``) and a JSON-able skeleton."""
+    tensors: dict[str, torch.Tensor] = {}
+    per_param: dict[str, dict[str, Any]] = {}
+    for index, slots in state["state"].items():
+        entry: dict[str, Any] = {}
+        for key, value in slots.items():
+            if torch.is_tensor(value):
+                tensors[f"optim/{index}/{key}"] = value
+                entry[key] = {"tensor": f"optim/{index}/{key}"}
+            else:
+                entry[key] = value
+        per_param[str(index)] = entry
+    return tensors, {"state": per_param, "param_groups": state["param_groups"]}
+
+
+def _unflatten_optimizer(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    state = {}
+    for index, entry in skeleton["state"].items():
+        state[int(index)] = {k: tensors[v["tensor"]] if isinstance(v, dict) and "tensor" in v else v
+                             for k, v in entry.items()}
+    groups = []
+    for group in skeleton["param_groups"]:
+        # JSON turns tuples into lists; AdamW expects ``betas`` as a tuple.
+        groups.append({k: tuple(v) if k == "betas" else v for k, v in group.items()})
+    return {"state": state, "param_groups": groups}
+
+
+def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Python, NumPy, torch CPU and CUDA generator states as (uint8/int64 tensors, JSON scalars)."""
+    tensors = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{i}"] = s
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["rng/numpy"] = torch.from_numpy(keys.astype(np.int64))
+    version, pystate, gauss_next = random.getstate()
+    tensors["rng/python"] = torch.tensor(pystate, dtype=torch.int64)
+    scalars = {"numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": [version, gauss_next]}
+    return tensors, scalars
+
+
+def restore_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(tensors["rng/torch"])
+    cuda = sorted(k for k in tensors if k.startswith("rng/cuda/"))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in sorted(cuda, key=lambda k: int(k.rsplit("/", 1)[1]))])
+    kind, pos, has_gauss, cached = scalars["numpy"]
+    np.random.set_state((kind, tensors["rng/numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, gauss_next = scalars["python"]
+    random.setstate((version, tuple(int(x) for x in tensors["rng/python"].tolist()), gauss_next))
+
+
+def save_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer, scalars: dict[str, Any]) -> None:
+    """Write the optimizer, RNG states and ``scalars`` (step, epoch, schedule, best metric...) beside ``checkpoint``.
+
+    The JSON file is written last and names the tensor file's step, so a crash between the two writes leaves
+    a state that :func:`load_training_state` rejects instead of silently mixing two steps.
+    """
+    tensor_path, json_path = state_paths(checkpoint)
+    optim_tensors, optim_skeleton = _flatten_optimizer(optimizer.state_dict())
+    rng_tensors, rng_scalars = capture_rng_state()
+    token = f"{scalars.get('step', 0)}-{os.urandom(8).hex()}"  # os.urandom: must not advance the RNGs saved above
+    atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors}, {"token": token})
+    payload = {"format": FORMAT, "token": token, "optimizer": optim_skeleton, "rng": rng_scalars, **scalars}
+    atomic_write_text(json_path, json.dumps(payload, indent=1))
+
+
+def load_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer | None = None,
+                        restore_rng: bool = True) -> dict[str, Any]:
+    """Restore what :func:`save_training_state` wrote; returns the scalars (``step``, ``epoch``, ...).
+
+    Raises:
+        ProCapError: the state files are missing, unreadable or from a different save than each other.
+    """
+    tensor_path, json_path = state_paths(checkpoint)
+    if not json_path.is_file():
+        raise ProCapError(f"training state file {json_path} does not exist; cannot resume from {checkpoint}")
+    try:
+        payload = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProCapError(f"training state file {json_path} is not valid JSON ({exc})") from None
+    tensors, meta = read_tensors(tensor_path, "training state")
+    if meta.get("token") != payload.get("token"):
+        raise ProCapError(f"training state files {tensor_path} and {json_path} come from different saves")
+    if optimizer is not None:
+        optimizer.load_state_dict(_unflatten_optimizer(payload["optimizer"], tensors))
+    if restore_rng:
+        restore_rng_state(tensors, payload["rng"])
+    return {k: v for k, v in payload.items() if k not in ("optimizer", "rng", "token", "format")}

@@ -1,0 +1,111 @@
+"""Pieces shared by the stage-1 and stage-2 entry points: data, vocabulary, model construction, captioning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.errors import ProCapError
+from procap.train.config import TrainConfig
+from procap.train.datasets import ImageCache
+
+# Authors' vocabulary thresholds: every word on CLEVR-Change, words seen >= 4 times on Spot-the-Diff.
+MIN_COUNT = {"clevr-change": 1, "spot-the-diff": 4, "image-editing-request": 1}
+
+
+def load_pairs(cfg: TrainConfig, split: str) -> list:
+    """``load_split(cfg.dataset, cfg.data, split)``, truncated to ``max_pairs`` for training when set."""
+    from procap.data import load_split
+
+    if cfg.data is None:
+        raise ProCapError("--data is required: the dataset root folder")
+    pairs = load_split(cfg.dataset, cfg.data, split)
+    if not pairs:
+        raise ProCapError(f"the {split} split of {cfg.data} is empty")
+    if split == "train" and cfg.max_pairs:
+        pairs = pairs[: cfg.max_pairs]
+    return pairs
+
+
+def build_vocab(pairs: Sequence[Any], dataset: str) -> Any:
+    from procap.data import Vocabulary
+
+    return Vocabulary.build([c for p in pairs for c in p.captions], min_count=MIN_COUNT.get(dataset, 1))
+
+
+def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any) -> torch.nn.Module:
+    """A freshly initialised ProCap for ``preset`` sized to ``vocab``, with trained VQGAN weights when given."""
+    from procap.config import get_preset
+    from procap.model.procap import ProCap
+    from procap.train.vqgan_train import load_vqgan_into
+
+    try:
+        config = get_preset(preset, vocab_size=len(vocab), **overrides)
+    except KeyError as exc:
+        raise ProCapError(exc.args[0]) from None
+    model = ProCap(config)
+    if vqgan_path:
+        load_vqgan_into(model, vqgan_path)
+    return model
+
+
+@torch.no_grad()
+def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batch_size: int = 32,
+                  cache: ImageCache | None = None, device: torch.device | str = "cpu",
+                  amp: bool = False) -> tuple[dict[str, str], dict[str, float]]:
+    """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
+
+    Tokens are counted honestly, up to and including EOS.
+    """
+    from tqdm.auto import tqdm
+
+    device = torch.device(device)
+    cache = cache or ImageCache(model.config.image_size, enabled=False)
+    model.eval()
+    predictions: dict[str, str] = {}
+    tokens, seconds = 0, 0.0
+    eos = vocab.eos_id
+    for start in tqdm(range(0, len(pairs), batch_size), desc="caption", leave=False, disable=len(pairs) <= batch_size):
+        chunk = pairs[start:start + batch_size]
+        before = torch.stack([cache(p.before_path) for p in chunk]).to(device)
+        after = torch.stack([cache(p.after_path) for p in chunk]).to(device)
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            ids = model.generate(before, after)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        ids = ids.cpu()
+        for pair, row in zip(chunk, ids):
+            predictions[pair.id] = vocab.decode(row.tolist())
+            hit = (row == eos).nonzero()
+            tokens += int(hit[0, 0]) + 1 if hit.numel() else row.numel()
+    rates = {"captions_per_s": len(pairs) / max(seconds, 1e-9), "tokens_per_s": tokens / max(seconds, 1e-9),
+             "seconds": seconds}
+    return predictions, rates
+
+
+def score_captions(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str] | None = None,
+                   types: bool = False) -> dict[str, Any]:
+    """``procap.evaluate.score`` against the pairs' references; per-change-type breakdown when ``types``."""
+    from procap.evaluate import score
+
+    references = {p.id: list(p.captions) for p in pairs}
+    kwargs: dict[str, Any] = {}
+    if metrics is not None:
+        kwargs["metrics"] = tuple(metrics)
+    if types:
+        kwargs["change_types"] = {p.id: p.change_type for p in pairs}
+    return score(predictions, references, **kwargs)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    import json
+
+    from procap.checkpoint import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=1))

@@ -1,0 +1,101 @@
+"""Training options: one dataclass for every stage; the CLI maps its flags onto these fields.
+
+Fields left ``None`` take the paper's value for the stage (:data:`STAGE_DEFAULTS`, DESIGN.md section 3) when
+:meth:`TrainConfig.resolved` is called; small runs override them (``--steps``, ``--lr``, ``--warmup-steps``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
+# Stage 2: 40 epochs, batch 16, encoder lr 5e-5 (2e-5 on Spot-the-Diff), decoder lr warm-up 0 -> 5e-5 over 10%.
+STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pretrain": {"steps": 200_000, "batch_size": 8, "lr": 1e-4, "lr_start": 1e-6, "warmup_steps": 5_000},
+    "train": {"epochs": 40, "batch_size": 16, "encoder_lr": 5e-5, "decoder_lr": 5e-5, "warmup_frac": 0.1},
+    "vqgan": {"steps": 20_000, "batch_size": 16, "lr": 2e-4, "lr_start": 0.0, "warmup_steps": 500},
+}
+SPOT_ENCODER_LR = 2e-5
+
+
+@dataclass
+class TrainConfig:
+    """Options shared by ``procap vqgan``, ``procap pretrain`` and ``procap train``.
+
+    ``steps`` wins over ``epochs`` when both are given. ``val_every = 0`` validates once per epoch.
+    """
+
+    stage: str = "train"
+    preset: str = "tiny"
+    data: str | None = None
+    dataset: str = "clevr-change"
+    out: str = "runs/procap"
+    steps: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None  # stage 1 / VQGAN peak lr; stage 2: sets both encoder and decoder lr
+    lr_start: float | None = None
+    warmup_steps: int | None = None
+    warmup_frac: float | None = None
+    encoder_lr: float | None = None
+    decoder_lr: float | None = None
+    decay: str = "none"  # after warm-up: none (paper) | cosine | linear
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    device: str = "auto"
+    amp: bool = True  # bf16 autocast, CUDA only
+    resume: bool = False
+    seed: int = 0
+    workers: int = 0
+    init: str | None = None  # stage 2: stage-1 checkpoint; stage 1: optional checkpoint to continue from
+    vqgan: str | None = None  # VQGAN weights (procap vqgan output) loaded into the frozen tokenizer
+    procedures: str = "crossfade"  # stage 1 frame source: crossfade (stand-in) or an HDF5 procedure cache
+    num_keyframes: int | None = None
+    max_pairs: int | None = None  # use only the first N training pairs (smoke runs)
+    val_every: int = 0
+    val_pairs: int | None = 200
+    val_metrics: tuple[str, ...] = ("BLEU-4", "ROUGE-L", "CIDEr")  # no METEOR: it needs Java and is slow
+    save_every: int = 0
+    log_every: int = 10
+    progress: bool = True
+    cache_images: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGE_DEFAULTS:
+            raise ValueError(f"stage must be one of {sorted(STAGE_DEFAULTS)}, got {self.stage!r}")
+        if self.decay not in ("none", "cosine", "linear"):
+            raise ValueError(f"decay must be none, cosine or linear, got {self.decay!r}")
+        self.val_metrics = tuple(self.val_metrics)
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every ``None`` hyper-parameter filled from the stage's paper defaults."""
+        values = dataclasses.asdict(self)
+        defaults = dict(STAGE_DEFAULTS[self.stage])
+        if self.stage == "train" and self.dataset == "spot-the-diff":
+            defaults["encoder_lr"] = SPOT_ENCODER_LR
+        if self.stage == "train" and self.lr is not None:
+            defaults.update(encoder_lr=self.lr, decoder_lr=self.lr)
+        for key, value in defaults.items():
+            if values.get(key) is None and not (key == "epochs" and values.get("steps") is not None):
+                values[key] = value
+        return TrainConfig(**values)
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_args(cls, stage: str, args: Any) -> TrainConfig:
+        """Build from an argparse namespace: every attribute whose name is a field is copied."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+        values["stage"] = stage
+        return cls(**values)

@@ -1,0 +1,217 @@
+"""Training datasets: stage-2 image pairs and stage-1 explicit procedures.
+
+Both read :class:`procap.data.ChangePair` records. Images go through :func:`procap.data.load_image` (the one
+preprocessing shared with evaluation and ``procap.fast``) and, for small datasets such as the demo's, are kept
+in memory after the first decode so CPU training is not bound by PNG decoding.
+
+Stage-1 frames come from a *procedure source*: any callable ``(pair, before, after) -> (T, 3, S, S)`` float
+tensor in [0, 1] whose first and last frames are ``before`` and ``after``. :class:`CrossFadeProcedures` is the
+stand-in (linear cross-fade); the real interpolated, confidence-sampled procedures of ``procap.procedure``
+plug in at the single place :func:`make_procedure_source` builds the source.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+ProcedureSource = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ImageCache:
+    """``load_image`` with an optional in-memory cache keyed by (path, size).
+
+    Args:
+        size: square side the images are resized to.
+        enabled: keep decoded images in memory (use for datasets that fit: 64 px images cost 48 KiB each).
+    """
+
+    def __init__(self, size: int, enabled: bool = True) -> None:
+        self.size, self.enabled = size, enabled
+        self._images: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, path: Path | str) -> torch.Tensor:
+        """(3, size, size) float32 in [0, 1]."""
+        from procap.data import load_image
+
+        key = str(path)
+        image = self._images.get(key)
+        if image is None:
+            image = load_image(path, self.size)
+            if self.enabled:
+                with self._lock:
+                    self._images[key] = image
+        return image
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+
+def pick_caption(captions: Sequence[str], seed: int, epoch: int, index: int) -> str:
+    """One reference caption per item and epoch, reproducible from (seed, epoch, index) alone.
+
+    Keeping the choice out of the global RNG makes it independent of worker count and of resuming.
+    """
+    if len(captions) == 1:
+        return captions[0]
+    rng = np.random.default_rng([seed, epoch, index])
+    return captions[int(rng.integers(len(captions)))]
+
+
+class PairDataset(Dataset):
+    """Stage-2 items: ``{"before": (3,S,S), "after": (3,S,S), "caption": (L,) long, "index": int}``.
+
+    Args:
+        pairs: the split's change pairs.
+        vocab: a :class:`procap.data.Vocabulary`.
+        image_size: S.
+        max_len: caption length L including BOS/EOS (the model's ``max_caption_len``).
+        seed: drives the per-epoch caption choice (:func:`pick_caption`).
+        cache: shared :class:`ImageCache`; a fresh caching one is made when ``None``.
+    """
+
+    def __init__(self, pairs: Sequence[Any], vocab: Any, image_size: int, max_len: int = 24, seed: int = 0,
+                 cache: ImageCache | None = None) -> None:
+        self.pairs, self.vocab, self.max_len, self.seed = list(pairs), vocab, max_len, seed
+        self.cache = cache if cache is not None else ImageCache(image_size)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def caption_tokens(self, index: int) -> torch.Tensor:
+        text = pick_caption(self.pairs[index].captions, self.seed, self.epoch, index)
+        return torch.tensor(self.vocab.encode(text, max_len=self.max_len), dtype=torch.long)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        pair = self.pairs[index]
+        return {"before": self.cache(pair.before_path), "after": self.cache(pair.after_path),
+                "caption": self.caption_tokens(index), "index": index}
+
+
+class CrossFadeProcedures:
+    """Stand-in procedure source: ``k`` cross-faded keyframes at evenly spaced t between before and after.
+
+    Frame i (0 <= i <= k + 1) is ``(1 - t_i) * before + t_i * after`` with ``t_i = i / (k + 1)``.
+    """
+
+    def __init__(self, num_keyframes: int) -> None:
+        self.num_keyframes = num_keyframes
+
+    def __call__(self, pair: Any, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """(3, S, S), (3, S, S) -> (k + 2, 3, S, S)."""
+        t = torch.linspace(0.0, 1.0, self.num_keyframes + 2, dtype=before.dtype).view(-1, 1, 1, 1)
+        return (1.0 - t) * before.unsqueeze(0) + t * after.unsqueeze(0)
+
+
+def make_procedure_source(spec: str, num_keyframes: int, root: str | None = None) -> ProcedureSource:
+    """Build the stage-1 frame source named by ``--procedures``.
+
+    ``crossfade`` is the built-in stand-in. Anything else is a path to a procedure cache written by
+    ``procap prepare`` (``procap.procedure``); swapping sources is this one function.
+    """
+    if spec == "crossfade":
+        return CrossFadeProcedures(num_keyframes)
+    from procap.errors import ProCapError
+
+    try:
+        from procap.procedure import CachedProcedures  # provided by the procedure-generation issue
+    except ImportError:
+        raise ProCapError(f"--procedures {spec}: procap.procedure is not available; use --procedures crossfade") from None
+    if not Path(spec).exists():
+        raise ProCapError(f"procedure cache {spec} does not exist; build it with `procap prepare`")
+    return CachedProcedures(spec, num_keyframes=num_keyframes)
+
+
+class ProcedureDataset(Dataset):
+    """Stage-1 items: ``{"frames": (T,3,S,S), "caption": (L,), "index": int}`` (+ ``"codes": (T*n,)`` when given).
+
+    Args:
+        pairs, vocab, image_size, max_len, seed, cache: as in :class:`PairDataset`.
+        procedure_source: ``(pair, before, after) -> (T, 3, S, S)`` in [0, 1].
+        codes: optional precomputed VQ indices, a (len(pairs), T*n) long tensor (MSM targets).
+    """
+
+    def __init__(self, pairs: Sequence[Any], vocab: Any, image_size: int, procedure_source: ProcedureSource,
+                 max_len: int = 24, seed: int = 0, cache: ImageCache | None = None,
+                 codes: torch.Tensor | None = None) -> None:
+        self.base = PairDataset(pairs, vocab, image_size, max_len, seed, cache)
+        self.procedure_source, self.codes = procedure_source, codes
+        if codes is not None and codes.shape[0] != len(self.base):
+            raise ValueError(f"codes has {codes.shape[0]} rows for {len(self.base)} pairs")
+
+    def set_epoch(self, epoch: int) -> None:
+        self.base.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        pair = self.base.pairs[index]
+        before, after = self.base.cache(pair.before_path), self.base.cache(pair.after_path)
+        frames = self.procedure_source(pair, before, after)
+        item = {"frames": frames.float().clamp(0.0, 1.0), "caption": self.base.caption_tokens(index), "index": index}
+        if self.codes is not None:
+            item["codes"] = self.codes[index]
+        return item
+
+
+class ImageDataset(Dataset):
+    """Every distinct image of a list of pairs, for VQGAN training: ``{"image": (3, S, S)}``."""
+
+    def __init__(self, pairs: Sequence[Any], image_size: int, cache: ImageCache | None = None) -> None:
+        seen: dict[str, None] = {}
+        for pair in pairs:
+            seen.setdefault(str(pair.before_path))
+            seen.setdefault(str(pair.after_path))
+        self.paths = list(seen)
+        self.cache = cache if cache is not None else ImageCache(image_size)
+
+    def set_epoch(self, epoch: int) -> None:  # no per-epoch randomness
+        pass
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"image": self.cache(self.paths[index])}
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Shuffled, fixed-size batches whose order depends only on (seed, epoch); can start mid-epoch.
+
+    Resuming at batch ``b`` of epoch ``e`` replays exactly the batches an uninterrupted run would have seen.
+    The last incomplete batch is dropped so every step has the same shape.
+    """
+
+    def __init__(self, num_items: int, batch_size: int, seed: int = 0, shuffle: bool = True) -> None:
+        if num_items <= 0:
+            raise ValueError("cannot batch an empty dataset")
+        self.num_items, self.batch_size = num_items, min(batch_size, num_items)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __len__(self) -> int:
+        return self.num_items // self.batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.num_items, generator=gen).tolist()
+        else:
+            order = list(range(self.num_items))
+        for b in range(self.start_batch, len(self)):
+            yield order[b * self.batch_size:(b + 1) * self.batch_size]

@@ -1,0 +1,79 @@
+"""Stage 1, explicit procedure modeling: masked sequence modeling + align + consistency (L_PRO).
+
+``pretrain(cfg)`` trains the procedure encoder on (before, k keyframes, after) sequences built by the
+procedure source named by ``cfg.procedures`` (:func:`procap.train.datasets.make_procedure_source`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.checkpoint import load_checkpoint, load_weights, read_tensors, save_checkpoint
+from procap.errors import ProCapError
+from procap.train.common import build_vocab, load_pairs, new_model
+from procap.train.config import TrainConfig
+from procap.train.datasets import ImageCache, ProcedureDataset, make_procedure_source
+from procap.train.loop import Trainer
+from procap.train.schedules import stage1_optimizer
+
+
+def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
+    if cfg.init:
+        model, vocab, _ = load_checkpoint(cfg.init)
+        if cfg.num_keyframes is not None and cfg.num_keyframes != model.config.num_keyframes:
+            raise ProCapError(f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} "
+                              f"of {cfg.init}")
+        return model, vocab
+    vocab = vocab if vocab is not None else build_vocab(pairs, cfg.dataset)
+    overrides = {} if cfg.num_keyframes is None else {"num_keyframes": cfg.num_keyframes}
+    return new_model(cfg.preset, vocab, cfg.vqgan, **overrides), vocab
+
+
+def weight_loader(model: torch.nn.Module):
+    """``--resume`` loader: the checkpoint's tensors into the live model (same config by construction)."""
+
+    def load(path: Path) -> None:
+        from procap.checkpoint import _restore_aliases, read_checkpoint_metadata
+
+        tensors, _ = read_tensors(path)
+        load_weights(model, _restore_aliases(tensors, read_checkpoint_metadata(path).get("aliases", {})), path)
+
+    return load
+
+
+def pretrain(cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = None,
+             cache: ImageCache | None = None) -> Path:
+    """Run stage 1 and return the final checkpoint ``<out>/stage1.safetensors``.
+
+    Args:
+        cfg: training options (``stage="pretrain"``); hyper-parameters left ``None`` take the paper's values.
+        pairs: training pairs (default: the ``train`` split of ``cfg.data``).
+        vocab: vocabulary to use (default: built from the training captions).
+        cache: shared in-memory image cache.
+    """
+    cfg = cfg.resolved()
+    torch.manual_seed(cfg.seed)
+    pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
+    model, vocab = _model_and_vocab(cfg, pairs, vocab)
+    model.vqgan.requires_grad_(False)
+    device = cfg.torch_device()
+    model.to(device)
+    config = model.config
+    source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
+    cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
+    dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
+
+    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"))
+
+    trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage1_optimizer(model, cfg, total),
+                      save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+                      load_weights=weight_loader(model), name="stage1")
+    state = trainer.fit()
+    final = Path(cfg.out) / "stage1.safetensors"
+    save_checkpoint(final, model, vocab, {"stage": "stage1", "step": state.step, "procedures": cfg.procedures})
+    return final

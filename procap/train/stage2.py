@@ -1,0 +1,78 @@
+"""Stage 2, implicit procedure captioning: procedure queries + caption decoder, best checkpoint by val CIDEr.
+
+``train(cfg)`` initialises from a stage-1 checkpoint (``cfg.init``) or, for the static-pair baseline, from
+scratch (``k = 0`` and no stage 1), trains with teacher forcing, validates greedy captions on the validation
+split, and keeps ``best.safetensors`` by CIDEr. The test split is never looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.checkpoint import save_checkpoint
+from procap.train.common import caption_pairs, load_pairs, score_captions
+from procap.train.config import TrainConfig
+from procap.train.datasets import ImageCache, PairDataset
+from procap.train.loop import Trainer
+from procap.train.schedules import stage2_optimizer
+from procap.train.stage1 import _model_and_vocab, weight_loader
+
+SELECT_METRIC = "CIDEr"
+
+
+def validation_subset(pairs: Sequence[Any], limit: int | None) -> list:
+    """At most ``limit`` pairs spread evenly over the split (so every change type is represented)."""
+    pairs = list(pairs)
+    if not limit or len(pairs) <= limit:
+        return pairs
+    step = len(pairs) / limit
+    return [pairs[int(i * step)] for i in range(limit)]
+
+
+def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], cache: ImageCache):
+    """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed)."""
+
+    def validate(step: int) -> dict[str, float]:
+        predictions, _ = caption_pairs(model, vocab, pairs, batch_size=max(cfg.batch_size, 32), cache=cache,
+                                       device=cfg.torch_device(), amp=cfg.amp)
+        scores = score_captions(predictions, pairs, cfg.val_metrics)
+        return {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
+
+    return validate
+
+
+def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Sequence[Any] | None = None,
+          vocab: Any = None, cache: ImageCache | None = None) -> Path:
+    """Run stage 2 and return the best checkpoint by validation CIDEr (``<out>/best.safetensors``).
+
+    Args:
+        cfg: training options (``stage="train"``); ``cfg.init`` is the stage-1 checkpoint, or ``None`` to start
+            from scratch (static-pair baseline with ``num_keyframes=0``).
+        pairs, val_pairs: training and validation pairs (default: the ``train`` / ``val`` splits of ``cfg.data``).
+        vocab: vocabulary when starting from scratch (ignored with ``init``: the checkpoint's is used).
+        cache: shared in-memory image cache.
+    """
+    cfg = cfg.resolved()
+    torch.manual_seed(cfg.seed)
+    pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
+    val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
+    model, vocab = _model_and_vocab(cfg, pairs, vocab)
+    model.vqgan.requires_grad_(False)
+    model.to(cfg.torch_device())
+    config = model.config
+    cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
+    dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
+
+    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
+
+    trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
+                      save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+                      load_weights=weight_loader(model), validate=make_validator(cfg, model, vocab, val_pairs, cache),
+                      metric=SELECT_METRIC, name="stage2")
+    trainer.fit()
+    return trainer.best_path if trainer.best_path.exists() else trainer.last_path

@@ -1,0 +1,145 @@
+"""Fit the VQGAN tokenizer to a dataset by reconstruction: L1 + codebook + commitment (no GAN term).
+
+Small codebooks trained briefly collapse onto a few codes, which would leave the stage-1 MSM targets nearly
+constant. Two standard remedies keep the codebook in use: the codebook is initialised from encoder outputs of
+the first batch, and codes unused over the last ``restart_every`` steps are re-seeded from current latents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.checkpoint import load_module_state, load_weights, save_module
+from procap.config import VQGANConfig, get_preset
+from procap.errors import ProCapError
+from procap.train.config import TrainConfig
+from procap.train.datasets import ImageCache, ImageDataset
+from procap.train.loop import Trainer
+from procap.train.schedules import StepSchedule, warmup_lr
+
+VQGAN_FORMAT = "procap-vqgan"
+
+
+def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:
+    """VQGAN weights in safetensors with its :class:`VQGANConfig` in the metadata."""
+    return save_module(path, vqgan, {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(vqgan.config),
+                                     "extra": extra or {}})
+
+
+def load_vqgan(path: Path | str) -> torch.nn.Module:
+    """Rebuild a VQGAN saved by :func:`save_vqgan` (no pickle)."""
+    from procap.model.vqgan import VQGAN
+
+    state, meta = load_module_state(path, "VQGAN weights")
+    if meta.get("format") != VQGAN_FORMAT:
+        raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+    vqgan = VQGAN(VQGANConfig(**meta["vqgan_config"]))
+    load_weights(vqgan, state, path)
+    return vqgan
+
+
+def load_vqgan_into(model: torch.nn.Module, path: Path | str) -> None:
+    """Copy VQGAN weights from ``path`` into ``model.vqgan`` after checking the architectures agree."""
+    state, meta = load_module_state(path, "VQGAN weights")
+    if meta.get("format") != VQGAN_FORMAT:
+        raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+    if VQGANConfig(**meta["vqgan_config"]) != model.vqgan.config:
+        raise ProCapError(f"the VQGAN in {path} has a different architecture than the model's preset")
+    load_weights(model.vqgan, state, path)
+
+
+class CodebookKeeper:
+    """Data-dependent codebook initialisation and dead-code restarts.
+
+    Codes are replaced just before quantisation (never between a forward and its optimizer step), from the
+    latents of the batch being encoded.
+    """
+
+    def __init__(self, vqgan: torch.nn.Module, restart_every: int = 50, initialised: bool = False) -> None:
+        self.vqgan, self.restart_every, self.initialised = vqgan, restart_every, initialised
+        self.usage = torch.zeros(vqgan.config.n_embed, dtype=torch.long)
+        self.steps = 0
+        self.pending: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def _reseed(self, latents: torch.Tensor, rows: torch.Tensor) -> None:
+        weight = self.vqgan.quantize.embedding.weight
+        pick = torch.randint(0, latents.shape[0], (rows.numel(),), device=latents.device)
+        noise = 0.01 * latents.std() * torch.randn(rows.numel(), latents.shape[1], device=latents.device)
+        weight[rows.to(weight.device)] = (latents[pick] + noise).to(weight.dtype)
+
+    def before_quantize(self, latents: torch.Tensor) -> None:
+        """latents (M, D) of the current batch: initialise the codebook once, then restart dead codes."""
+        latents = latents.detach()
+        if not self.initialised:
+            self._reseed(latents, torch.arange(self.usage.numel()))
+            self.initialised = True
+        elif self.pending is not None and self.pending.numel():
+            self._reseed(latents, self.pending)
+        self.pending = None
+
+    def record(self, indices: torch.Tensor) -> None:
+        """Count code usage; every ``restart_every`` steps the never-used codes are queued for a restart."""
+        self.usage += torch.bincount(indices.flatten().cpu(), minlength=self.usage.numel())
+        self.steps += 1
+        if self.steps % self.restart_every == 0:
+            self.pending = torch.nonzero(self.usage == 0).flatten()
+            self.usage.zero_()
+
+
+def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
+    """Loss function for :class:`Trainer`: the objective of ``VQGAN.reconstruction_loss``, with codebook upkeep."""
+
+    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        images = batch["image"]
+        z = vqgan.quant_conv(vqgan.encoder(2.0 * images - 1.0))  # (B, D, h, w)
+        if keeper is not None:
+            keeper.before_quantize(z.permute(0, 2, 3, 1).reshape(-1, z.shape[1]))
+        quant, vq_loss, indices = vqgan.quantize(z)
+        if keeper is not None:
+            keeper.record(indices)
+        recon = vqgan.decode(quant)
+        l1 = (2.0 * (recon - images)).abs().mean()  # L1 on taming's [-1, 1] scale
+        return {"loss": l1 + vq_loss, "l1": l1, "vq": vq_loss,
+                "codes_used": torch.tensor(float(indices.unique().numel()))}
+
+    return loss_fn
+
+
+def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
+    """Train the preset's VQGAN on every image of the training split; returns ``<out>/vqgan.safetensors``."""
+    from procap.data import load_split
+    from procap.model.vqgan import VQGAN
+
+    cfg = cfg.resolved()
+    torch.manual_seed(cfg.seed)
+    if pairs is None:
+        if cfg.data is None:
+            raise ProCapError("--data is required: the dataset root folder")
+        pairs = load_split(cfg.dataset, cfg.data, "train")
+    pairs = pairs[: cfg.max_pairs] if cfg.max_pairs else pairs
+    config = get_preset(cfg.preset).vqgan
+    device = cfg.torch_device()
+    vqgan = VQGAN(config).to(device)
+    dataset = ImageDataset(pairs, config.resolution, ImageCache(config.resolution, cfg.cache_images))
+    keeper = CodebookKeeper(vqgan, initialised=cfg.resume)  # a resumed codebook is already initialised
+
+    def make_optimizer(total: int) -> tuple[torch.optim.Optimizer, StepSchedule]:
+        opt = torch.optim.Adam(vqgan.parameters(), lr=0.0, betas=(0.5, 0.9), foreach=False)  # taming's betas
+        warm = min(cfg.warmup_steps, total)
+        return opt, StepSchedule(opt, [lambda s: warmup_lr(s, cfg.lr_start, cfg.lr, warm, total, cfg.decay)])
+
+    def load(path: Path) -> None:
+        state, _ = load_module_state(path, "VQGAN weights")
+        load_weights(vqgan, state, path)
+
+    trainer = Trainer(cfg, vqgan, dataset, vqgan_loss(vqgan, keeper), make_optimizer,
+                      save_weights=lambda path, extra: save_vqgan(path, vqgan, extra), load_weights=load, name="vqgan")
+    trainer.fit()
+    final = Path(cfg.out) / "vqgan.safetensors"
+    save_vqgan(final, vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})
+    return final
