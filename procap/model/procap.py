@@ -1,0 +1,261 @@
+"""The ProCap model (DESIGN.md section 3): frozen VQGAN, procedure encoder, caption decoder, both stages.
+
+Stage 1 (explicit procedure modeling, :meth:`ProCap.stage1_loss`) runs one encoder pass over a batch of 3B
+sequences built from B procedures (T = k + 2 frames each) and their captions:
+
+============  ===========================  ==================================  =========================
+rows          caption                      frames                              losses read there
+============  ===========================  ==================================  =========================
+0 .. B-1      own caption                  real frames, masked                 MSM (masked positions),
+                                                                               align = 1, csy = 1
+B .. 2B-1     caption of sample b-1 (roll)  the same masked frames              align = 0
+2B .. 3B-1    own caption                  consistency negative, same mask      csy = 0
+============  ===========================  ==================================  =========================
+
+The same mask is used in all three copies, so a pair differs only in what the head must detect. As in the
+authors' code, align and csy are averaged over samples that are not fully masked (the ``entire`` scheme leaves
+nothing to judge); an align pair also drops out when the rolled caption equals the sample's own (duplicate
+captions, batch of one). ``L_PRO = msm_weight * L_msm + align_weight * L_align + csy_weight * L_csy``.
+
+Stage 2 (implicit procedure captioning) feeds ``{e_bef, e_m x k*n, e_aft}`` + axial positions through the same
+encoder (no caption, no heads), maps every output through ``memory_mlp`` (Linear, ReLU, Linear, LayerNorm) and
+decodes the caption with cross-attention to that memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from procap import kernels
+from procap.config import ProCapConfig
+from procap.errors import ProCapError
+from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
+from procap.model.encoder import ProcedureEncoder
+from procap.model.layers import init_transformer_weights
+from procap.model.losses import caption_loss, msm_loss, pair_bce
+from procap.model.masking import MaskParams, axial_positions, sample_mask_params
+from procap.model.negatives import consistency_negatives
+from procap.model.vqgan import VQGAN
+
+
+class ProCap(nn.Module):
+    """ProCap: change captioning by imagining the change procedure.
+
+    Attributes:
+        vqgan: frozen :class:`VQGAN` (no gradients, always in eval mode).
+        encoder: :class:`ProcedureEncoder` (stack, input embeddings, MSM/align/csy heads).
+        memory_mlp: encoder outputs (enc_dim) -> decoder memory (dec_dim).
+        decoder: :class:`CaptionDecoder`.
+        mask_embedding: (enc_dim,) e_m, also the procedure query of stage 2.
+        pos_frame, pos_row, pos_col: (T, enc_dim), (H, enc_dim), (W, enc_dim) axial positions.
+    """
+
+    def __init__(self, config: ProCapConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, grid = config.enc_dim, config.grid_size
+        self.vqgan = VQGAN(config.vqgan)
+        self.encoder = ProcedureEncoder(config)
+        self.memory_mlp = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim),
+                                        nn.LayerNorm(config.dec_dim))
+        self.decoder = CaptionDecoder(config)
+        self.mask_embedding = nn.Parameter(torch.empty(d))
+        self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
+        self.pos_row = nn.Parameter(torch.empty(grid, d))
+        self.pos_col = nn.Parameter(torch.empty(grid, d))
+        for module in (self.encoder, self.memory_mlp, self.decoder):
+            init_transformer_weights(module)
+        for p in (self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col, self.encoder.text_pos,
+                  self.encoder.align_token, self.encoder.csy_token, self.decoder.pos_embed):
+            nn.init.normal_(p, std=0.02)
+        self.vqgan.requires_grad_(False)
+        self.vqgan.eval()
+
+    def train(self, mode: bool = True) -> ProCap:
+        """Set train/eval mode; the VQGAN stays in eval mode (it is a frozen tokenizer)."""
+        super().train(mode)
+        self.vqgan.eval()
+        return self
+
+    # -- visual inputs ------------------------------------------------------------------------------------------
+    def _check_frames(self, frames: torch.Tensor, what: str = "frames") -> None:
+        t, s = self.config.num_frames, self.config.image_size
+        if frames.dim() != 5 or frames.shape[1] != t or frames.shape[2] != 3 or frames.shape[-2:] != (s, s):
+            raise ProCapError(f"{what} must have shape (B, {t}, 3, {s}, {s}) (T = k + 2), got {tuple(frames.shape)}.")
+
+    @torch.no_grad()
+    def frame_features(self, frames: torch.Tensor) -> torch.Tensor:
+        """Frozen VQGAN features of [0, 1] frames (B, T, 3, S, S) -> (B, T, z_channels, H, W)."""
+        b, t = frames.shape[:2]
+        feats = self.vqgan.features(frames.flatten(0, 1))
+        return feats.view(b, t, *feats.shape[1:])
+
+    @torch.no_grad()
+    def frame_codes(self, frames: torch.Tensor) -> torch.Tensor:
+        """MSM targets: VQ indices of [0, 1] frames (B, T, 3, S, S) -> (B, T*n) int64, frame-major."""
+        return self.vqgan.codes(frames.flatten(0, 1)).view(frames.shape[0], -1)
+
+    def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
+        """[0, 1] frames (B, T, 3, S, S) -> visual tokens (B, T*n, enc_dim) without positions."""
+        return self.encoder.embed_visual(self.frame_features(frames))
+
+    def positions(self) -> torch.Tensor:
+        """Axial positional embeddings of the visual sequence: (T*n, enc_dim)."""
+        return axial_positions(self.pos_frame, self.pos_row, self.pos_col)
+
+    def sample_mask_params(self, batch: int, device: torch.device | str,
+                           generator: torch.Generator | None = None) -> MaskParams:
+        """Draw stage-1 masks for ``batch`` procedures with ``config.masking``."""
+        grid = self.config.grid_size
+        return sample_mask_params(batch, self.config.num_frames, grid, grid, self.config.masking, device, generator)
+
+    def apply_masking(self, tokens: torch.Tensor, params: MaskParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replace masked visual tokens (B, N, D) by e_m and add axial positions (``procap.kernels.masking``).
+
+        Returns:
+            ``(tokens (B, N, D), mask (B, N) bool)``.
+        """
+        return kernels.masking(tokens, params, self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col)
+
+    # -- stage 1 --------------------------------------------------------------------------------------------------
+    def stage1_loss(self, frames: torch.Tensor, captions: torch.Tensor, codes: torch.Tensor | None = None,
+                    mask_params: MaskParams | None = None,
+                    generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """L_PRO on a batch of procedures (see the module docstring for which row gets which loss).
+
+        Args:
+            frames: (B, T, 3, S, S) in [0, 1]: before, k keyframes, after.
+            captions: (B, L) int64 caption ids (BOS ... EOS PAD...), L <= max_caption_len.
+            codes: optional (B, T*n) precomputed MSM targets (:meth:`frame_codes`).
+            mask_params: optional masks (default: drawn with ``config.masking``).
+            generator: optional generator for the masks (on the frames' device) and the negatives (CPU).
+
+        Returns:
+            ``loss``, ``msm``, ``align``, ``csy`` and ``msm_acc``, ``align_acc``, ``csy_acc``, ``masked_fraction``.
+        """
+        self._check_frames(frames)
+        b = frames.shape[0]
+        codes = self.frame_codes(frames) if codes is None else codes
+        negatives, _ = consistency_negatives(frames, self.config.negative_probs, _on(generator, "cpu"))
+        if mask_params is None:
+            mask_params = self.sample_mask_params(b, frames.device, _on(generator, frames.device))
+        visual = self.embed_frames(torch.cat([frames, negatives]))  # (2B, N, D): positives, csy negatives
+        visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))
+        mask = mask[:b]
+        text = self.encoder.embed_caption(captions)
+        seq = self.encoder.stage1_sequence(torch.cat([text, text.roll(1, dims=0), text]),
+                                           torch.cat([visual[:b], visual[:b], visual[b:]]))
+        out = self.encoder(seq)  # (3B, 2 + L + N, D)
+        csy_at, vis_at = captions.shape[1] + 1, captions.shape[1] + 2
+
+        # MSM head only on the positives' masked positions: (M, D) -> (M, n_embed), never the full (B, N, K).
+        msm, msm_acc = msm_loss(self.encoder.msm_head(out[:b, vis_at:][mask]), codes[mask])
+        judged = ~mask.all(dim=1)  # fully masked samples carry no evidence for align/csy
+        true_negative = (captions != captions.roll(1, dims=0)).any(dim=1)
+        align, align_acc = pair_bce(self.encoder.align_head(out[:b, 0]).squeeze(-1),
+                                    self.encoder.align_head(out[b:2 * b, 0]).squeeze(-1), judged & true_negative)
+        csy, csy_acc = pair_bce(self.encoder.csy_head(out[:b, csy_at]).squeeze(-1),
+                                self.encoder.csy_head(out[2 * b:, csy_at]).squeeze(-1), judged)
+        c = self.config
+        loss = c.msm_weight * msm + c.align_weight * align + c.csy_weight * csy
+        return {"loss": loss, "msm": msm.detach(), "align": align.detach(), "csy": csy.detach(), "msm_acc": msm_acc,
+                "align_acc": align_acc, "csy_acc": csy_acc, "masked_fraction": mask.float().mean()}
+
+    # -- stage 2 --------------------------------------------------------------------------------------------------
+    def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim)."""
+        visual = self.embed_frames(torch.stack([before, after], dim=1))  # (B, 2n, D)
+        b, n2, d = visual.shape
+        n = n2 // 2
+        queries = self.mask_embedding.view(1, 1, d).expand(b, self.config.num_keyframes * n, d)
+        seq = torch.cat([visual[:, :n], queries.to(visual.dtype), visual[:, n:]], dim=1)
+        return seq + self.positions().to(seq.dtype)
+
+    def memory(self, before: torch.Tensor, after: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
+        """Decoder memory from procedure queries (implicit), or from real frames when given (explicit).
+
+        Args:
+            before, after: (B, 3, S, S) in [0, 1] (ignored when ``frames`` is given).
+            frames: optional (B, T, 3, S, S) procedure frames (before, k keyframes, after).
+
+        Returns:
+            (B, T*n, dec_dim).
+        """
+        if frames is not None:
+            self._check_frames(frames)
+            tokens = self.embed_frames(frames) + self.positions()
+        else:
+            s = self.config.image_size
+            for name, image in (("before", before), ("after", after)):
+                if image.dim() != 4 or image.shape[1:] != (3, s, s):
+                    raise ProCapError(f"{name} images must have shape (B, 3, {s}, {s}), got {tuple(image.shape)}.")
+            tokens = self.procedure_tokens(before, after)
+        return self.memory_mlp(self.encoder(tokens))
+
+    def stage2_loss(self, before: torch.Tensor, after: torch.Tensor, captions: torch.Tensor,
+                    frames: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Teacher-forced caption loss: ``captions[:, :-1] -> captions[:, 1:]``, PAD ignored, label smoothing.
+
+        Returns:
+            ``{"loss", "accuracy"}``.
+        """
+        logits = self.decoder(captions[:, :-1], self.memory(before, after, frames))
+        loss, accuracy = caption_loss(logits, captions[:, 1:], PAD_ID, self.config.label_smoothing)
+        return {"loss": loss, "accuracy": accuracy}
+
+    @torch.no_grad()
+    def generate_from_memory(self, memory: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+        """Greedy captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
+        max_len = max_len or self.config.max_caption_len
+        if not 2 <= max_len <= self.config.max_caption_len:
+            raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
+        was_training = self.training
+        self.eval()
+        try:
+            return greedy_decode(self.decoder, memory, max_len)
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def generate(self, before: torch.Tensor, after: torch.Tensor, max_len: int | None = None,
+                 frames: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
+
+        Args:
+            before, after: (B, 3, S, S) in [0, 1].
+            max_len: caption length including BOS (default ``config.max_caption_len``).
+            frames: optional explicit procedure frames (B, T, 3, S, S).
+
+        Returns:
+            (B, max_len - 1) int64 tokens after BOS, EOS included, PAD after EOS, [UNK] and other specials
+            never produced. Runs in eval mode (dropout off) and restores the previous mode.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            return self.generate_from_memory(self.memory(before, after, frames), max_len)
+        finally:
+            self.train(was_training)
+
+
+def count_parameters(model: ProCap) -> dict[str, int]:
+    """Parameter counts: ``vqgan``, ``encoder`` (stack, input embeddings, heads, e_m, positions), ``decoder``
+    (with the memory MLP), ``total``. Works on a model built on the meta device."""
+    vqgan = sum(p.numel() for p in model.vqgan.parameters())
+    decoder = sum(p.numel() for m in (model.decoder, model.memory_mlp) for p in m.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    return {"vqgan": vqgan, "encoder": total - vqgan - decoder, "decoder": decoder, "total": total}
+
+
+def _repeat(params: MaskParams, times: int) -> MaskParams:
+    """The same masks for ``times`` consecutive copies of the batch."""
+    return MaskParams(*(torch.cat([t] * times) for t in (params.scheme, params.patch_prob, params.uniform,
+                                                           params.block)))
+
+
+def _on(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
+    """``generator`` if it lives on ``device``'s type, else None (draws there use the global RNG)."""
+    if generator is None or generator.device.type != torch.device(device).type:
+        return None
+    return generator

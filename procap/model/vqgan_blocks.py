@@ -1,0 +1,130 @@
+"""Building blocks of the taming-transformers VQGAN, with taming's attribute names.
+
+The attribute names (``norm1``, ``conv1``, ``nin_shortcut``, ``q``/``k``/``v``/``proj_out``, ``conv``...) are part
+of the contract: they make our state-dict keys equal to those of a taming ``.ckpt`` so a released checkpoint loads
+with strict checks. Behaviour follows ``taming/modules/diffusionmodules/model.py`` (Esser et al., 2021):
+GroupNorm(32, eps 1e-6), swish, pre-activation residual blocks, single-head spatial self-attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from procap.attention import attention
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """taming's ``Normalize``: 32 groups, eps 1e-6, affine."""
+    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+def swish(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) (taming's ``nonlinearity``)."""
+    return x * torch.sigmoid(x)
+
+
+class ResnetBlock(nn.Module):
+    """Pre-activation residual block: norm -> swish -> conv3x3, twice; 1x1 ``nin_shortcut`` when widths differ."""
+
+    def __init__(self, in_channels: int, out_channels: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.norm1 = group_norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.norm2 = group_norm(out_channels)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        if in_channels != out_channels:
+            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=1, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C_in, H, W) -> (B, C_out, H, W)."""
+        h = self.conv1(swish(self.norm1(x)))
+        h = self.conv2(self.dropout(swish(self.norm2(h))))
+        if self.in_channels != self.out_channels:
+            x = self.nin_shortcut(x)
+        return x + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over all H*W positions with 1x1-conv projections and a residual."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = group_norm(channels)
+        self.q = nn.Conv2d(channels, channels, kernel_size=1)
+        self.k = nn.Conv2d(channels, channels, kernel_size=1)
+        self.v = nn.Conv2d(channels, channels, kernel_size=1)
+        self.proj_out = nn.Conv2d(channels, channels, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, C, H, W); scores scaled by C^-1/2 as in taming."""
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        # (B, C, H, W) -> (B, 1, H*W, C): one head whose width is the channel count.
+        q, k, v = (proj(y).reshape(b, 1, c, h * w).transpose(-2, -1) for proj in (self.q, self.k, self.v))
+        out = attention(q, k, v)  # (B, 1, HW, C)
+        out = out.transpose(-2, -1).reshape(b, c, h, w)
+        return x + self.proj_out(out)
+
+
+class Downsample(nn.Module):
+    """Asymmetric zero pad (left 0, right 1, top 0, bottom 1) then 3x3 stride-2 conv: H -> H/2 exactly."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0.0))
+
+
+class Upsample(nn.Module):
+    """Nearest-neighbour x2 then 3x3 conv."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class MidBlock(nn.Module):
+    """``mid.block_1`` -> ``mid.attn_1`` -> ``mid.block_2`` at the lowest resolution (always has attention)."""
+
+    def __init__(self, channels: int, dropout: float) -> None:
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels, dropout)
+        self.attn_1 = AttnBlock(channels)
+        self.block_2 = ResnetBlock(channels, channels, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class Level(nn.Module):
+    """One resolution level: ``block`` (res blocks), ``attn`` (possibly empty) and an optional resampler.
+
+    In taming a level's attention list is either empty or has one AttnBlock after each res block; the
+    resampler is stored as ``downsample`` (encoder) or ``upsample`` (decoder) so the keys read
+    ``down.{i}.downsample.conv`` / ``up.{i}.upsample.conv``.
+    """
+
+    def __init__(self, widths: list[tuple[int, int]], with_attention: bool, dropout: float) -> None:
+        super().__init__()
+        self.block = nn.ModuleList([ResnetBlock(c_in, c_out, dropout) for c_in, c_out in widths])
+        self.attn = nn.ModuleList([AttnBlock(c_out) for _, c_out in widths] if with_attention else [])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.block):
+            x = block(x)
+            if len(self.attn):
+                x = self.attn[i](x)
+        if hasattr(self, "downsample"):
+            x = self.downsample(x)
+        if hasattr(self, "upsample"):
+            x = self.upsample(x)
+        return x
