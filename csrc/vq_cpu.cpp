@@ -1,0 +1,91 @@
+// VQ codebook lookup on the CPU: nearest code per row without materialising the N x K distance matrix.
+//
+// Rows are processed in chunks: one BLAS call (at::mm_out, multithreaded) fills a cache-sized (rows x K) block
+// of dot products, then at::parallel_for finishes distance + argmin per row while the block is still in cache.
+// The squared norms use the reference's own ATen expression (bit-identical values) and the distance is the
+// reference's (||z||^2 + ||e||^2) - 2 z.e in fp32 in the same order, so indices can only differ where the
+// reference's two best distances are within BLAS summation-order rounding of each other.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace procap {
+namespace {
+
+// Aim for a ~1 MiB block of dot products: large enough for an efficient GEMM, small enough for L2.
+constexpr int64_t kBlockFloats = 1 << 18;
+
+// Independent running minima per lane let the compiler vectorise the scan (SLP) without reordering any float op.
+constexpr int64_t kLanes = 16;
+
+// Index of the smallest (zz + ee[j]) - 2 * dot[j]; strict < keeps the lowest index among ties (torch.argmin).
+int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
+  float best[kLanes];
+  int64_t best_j[kLanes];
+  std::fill(best, best + kLanes, std::numeric_limits<float>::infinity());
+  std::fill(best_j, best_j + kLanes, int64_t{0});
+  const int64_t full = codes - codes % kLanes;
+  for (int64_t j0 = 0; j0 < full; j0 += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float dist = (zz + ee[j0 + l]) - 2.0f * dot[j0 + l];
+      const bool better = dist < best[l];
+      best[l] = better ? dist : best[l];
+      best_j[l] = better ? j0 + l : best_j[l];
+    }
+  }
+  float result = std::numeric_limits<float>::infinity();
+  int64_t result_j = 0;
+  for (int64_t l = 0; l < kLanes; ++l) {  // lanes hold first occurrences: take the lowest index among equal minima
+    if (best[l] < result || (best[l] == result && best_j[l] < result_j)) {
+      result = best[l];
+      result_j = best_j[l];
+    }
+  }
+  for (int64_t j = full; j < codes; ++j) {  // the tail has higher indices than every lane: strict < is enough
+    const float dist = (zz + ee[j]) - 2.0f * dot[j];
+    if (dist < result) {
+      result = dist;
+      result_j = j;
+    }
+  }
+  return result_j;
+}
+
+void argmin_rows(const float* dot, const float* zz, const float* ee, int64_t* idx, int64_t rows, int64_t codes) {
+  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(codes, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) idx[i] = argmin_row(dot + i * codes, zz[i], ee, codes);
+  });
+}
+
+at::Tensor vq_nearest_cpu(const at::Tensor& z, const at::Tensor& codebook) {
+  TORCH_CHECK(z.dim() == 2 && codebook.dim() == 2 && z.size(1) == codebook.size(1),
+              "vq_nearest: expected z (N, D) and codebook (K, D), got ", z.sizes(), " and ", codebook.sizes());
+  TORCH_CHECK(codebook.size(0) > 0, "vq_nearest: the codebook is empty");
+  const auto z32 = z.to(at::kFloat);
+  const auto e32 = codebook.to(at::kFloat);
+  const auto zz = (z32 * z32).sum(1).contiguous();  // same expression as vq_distances_ref
+  const auto ee = (e32 * e32).sum(1).contiguous();
+  const auto et = e32.t();
+  const int64_t n_rows = z32.size(0), n_codes = e32.size(0);
+  auto indices = at::empty({n_rows}, z.options().dtype(at::kLong));
+  const int64_t chunk = std::clamp<int64_t>(kBlockFloats / n_codes, 16, 1024);
+  auto block = at::empty({std::min(chunk, std::max<int64_t>(n_rows, 1)), n_codes}, z32.options());
+  for (int64_t start = 0; start < n_rows; start += chunk) {
+    const int64_t rows = std::min(chunk, n_rows - start);
+    auto dot = block.narrow(0, 0, rows);
+    at::mm_out(dot, z32.narrow(0, start, rows), et);
+    argmin_rows(dot.data_ptr<float>(), zz.data_ptr<float>() + start, ee.data_ptr<float>(),
+                indices.data_ptr<int64_t>() + start, rows, n_codes);
+  }
+  return indices;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(procap, CPU, m) { m.impl("vq_nearest", &vq_nearest_cpu); }
+
+}  // namespace procap
