@@ -96,6 +96,20 @@ class ProCap(nn.Module):
         """MSM targets: VQ indices of [0, 1] frames (B, T, 3, S, S) -> (B, T*n) int64, frame-major."""
         return self.vqgan.codes(frames.flatten(0, 1)).view(frames.shape[0], -1)
 
+    @torch.no_grad()
+    def _negative_features(self, frames: torch.Tensor, negatives: torch.Tensor,
+                           features: torch.Tensor) -> torch.Tensor:
+        """Features of the consistency negatives, re-encoding only the frames a warp changed.
+
+        The VQGAN dominates stage-1 compute and works per image, so a frame identical to the positive's frame at
+        the same position keeps its features; three of the four warps change a single frame.
+        """
+        changed = (negatives != frames).flatten(2).any(dim=-1)  # (B, T)
+        out = features.clone()
+        if changed.any():
+            out[changed] = self.vqgan.features(negatives[changed]).to(out.dtype)
+        return out
+
     def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
         """[0, 1] frames (B, T, 3, S, S) -> visual tokens (B, T*n, enc_dim) without positions."""
         return self.encoder.embed_visual(self.frame_features(frames))
@@ -140,7 +154,9 @@ class ProCap(nn.Module):
         negatives, _ = consistency_negatives(frames, self.config.negative_probs, _on(generator, "cpu"))
         if mask_params is None:
             mask_params = self.sample_mask_params(b, frames.device, _on(generator, frames.device))
-        visual = self.embed_frames(torch.cat([frames, negatives]))  # (2B, N, D): positives, csy negatives
+        features = self.frame_features(frames)
+        features = torch.cat([features, self._negative_features(frames, negatives, features)])
+        visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))
         mask = mask[:b]
         text = self.encoder.embed_caption(captions)
