@@ -79,7 +79,7 @@ def masking_ext(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tenso
 def vq_nearest_ext(z: torch.Tensor, codebook: torch.Tensor,
                    return_quantized: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Compiled version of :func:`procap.model.quantize.vq_nearest_ref` (same arguments, same outputs)."""
-    indices = torch.ops.procap.vq_nearest(z, codebook)
+    indices = torch.ops.procap.vq_nearest(z.detach(), codebook.detach())  # indices carry no gradient
     if return_quantized:
         return indices, codebook.index_select(0, indices)
     return indices

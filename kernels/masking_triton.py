@@ -125,7 +125,7 @@ def _masking_bwd_kernel(G_ptr, Mask_ptr, GX_ptr, S_ptr, E_ptr, B, N, D,
 def _check_device(x: torch.Tensor) -> None:
     if x.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
-                         "before importing procap.kernels.masking to run it on CPU)")
+                         "before importing procap.kernels.masking_triton to run it on CPU)")
 
 
 def masking_fwd(x: torch.Tensor, scheme: torch.Tensor, patch_prob: torch.Tensor, uniform: torch.Tensor,

@@ -79,7 +79,7 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     """
     if z.device.type != "cuda" and not INTERPRETED:
         raise ValueError(f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
-                         "importing procap.kernels.vq to run it on CPU)")
+                         "importing procap.kernels.vq_triton to run it on CPU)")
     if codebook.dtype != z.dtype:  # tl.dot needs equal operand types; the reference compares in fp32 anyway
         z, codebook = z.float(), codebook.float()
     z = z.contiguous()
