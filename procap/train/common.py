@@ -56,10 +56,12 @@ def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any)
 @torch.no_grad()
 def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batch_size: int = 32,
                   cache: ImageCache | None = None, device: torch.device | str = "cpu",
-                  amp: bool = False) -> tuple[dict[str, str], dict[str, float]]:
+                  amp: bool = False, max_len: int | None = None,
+                  remember: bool = False) -> tuple[dict[str, str], dict[str, float]]:
     """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
 
-    Tokens are counted honestly, up to and including EOS.
+    Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
+    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation).
     """
     from tqdm.auto import tqdm
 
@@ -73,9 +75,11 @@ def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batc
         chunk = pairs[start:start + batch_size]
         before = torch.stack([cache(p.before_path) for p in chunk]).to(device)
         after = torch.stack([cache(p.after_path) for p in chunk]).to(device)
+        if remember and hasattr(model.vqgan, "remember"):
+            model.vqgan.remember(torch.cat([before, after]), codes=False)
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            ids = model.generate(before, after)
+            ids = model.generate(before, after, max_len=max_len)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0

@@ -63,6 +63,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     cache_images: bool = True
+    cache_features: bool = False  # memo the frozen VQGAN per image (small datasets; see train/feature_cache.py)
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_DEFAULTS:

@@ -17,6 +17,7 @@ from procap.errors import ProCapError
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, ProcedureDataset, make_procedure_source
+from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
 
@@ -67,7 +68,11 @@ def pretrain(cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = 
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
 
+    cached = cache_tokenizer(model) if cfg.cache_features else None
+
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if cached is not None:
+            cached.remember(batch["frames"].flatten(0, 1))
         return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"))
 
     trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage1_optimizer(model, cfg, total),

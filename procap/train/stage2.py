@@ -17,6 +17,7 @@ from procap.checkpoint import save_checkpoint
 from procap.train.common import caption_pairs, load_pairs, score_captions
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, PairDataset
+from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
 from procap.train.stage1 import _model_and_vocab, weight_loader
@@ -33,12 +34,24 @@ def validation_subset(pairs: Sequence[Any], limit: int | None) -> list:
     return [pairs[int(i * step)] for i in range(limit)]
 
 
-def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], cache: ImageCache):
+def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:
+    """Decoding length for validation: the longest training caption + 2 tokens of slack, at most ``limit``.
+
+    Greedy decoding is causal, so any length that fits the generated caption and its EOS gives identical
+    captions; capping it only saves decoder steps.
+    """
+    lengths = [sum(t != vocab.pad_id for t in vocab.encode(c, max_len=limit)) for p in pairs for c in p.captions]
+    return min(limit, max(lengths) + 2)
+
+
+def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], cache: ImageCache,
+                   max_len: int | None = None):
     """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed)."""
 
     def validate(step: int) -> dict[str, float]:
         predictions, _ = caption_pairs(model, vocab, pairs, batch_size=max(cfg.batch_size, 32), cache=cache,
-                                       device=cfg.torch_device(), amp=cfg.amp)
+                                       device=cfg.torch_device(), amp=cfg.amp, max_len=max_len,
+                                       remember=cfg.cache_features)
         scores = score_captions(predictions, pairs, cfg.val_metrics)
         return {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
 
@@ -66,13 +79,19 @@ def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Seque
     config = model.config
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
+    max_len = decode_length(vocab, pairs, config.max_caption_len)
+
+    cached = cache_tokenizer(model) if cfg.cache_features else None
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if cached is not None:
+            cached.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
         return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
 
     trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
                       save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
-                      load_weights=weight_loader(model), validate=make_validator(cfg, model, vocab, val_pairs, cache),
+                      load_weights=weight_loader(model),
+                      validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len),
                       metric=SELECT_METRIC, name="stage2")
     trainer.fit()
     return trainer.best_path if trainer.best_path.exists() else trainer.last_path

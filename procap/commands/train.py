@@ -1,0 +1,22 @@
+"""`procap train`: stage 2, implicit procedure captioning, initialised from a stage-1 checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Stage 2: train the captioner (procedure queries + decoder); keeps the best checkpoint by val CIDEr."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from procap.train.cli_args import add_common_arguments
+
+    add_common_arguments(parser, "train")
+
+
+def run(args: argparse.Namespace) -> int:
+    from procap.train.cli_args import config_from_args
+    from procap.train.stage2 import train
+
+    path = train(config_from_args("train", args))
+    print(f"best checkpoint: {path}")
+    return 0

@@ -1,0 +1,22 @@
+"""`procap vqgan`: fit the VQGAN tokenizer to a dataset by reconstruction (L1 + codebook + commitment)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Train the VQGAN tokenizer on a dataset's training images (reconstruction loss)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from procap.train.cli_args import add_common_arguments
+
+    add_common_arguments(parser, "vqgan")
+
+
+def run(args: argparse.Namespace) -> int:
+    from procap.train.cli_args import config_from_args
+    from procap.train.vqgan_train import train_vqgan
+
+    path = train_vqgan(config_from_args("vqgan", args))
+    print(f"VQGAN weights: {path}")
+    return 0

@@ -1,0 +1,78 @@
+"""argparse flags shared by ``procap vqgan``, ``procap pretrain`` and ``procap train``; they map onto TrainConfig.
+
+Every flag defaults to ``None`` so that :meth:`TrainConfig.resolved` can fill in the paper's value for the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from procap.config import PRESETS
+from procap.errors import ProCapError
+from procap.train.config import TrainConfig
+
+DATASETS = ("clevr-change", "spot-the-diff", "image-editing-request")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
+    """Flags for one training stage (``vqgan``, ``pretrain`` or ``train``)."""
+    g = parser.add_argument_group("data and output")
+    g.add_argument("--data", help="dataset root folder")
+    g.add_argument("--dataset", choices=DATASETS, default="clevr-change", help="dataset format (default clevr-change)")
+    g.add_argument("--out", required=True, help="run folder for checkpoints and the log")
+    g.add_argument("--preset", default="tiny", help=f"model preset: {', '.join(sorted(PRESETS))} (default tiny)")
+    g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
+    g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
+    g.add_argument("--no-cache", dest="cache_images", action="store_false", default=None,
+                   help="do not keep decoded images in memory (large datasets)")
+    g.add_argument("--cache-features", action="store_true", default=None,
+                   help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU)")
+    o = parser.add_argument_group("optimisation")
+    o.add_argument("--steps", type=int, help="optimisation steps (wins over --epochs)")
+    o.add_argument("--epochs", type=int, help="epochs over the training pairs")
+    o.add_argument("--batch-size", type=int, help="batch size (paper: 8 stage 1, 16 stage 2)")
+    o.add_argument("--lr", type=float, help="peak learning rate (stage 2: encoder and decoder)")
+    o.add_argument("--warmup-steps", type=int, help="linear warm-up steps (stage 1 / VQGAN)")
+    o.add_argument("--decay", choices=("none", "cosine", "linear"), help="lr after warm-up (paper: none)")
+    o.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
+    o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
+    o.add_argument("--seed", type=int, help="random seed (default 0)")
+    o.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    o.add_argument("--no-amp", dest="amp", action="store_false", default=None, help="disable bf16 autocast on CUDA")
+    o.add_argument("--resume", action="store_true", default=None, help="continue from <out>/last.safetensors")
+    o.add_argument("--log-every", type=int, help="log every N steps (default 10)")
+    o.add_argument("--save-every", type=int, help="save last checkpoint + state every N steps (default: at the end)")
+    o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
+    if stage == "pretrain":
+        o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
+    if stage in ("pretrain", "train"):
+        m = parser.add_argument_group("model")
+        m.add_argument("--vqgan", help="VQGAN weights from `procap vqgan` (default: the preset's untrained tokenizer)")
+        m.add_argument("--num-keyframes", type=int, help="k (default: the preset's, 2)")
+    if stage == "pretrain":
+        m.add_argument("--init", help="continue from an earlier stage-1 checkpoint")
+        m.add_argument("--procedures", help="stage-1 frames: 'crossfade' (stand-in) or a procedure cache path")
+    if stage == "train":
+        m.add_argument("--init", help="stage-1 checkpoint (omit for the static-pair baseline from scratch)")
+        o.add_argument("--encoder-lr", type=float, help="encoder lr (paper 5e-5; 2e-5 on Spot-the-Diff)")
+        o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
+        o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
+        v = parser.add_argument_group("validation")
+        v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
+        v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
+
+
+def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
+    """TrainConfig from parsed flags, with one-sentence errors for bad values."""
+    if args.preset not in PRESETS:
+        raise ProCapError(f"unknown preset {args.preset!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    for name in ("steps", "epochs", "batch_size", "max_pairs"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise ProCapError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if getattr(args, "data", None) is None:
+        raise ProCapError("--data is required: the dataset root folder")
+    try:
+        return TrainConfig.from_args(stage, args)
+    except ValueError as exc:
+        raise ProCapError(str(exc)) from None
