@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import device_info, synchronize
+
 from procap.attention import BACKENDS, attention, unavailable_reason
 
 # name -> (B, H, Lq, Lk, Dh, causal)

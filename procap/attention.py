@@ -28,7 +28,7 @@ import importlib.util
 import math
 import os
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from procap import attention as attn_mod
-from procap.attention import (BACKENDS, BackendUnavailableError, attention, attention_math, available_backends,
-                              select_backend, unavailable_reason, use_backend)
+from procap.attention import (
+    BACKENDS,
+    BackendUnavailableError,
+    attention,
+    attention_math,
+    available_backends,
+    select_backend,
+    unavailable_reason,
+    use_backend,
+)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     "not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU"))]

@@ -15,8 +15,9 @@ The oracle is ``ProCap.generate``: in fp32 the tokens are equal.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -87,7 +88,7 @@ class Captioner:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ProCapError(f"batch_sizes must be positive integers, got {tuple(batch_sizes)}")
         self.config, self.vocab, self.max_len = config, vocab, max_len
-        self.batch_sizes = tuple(sorted(set(int(b) for b in batch_sizes)))
+        self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
@@ -119,8 +120,8 @@ class Captioner:
             # cuDNN picks its convolution algorithms for channels-last bf16 once per shape.
             torch.backends.cudnn.benchmark = True
             model.vqgan.to(memory_format=torch.channels_last)
-        self._hooks = annotate_module(model.vqgan.encoder, "procap/vqgan", self.device)
-        self._hooks += annotate_module(model.encoder, "procap/encoder", self.device)
+        self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
+        self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
         if self.device.type == "cuda":
             self._hooks.append(model.vqgan.encoder.register_forward_pre_hook(
                 lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])))
@@ -181,9 +182,9 @@ class Captioner:
         b = memory.shape[0]
         state = self._state(self.bucket(b))
         graph = self._graph(state) if self.use_graphs else None
-        with nvtx_range("procap/prefill", self.device):
+        with nvtx_range("procap.prefill", self.device):
             state.prefill(memory)
-        with nvtx_range("procap/decode", self.device):
+        with nvtx_range("procap.decode", self.device):
             for _ in range(state.steps):
                 graph.replay() if graph is not None else state.step()
         return state.out[:b].clone()  # clone out: the next batch overwrites the static buffer

@@ -44,6 +44,7 @@ class DecodeState:
     Attributes:
         tokens: (B,) the ids fed to the next step; ``pos``: (1,) its position.
         finished: (B,) rows that produced EOS; ``out``: (B, max_len - 1) produced tokens.
+        logits: (B, V) fp32 logits of the last step after suppression (for agreement checks).
     """
 
     def __init__(self, decoder: CaptionDecoder, batch: int, memory_tokens: int, max_len: int,
@@ -65,6 +66,7 @@ class DecodeState:
         self.suppress = torch.zeros(vocab, dtype=torch.float32, device=device)
         self.suppress[list(SUPPRESSED_IDS)] = float("-inf")
         self.pad = torch.full((batch,), PAD_ID, dtype=torch.long, device=device)
+        self.logits = torch.zeros(batch, vocab, dtype=torch.float32, device=device)  # last step's, for checks
 
     @torch.no_grad()
     def prefill(self, memory: torch.Tensor) -> None:
@@ -105,6 +107,7 @@ class DecodeState:
         for i, layer in enumerate(dec.layers):
             x = self._layer(i, layer, x, visible)
         logits = (dec.norm(x[:, 0]) @ dec.embed.weight.t()).float() + self.suppress  # (B, V), fp32 like generate
+        self.logits.copy_(logits)
         nxt = torch.where(self.finished, self.pad, logits.argmax(dim=-1))
         self.finished |= nxt == EOS_ID
         self.out.index_copy_(1, self.pos, nxt[:, None])

@@ -8,7 +8,7 @@ before replaying and outputs cloned out afterwards by the caller.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 

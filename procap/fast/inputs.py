@@ -7,8 +7,9 @@ on disk and the same image opened by the user give identical tensors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from PIL import Image
 
 from procap.errors import ProCapError
 
-ImageLike = Union[str, Path, Image.Image, np.ndarray, torch.Tensor]
+ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
 
 
 def _from_pil(image: Image.Image, size: int) -> torch.Tensor:

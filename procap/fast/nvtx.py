@@ -7,7 +7,7 @@ build, where ``torch.cuda.nvtx`` cannot load) pays nothing.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -17,7 +17,7 @@ def nvtx_range(name: str, device: torch.device | str | None = None) -> Iterator[
     """Mark ``name`` in Nsight / profiler timelines while the block runs on ``device``.
 
     Args:
-        name: the range label (``procap/vqgan``, ``procap/encoder``, ``procap/prefill``, ``procap/decode``).
+        name: the range label (``procap.vqgan``, ``procap.encoder``, ``procap.prefill``, ``procap.decode``).
         device: the device the work runs on; nothing is recorded unless it is a CUDA device.
     """
     on_cuda = device is not None and torch.device(device).type == "cuda"

@@ -1,0 +1,68 @@
+"""`procap caption --ckpt C BEFORE AFTER [BEFORE AFTER ...]`: caption image pairs with procap.fast.Captioner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from procap.errors import ProCapError
+
+HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="BEFORE AFTER [BEFORE AFTER ...] image files")
+    parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors) written by procap train")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                        help="compute dtype (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--max-len", type=int, default=24, help="caption length including BOS (default 24)")
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
+
+
+def check_device(device: str | None) -> None:
+    """Fail with one sentence when a CUDA device is asked for on a machine without one."""
+    import torch
+
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ProCapError(f"--device {device!r} is not a device name (try cpu or cuda)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ProCapError(f"--device {device} was requested but no CUDA device is available")
+
+
+def pairs_from_paths(paths: list[str]) -> list[tuple[Path, Path]]:
+    """Group BEFORE AFTER paths into pairs, checking that every file exists."""
+    if len(paths) % 2:
+        raise ProCapError(f"caption needs BEFORE AFTER pairs of images, got an odd number of paths ({len(paths)})")
+    for path in paths:
+        if not Path(path).is_file():
+            raise ProCapError(f"image file {path} does not exist")
+    return [(Path(b), Path(a)) for b, a in zip(paths[0::2], paths[1::2])]
+
+
+def run(args: argparse.Namespace) -> int:
+    pairs = pairs_from_paths(args.images)
+    check_device(args.device)
+    if args.batch_size < 1:
+        raise ProCapError(f"--batch-size must be at least 1, got {args.batch_size}")
+    from procap.fast import Captioner
+
+    captioner = Captioner.from_checkpoint(args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len,
+                                          batch_sizes=sorted({1, 8, min(32, args.batch_size), args.batch_size}))
+    captions: list[str] = []
+    for start in range(0, len(pairs), args.batch_size):
+        chunk = pairs[start:start + args.batch_size]
+        captions += captioner([b for b, _ in chunk], [a for _, a in chunk])
+    if args.json:
+        print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for (b, a), c in zip(pairs, captions)],
+                         indent=2))
+    else:
+        for caption in captions:
+            print(caption)
+    return 0

@@ -1,0 +1,107 @@
+"""`procap profile --ckpt C`: record a torch.profiler trace of a few captioning batches; print Nsight commands.
+
+The trace (Chrome JSON, open in chrome://tracing or https://ui.perfetto.dev) shows the NVTX / record_function
+ranges ``procap.vqgan``, ``procap.encoder``, ``procap.prefill`` and ``procap.decode``. The printed ``nsys`` and
+``ncu`` command lines re-run this same workload under Nsight Systems / Nsight Compute (``--no-trace`` keeps
+torch.profiler out of their way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from procap.commands.caption import check_device
+from procap.errors import ProCapError
+
+HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors)")
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
+    parser.add_argument("--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3)")
+    parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"), help="compute dtype")
+    parser.add_argument("--max-len", type=int, default=24, help="caption length including BOS (default 24)")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="run the batches without torch.profiler (use under nsys / ncu)")
+
+
+def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
+    """The nsys and ncu command lines that profile this workload."""
+    base = ["procap", "profile", "--ckpt", str(args.ckpt), "--batch-size", str(args.batch_size),
+            "--steps", str(args.steps), "--max-len", str(args.max_len), "--no-trace"]
+    if args.device:
+        base += ["--device", args.device]
+    if args.dtype:
+        base += ["--dtype", args.dtype]
+    cmd = shlex.join(base)
+    return {
+        # Per-kernel rows inside replayed CUDA graphs need --cuda-graph-trace=node.
+        "nsys": f"nsys profile --trace=cuda,nvtx,cublas,cudnn --cuda-graph-trace=node -o procap_nsys --force-overwrite true {cmd}",
+        # Kernels of the decoding loop only (NVTX push/pop range "procap.decode"); drop the filter for the encoder.
+        "ncu": f"ncu --nvtx --nvtx-include procap.decode/ --set full --launch-count 200 -o procap_ncu {cmd}",
+    }
+
+
+def _export_trace(prof, out_dir: Path) -> Path:
+    """Write the Chrome trace through a temporary file in ``out_dir`` and move it into place."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    fd, tmp = tempfile.mkstemp(prefix=".procap_trace.", suffix=".json.tmp", dir=out_dir)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return final
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1 or args.steps < 1:
+        raise ProCapError(f"--batch-size and --steps must be at least 1, got {args.batch_size} and {args.steps}")
+    check_device(args.device)
+    import torch
+
+    from procap.fast import Captioner
+
+    captioner = Captioner.from_checkpoint(args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len,
+                                          batch_sizes=(args.batch_size,))
+    size = captioner.config.image_size
+    gen = torch.Generator().manual_seed(0)
+    before, after = (torch.rand(args.batch_size, 3, size, size, generator=gen) for _ in range(2))
+
+    def batch() -> None:
+        captioner.generate(before, after)
+        if captioner.device.type == "cuda":
+            torch.cuda.synchronize(captioner.device)
+
+    batch()  # warm-up: cuDNN autotuning and graph capture stay out of the trace
+    if args.no_trace:
+        for _ in range(args.steps):
+            batch()
+        print(f"ran {args.steps} batches of {args.batch_size} on {captioner.device} ({captioner.dtype})")
+        return 0
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if captioner.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(args.steps):
+            batch()
+    path = _export_trace(prof, Path(args.out))
+    sort = "self_cuda_time_total" if captioner.device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=12))
+    print(f"trace: {path} ({args.steps} batches of {args.batch_size} on {captioner.device}, {captioner.dtype})")
+    for tool, line in nsight_commands(args).items():
+        print(f"{tool}: {line}")
+    sys.stdout.flush()
+    return 0

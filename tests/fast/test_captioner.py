@@ -1,0 +1,146 @@
+"""procap.fast.Captioner: fp32 CPU tokens equal ProCap.generate exactly; inputs; buckets; bad inputs; GPU checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from procap.errors import ProCapError
+from procap.fast import Captioner
+from procap.fast.inputs import to_image_tensor
+
+requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+
+
+class _IdVocab:
+    """Stands in for Vocabulary where only token ids matter: decode = the ids as text."""
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+@pytest.mark.parametrize("pad_to_bucket", [False, True])
+@pytest.mark.parametrize("batch", [1, 3, 8, 12])
+def test_fp32_tokens_equal_generate(trained, pairs, batch, pad_to_bucket):
+    model, _, _ = trained
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    # Buckets (1, 4, 8): 3 pads up to 4, 12 is split into chunks of 8 + 4.
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8),
+                          pad_to_bucket=pad_to_bucket)
+    expected = model.generate(before, after, max_len=16)
+    got = captioner.generate(before, after)
+    assert torch.equal(got, expected)
+    if batch >= 8:
+        assert len({tuple(row) for row in expected.tolist()}) > 2, "the oracle's tokens should vary across pairs"
+
+
+def test_shorter_max_len_and_reuse(trained, pairs):
+    model, _, _ = trained
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=6, batch_sizes=(4,), pad_to_bucket=True)
+    for start in (0, 4, 8):  # the same static state serves every batch
+        before, after = pairs[0][start:start + 4], pairs[1][start:start + 4]
+        assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=6))
+
+
+def test_model_is_not_modified(trained):
+    model, _, _ = trained
+    weight = model.decoder.embed.weight
+    Captioner(model, _IdVocab(), device="cpu", dtype="bf16", max_len=8)
+    assert model.decoder.embed.weight is weight and weight.dtype == torch.float32
+
+
+def _png(tmp_path, array, name):
+    path = tmp_path / name
+    Image.fromarray(array).save(path)
+    return path
+
+
+@pytest.mark.parametrize("side", [32, 48])
+def test_input_types_give_identical_tensors(tmp_path, side):
+    array = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    path = _png(tmp_path, array, "img.png")
+    ref = to_image_tensor(path, 32)
+    assert ref.shape == (3, 32, 32) and ref.dtype == torch.float32 and 0 <= ref.min() and ref.max() <= 1
+    for item in (str(path), Image.open(path), array, torch.from_numpy(array), torch.from_numpy(array).permute(2, 0, 1)):
+        assert torch.equal(to_image_tensor(item, 32), ref), type(item)
+    if side == 32:
+        assert torch.equal(to_image_tensor(ref, 32), ref)
+        assert torch.equal(ref, torch.from_numpy(array).permute(2, 0, 1).float() / 255)
+
+
+def test_call_accepts_mixed_inputs(trained, pairs, tmp_path):
+    model, _, _ = trained
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16)
+    before, after = pairs[0][:3], pairs[1][:3]
+    as_u8 = [(img.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy() for img in before]
+    befores = [_png(tmp_path, as_u8[0], "b0.png"), Image.fromarray(as_u8[1]), as_u8[2]]
+    exact = torch.stack([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in as_u8])
+    expected = model.generate(exact, after, max_len=16).tolist()
+    assert captioner(befores, list(after)) == [_IdVocab().decode(row) for row in expected]
+    assert captioner.caption(as_u8[0], after[0]) == _IdVocab().decode(expected[0])
+    assert captioner(exact, after) == captioner(befores, after)  # a batched tensor works too
+
+
+def test_bad_inputs(trained, tmp_path):
+    model, _, _ = trained
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=8)
+    img = torch.rand(3, 32, 32)
+    with pytest.raises(ProCapError, match="2 before images but 1 after"):
+        captioner([img, img], [img])
+    with pytest.raises(ProCapError, match="missing.png does not exist"):
+        captioner([tmp_path / "missing.png"], [img])
+    with pytest.raises(ProCapError, match=r"\(H, W, 3\)"):
+        captioner([np.zeros((4, 4, 5), np.uint8)], [img])
+    with pytest.raises(ProCapError, match="type int"):
+        captioner([3], [img])
+    with pytest.raises(ProCapError, match="max_len"):
+        Captioner(model, _IdVocab(), device="cpu", max_len=99)
+    with pytest.raises(ProCapError, match="unknown dtype"):
+        Captioner(model, _IdVocab(), device="cpu", dtype="int8", max_len=8)
+    with pytest.raises(ProCapError, match="CUDA"):
+        Captioner(model, _IdVocab(), device="cpu", use_graphs=True, max_len=8)
+
+
+def test_vocabulary_decodes_captions(trained, pairs, vocab):
+    model, _, _ = trained
+    captioner = Captioner(model, vocab, device="cpu", max_len=16)
+    captions = captioner(pairs[0][:4], pairs[1][:4])
+    expected = [vocab.decode(row) for row in model.generate(pairs[0][:4], pairs[1][:4], max_len=16).tolist()]
+    assert captions == expected and all(isinstance(c, str) for c in captions)
+
+
+# -- CUDA ------------------------------------------------------------------------------------------------------
+@requires_cuda
+@pytest.mark.parametrize("max_len", [16, 9])
+def test_graph_replay_equals_eager(trained, pairs, max_len):
+    model, _, _ = trained
+    kwargs = dict(device="cuda", dtype=torch.bfloat16, max_len=max_len, batch_sizes=(1, 4, 8, 16), pad_to_bucket=True)
+    graphed = Captioner(model, _IdVocab(), use_graphs=True, **kwargs)
+    eager = Captioner(model, _IdVocab(), use_graphs=False, **kwargs)
+    for batch in (1, 3, 8, 12):  # new buckets are captured as they appear
+        before, after = pairs[0][:batch], pairs[1][:batch]
+        assert torch.equal(graphed.generate(before, after), eager.generate(before, after))
+    assert (8, max_len) in graphed.graphs and (16, max_len) in graphed.graphs
+
+
+@requires_cuda
+def test_bf16_agreement_with_fp32_oracle(trained, pairs):
+    model, _, _ = trained
+    before, after = pairs
+    fast = Captioner(model, _IdVocab(), device="cuda", dtype=torch.bfloat16, max_len=16).generate(before, after)
+    ref = model.generate(before, after, max_len=16)
+    agreement = (fast.cpu() == ref).float().mean().item()
+    print(f"bf16 CUDA-graph tokens vs fp32 oracle: {agreement:.3f} token agreement")
+    assert agreement >= 0.8
+
+
+@requires_cuda
+def test_fp32_cuda_tokens_equal_generate(trained, pairs):
+    model, _, _ = trained
+    torch.backends.cuda.matmul.allow_tf32 = False
+    captioner = Captioner(model, _IdVocab(), device="cuda", dtype=torch.float32, max_len=16)
+    ref = model.to("cuda").generate(pairs[0].cuda(), pairs[1].cuda(), max_len=16)
+    model.to("cpu")
+    assert (captioner.generate(*pairs) == ref).float().mean().item() >= 0.95
