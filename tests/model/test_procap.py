@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import random_captions, small_config
+from model_helpers import random_captions, small_config, small_vqgan_config
 
 from procap.config import MaskingConfig, get_preset
 from procap.errors import ProCapError
@@ -240,3 +240,30 @@ def test_generate_is_greedy_without_specials_and_pads_after_eos(config):
     assert model.generate(None, None, frames=frames).shape == tokens.shape  # explicit procedure captioning
     with pytest.raises(ProCapError, match="max_len"):
         model.generate(frames[:, 0], frames[:, -1], max_len=9)
+
+
+def test_paper_geometry_224px_gives_196_tokens_per_frame():
+    # The paper's f16 layout at reduced width: 224 px -> 14x14 = 196 tokens per frame, (k + 2) * 196 memory rows.
+    config = small_config(image_size=224, num_keyframes=2,
+                          vqgan=small_vqgan_config(resolution=224, ch_mult=(1, 1, 2, 2, 4), attn_resolutions=(16,),
+                                                   z_channels=32))
+    model = ProCap(config)
+    assert config.tokens_per_frame == 196 and model.pos_row.shape[0] == 14
+    image = torch.rand(1, 3, 224, 224)
+    assert model.memory(image, image).shape == (1, 4 * 196, 32)
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+def test_cuda_bf16_autocast_both_stages(config):
+    model = ProCap(config).cuda()
+    frames = _frames(2, config).cuda()
+    captions = random_captions(2, 8, config.vocab_size).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        stage1 = model.stage1_loss(frames, captions)
+        stage2 = model.stage2_loss(frames[:, 0], frames[:, -1], captions)
+    assert torch.isfinite(stage1["loss"]) and torch.isfinite(stage2["loss"])
+    (stage1["loss"] + stage2["loss"]).backward()
+    assert all(p.grad is None for p in model.vqgan.parameters())
+    tokens = model.generate(frames[:, 0], frames[:, -1])
+    assert tokens.shape == (2, 7) and tokens.device.type == "cuda"
+    assert not torch.isin(tokens.cpu(), torch.tensor(SUPPRESSED_IDS[1:])).any()
