@@ -149,30 +149,39 @@ class ProCap(nn.Module):
             ``loss``, ``msm``, ``align``, ``csy`` and ``msm_acc``, ``align_acc``, ``csy_acc``, ``masked_fraction``.
         """
         self._check_frames(frames)
-        b = frames.shape[0]
         codes = self.frame_codes(frames) if codes is None else codes
+        seq, mask = self._stage1_sequences(frames, captions, mask_params, generator)
+        return self._stage1_losses(self.encoder(seq), captions, codes, mask)
+
+    def _stage1_sequences(self, frames: torch.Tensor, captions: torch.Tensor, mask_params: MaskParams | None,
+                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 3B encoder inputs (positives, align negatives, csy negatives) and the positives' (B, N) mask."""
+        b = frames.shape[0]
         negatives, _ = consistency_negatives(frames, self.config.negative_probs, _on(generator, "cpu"))
         if mask_params is None:
             mask_params = self.sample_mask_params(b, frames.device, _on(generator, frames.device))
         features = self.frame_features(frames)
         features = torch.cat([features, self._negative_features(frames, negatives, features)])
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
-        visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))
-        mask = mask[:b]
+        visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         text = self.encoder.embed_caption(captions)
         seq = self.encoder.stage1_sequence(torch.cat([text, text.roll(1, dims=0), text]),
                                            torch.cat([visual[:b], visual[:b], visual[b:]]))
-        out = self.encoder(seq)  # (3B, 2 + L + N, D)
-        csy_at, vis_at = captions.shape[1] + 1, captions.shape[1] + 2
+        return seq, mask[:b]
 
+    def _stage1_losses(self, out: torch.Tensor, captions: torch.Tensor, codes: torch.Tensor,
+                       mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Heads and losses on the encoder output (3B, 2 + L + N, D); see the module docstring's table."""
+        b, length = captions.shape
+        enc = self.encoder
         # MSM head only on the positives' masked positions: (M, D) -> (M, n_embed), never the full (B, N, K).
-        msm, msm_acc = msm_loss(self.encoder.msm_head(out[:b, vis_at:][mask]), codes[mask])
+        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2:][mask]), codes[mask])
         judged = ~mask.all(dim=1)  # fully masked samples carry no evidence for align/csy
         true_negative = (captions != captions.roll(1, dims=0)).any(dim=1)
-        align, align_acc = pair_bce(self.encoder.align_head(out[:b, 0]).squeeze(-1),
-                                    self.encoder.align_head(out[b:2 * b, 0]).squeeze(-1), judged & true_negative)
-        csy, csy_acc = pair_bce(self.encoder.csy_head(out[:b, csy_at]).squeeze(-1),
-                                self.encoder.csy_head(out[2 * b:, csy_at]).squeeze(-1), judged)
+        align, align_acc = pair_bce(enc.align_head(out[:b, 0]).squeeze(-1),
+                                    enc.align_head(out[b:2 * b, 0]).squeeze(-1), judged & true_negative)
+        csy, csy_acc = pair_bce(enc.csy_head(out[:b, length + 1]).squeeze(-1),
+                                enc.csy_head(out[2 * b:, length + 1]).squeeze(-1), judged)
         c = self.config
         loss = c.msm_weight * msm + c.align_weight * align + c.csy_weight * csy
         return {"loss": loss, "msm": msm.detach(), "align": align.detach(), "csy": csy.detach(), "msm_acc": msm_acc,
