@@ -25,6 +25,8 @@ from procap.model.masking import IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParam
 
 # Kernels decorated while TRITON_INTERPRET=1 run on CPU tensors through the interpreter; otherwise they need CUDA.
 INTERPRETED = bool(triton.knobs.runtime.interpret)
+# Rows per program. The interpreter's cost is per program (numpy works on whole tiles), so it gets larger tiles.
+BLOCK_M = 128 if INTERPRETED else 16
 
 
 @triton.jit
@@ -150,7 +152,7 @@ def masking_fwd(x: torch.Tensor, scheme: torch.Tensor, patch_prob: torch.Tensor,
     out = torch.empty_like(x)
     mask = torch.empty(batch, n_pos, dtype=torch.uint8, device=x.device)
     n_rows = batch * n_pos
-    block_m = 16
+    block_m = BLOCK_M
     block_d = min(triton.next_power_of_2(dim), 128)
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(dim, block_d))
     _masking_fwd_kernel[grid](
@@ -177,7 +179,7 @@ def masking_bwd(grad: torch.Tensor, mask: torch.Tensor, num_frames: int, grid_h:
     _check_device(grad)
     batch, n_pos, dim = grad.shape
     grad = grad.contiguous()
-    block_m = 16
+    block_m = BLOCK_M
     block_d = min(triton.next_power_of_2(dim), 128)
     grid = (triton.cdiv(n_pos, block_m), triton.cdiv(dim, block_d))
     grad_x = torch.empty_like(grad) if need_grad_x else grad  # dummy pointer when not written

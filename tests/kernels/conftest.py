@@ -1,0 +1,14 @@
+"""Kernel tests: Triton runs through its interpreter on CPU-only machines.
+
+triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when ``procap.kernels.masking_triton`` /
+``vq_triton`` are first imported, so it is set here, before any test module of this folder imports them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
