@@ -1,0 +1,180 @@
+"""End-to-end captioning throughput (TPS) against the paper's A40 figures (DESIGN.md section 6).
+
+Paper configuration: ``clevr`` preset with random weights, k in {1, 2, 4, 7}, 24 decoding steps per caption
+with no early exit (the decoder's position table is one row longer than the preset's 24 so that 24 steps
+follow BOS). Two providers run in the same session:
+
+- ``eager_fp32``: ``ProCap.generate`` in fp32 at batch 32, the full prefix recomputed every step (no KV cache),
+  mirroring the authors' protocol;
+- ``fast``: ``procap.fast.Captioner`` (bf16, static KV cache, CUDA graphs) at batch 1 / 8 / 32 / 128.
+
+VQGAN, encoder and decoder are all inside the timing; image decoding from disk is not. Reported in
+``extra_info``: TPS under the paper's counting (24 tokens per caption) and up to EOS, latency per batch,
+captions/s, peak memory, model FLOPs per pair (``torch.utils.flop_counter``, KV-cached decoding, attention via
+the math backend so every matmul is counted), MFU against the bf16 peak, the ratio to the paper's A40 TPS and
+NVML telemetry. On a CPU the suite runs the ``tiny`` preset at small batches so CI exercises it.
+
+Run: ``pytest bench/test_e2e.py --benchmark-only --benchmark-json bench/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+import torch
+from conftest import device_info, synchronize
+
+from procap.attention import select_backend, use_backend
+from procap.config import get_preset
+from procap.fast import Captioner
+from procap.fast.telemetry import PAPER_A40_TPS, GPUTelemetry, count_flops, mfu, peak_flops
+from procap.model.decoder import PAD_ID
+from procap.model.procap import ProCap
+
+KEYFRAMES = (1, 2, 4, 7)
+STEPS = 24  # decoding steps (tokens) per caption, the paper's counting
+GPU_BATCHES, CPU_BATCHES = (1, 8, 32, 128), (1, 4)
+REFERENCE_BATCH = {"cuda": 32, "cpu": 4}
+_models: dict[int, ProCap] = {}
+_reference_tps: dict[int, float] = {}
+_flops: dict[int, dict[str, int]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_threads(bench_device):
+    """One intra-op thread on CPU: tiny shapes on a shared machine time more stably without thread spinning."""
+    threads = torch.get_num_threads()
+    if bench_device.type == "cpu":
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class _NoVocab:
+    def decode(self, ids):  # captions are never turned into text here
+        return ""
+
+
+def _model(k: int, device: torch.device) -> ProCap:
+    """Random-weight model for k keyframes: ``clevr`` on CUDA, ``tiny`` on CPU; cached for the session."""
+    if k not in _models:
+        preset = "clevr" if device.type == "cuda" else "tiny"
+        config = get_preset(preset, num_keyframes=k, max_caption_len=STEPS + 1)
+        torch.manual_seed(0)
+        with torch.device(device):
+            _models[k] = ProCap(config).eval()
+    return _models[k]
+
+
+def _images(model: ProCap, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(batch)
+    s = model.config.image_size
+    return tuple(torch.rand(batch, 3, s, s, device=device, generator=gen) for _ in range(2))
+
+
+def _model_flops(k: int, device: torch.device) -> dict[str, int]:
+    """FLOPs per pair: the useful work (KV-cached decoding) and the eager reference's (prefix recomputed)."""
+    if k not in _flops:
+        model = _model(k, device)
+        before, after = _images(model, 1, device)
+        counter = Captioner(model, _NoVocab(), device=device, dtype=torch.float32, max_len=STEPS + 1,
+                            batch_sizes=(1,), use_graphs=False, attention_backend="math")
+        with use_backend("math"):
+            cached = count_flops(lambda: counter.generate(before, after))
+            eager = count_flops(lambda: model.generate(before, after, max_len=STEPS + 1))
+        _flops[k] = {"model_flops_per_pair": cached, "eager_flops_per_pair": eager}
+        del counter
+    return _flops[k]
+
+
+def _peak_memory(device: torch.device) -> dict[str, float | None]:
+    if device.type == "cuda":
+        return {"peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+    # Linux reports ru_maxrss in KiB: the process's high-water mark, not per test.
+    return {"peak_memory_mb": None, "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _report(benchmark, device: torch.device, k: int, batch: int, tokens: torch.Tensor, provider: str,
+            telemetry: GPUTelemetry, flops_key: str) -> float:
+    """Fill ``extra_info`` from the median time of one batch; returns the paper-counted TPS."""
+    seconds = benchmark.stats.stats.median
+    honest = int((tokens != PAD_ID).sum())  # tokens up to and including EOS
+    tps = batch * STEPS / seconds
+    flops = _model_flops(k, device)
+    preset = _model(k, device).config.name
+    # Only the paper-sized model is comparable with the paper's A40 numbers.
+    ratio = tps / PAPER_A40_TPS[k] if preset == "clevr" else None
+    info = benchmark.extra_info
+    info.update(device_info(device))
+    info.update(_peak_memory(device))
+    info.update(flops)
+    info.update({
+        "provider": provider, "k": k, "batch": batch, "preset": preset, "steps": STEPS,
+        "dtype": "float32" if provider == "eager_fp32" else str(_dtype(device)).replace("torch.", ""),
+        "attention_backend": select_backend(device, _dtype(device) if provider == "fast" else torch.float32),
+        "latency_s_per_batch": seconds, "captions_per_s": batch / seconds,
+        "tps_paper": tps, "tps_up_to_eos": honest / seconds, "tokens_up_to_eos_per_caption": honest / batch,
+        "paper_a40_tps": PAPER_A40_TPS[k], "ratio_to_paper_a40": ratio,
+        "peak_bf16_flops": peak_flops(device), "mfu": mfu(flops[flops_key], batch / seconds, device),
+        "gpu_telemetry": telemetry.summary(),
+    })
+    return tps
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _run(benchmark, device: torch.device, fn, rounds: int):
+    """Warm up once outside the timing, then time ``rounds`` synchronised calls under NVML sampling."""
+    fn()
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def call():
+        out = fn()
+        synchronize(device)
+        return out
+
+    with GPUTelemetry(device) as telemetry:
+        tokens = benchmark.pedantic(call, rounds=rounds, iterations=1, warmup_rounds=0)
+    return tokens, telemetry
+
+
+@pytest.mark.parametrize("k", KEYFRAMES)
+def test_e2e_eager_fp32(benchmark, bench_device, k):
+    """The authors' protocol: fp32 ``ProCap.generate`` (no KV cache), batch 32, 24 steps counted."""
+    batch = REFERENCE_BATCH[bench_device.type]
+    model = _model(k, bench_device)
+    before, after = _images(model, batch, bench_device)
+    if bench_device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # true fp32, like the paper's A40 runs
+        torch.backends.cudnn.allow_tf32 = False
+    tokens, telemetry = _run(benchmark, bench_device, lambda: model.generate(before, after, max_len=STEPS + 1),
+                             rounds=3 if bench_device.type == "cuda" else 1)
+    _reference_tps[k] = _report(benchmark, bench_device, k, batch, tokens, "eager_fp32", telemetry,
+                                "eager_flops_per_pair")
+
+
+@pytest.mark.parametrize("batch", GPU_BATCHES + tuple(b for b in CPU_BATCHES if b not in GPU_BATCHES))
+@pytest.mark.parametrize("k", KEYFRAMES)
+def test_e2e_fast(benchmark, bench_device, k, batch):
+    """``procap.fast.Captioner`` at one batch size; speed-up against the eager run of the same session."""
+    batches = GPU_BATCHES if bench_device.type == "cuda" else CPU_BATCHES
+    if batch not in batches:
+        pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {batches}")
+    model = _model(k, bench_device)
+    captioner = Captioner(model, _NoVocab(), device=bench_device, dtype=_dtype(bench_device), max_len=STEPS + 1,
+                          batch_sizes=(batch,))
+    before, after = _images(model, batch, bench_device)
+    rounds = (30 if batch <= 8 else 10) if bench_device.type == "cuda" else 3
+    tokens, telemetry = _run(benchmark, bench_device, lambda: captioner.generate(before, after), rounds)
+    tps = _report(benchmark, bench_device, k, batch, tokens, "fast", telemetry, "model_flops_per_pair")
+    if k in _reference_tps:
+        benchmark.extra_info["speedup_vs_eager_fp32"] = tps / _reference_tps[k]
+    benchmark.extra_info["cuda_graphs"] = captioner.use_graphs
+    del captioner

@@ -1,0 +1,138 @@
+"""Measurement helpers for the end-to-end benchmark: model FLOPs, peak-throughput table, MFU, GPU telemetry.
+
+GPU telemetry (power, clocks, memory, temperature, utilisation) comes from NVIDIA's NVML through the optional
+``nvidia-ml-py`` package (``import pynvml``); without it, or off CUDA, telemetry is reported as ``None``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+# The paper's end-to-end TPS on one A40 (fp32, batch 32, 24 tokens counted per caption): DESIGN.md section 6.
+PAPER_A40_TPS = {1: 766.02, 2: 699.04, 4: 461.24, 7: 270.55}
+
+
+def peak_flops(device: torch.device | str) -> float | None:
+    """The bf16 dense peak of ``device`` from :data:`PEAK_BF16_FLOPS`, or None (CPU, unknown GPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def mfu(flops_per_item: float | None, items_per_second: float, device: torch.device | str) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's bf16 peak (None when the peak is unknown)."""
+    peak = peak_flops(device)
+    if peak is None or not flops_per_item:
+        return None
+    return flops_per_item * items_per_second / peak
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of the matmuls / convolutions / attention ops ``fn`` runs (``torch.utils.flop_counter``)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _nvml_handle(device: torch.device):
+    try:
+        import pynvml
+    except ImportError:
+        return None, None
+    try:
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:  # NVML numbers GPUs physically; match on the PCI bus id when torch exposes it
+            bus = torch.cuda.get_device_properties(index).pci_bus_id
+            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except (AttributeError, pynvml.NVMLError):
+            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError:
+        return None, None
+
+
+def _sample(pynvml, handle) -> dict[str, float]:
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {
+        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+        "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+        "memory_used_mb": memory.used / 2**20,
+        "temperature_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+        "gpu_util_pct": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+    }
+
+
+class GPUTelemetry:
+    """Sample NVML counters on a background thread while a ``with`` block runs.
+
+    ``summary()`` returns the mean and max of each counter plus the GPU's max SM clock, or None when NVML is
+    not available (no ``nvidia-ml-py``, no CUDA). The thread stops when the block exits.
+
+    Args:
+        device: the CUDA device to watch.
+        interval: seconds between samples.
+    """
+
+    def __init__(self, device: torch.device | str, interval: float = 0.05) -> None:
+        self.device = torch.device(device)
+        self.interval = interval
+        self.samples: list[dict[str, float]] = []
+        self._pynvml, self._handle = _nvml_handle(self.device) if self.device.type == "cuda" else (None, None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(_sample(self._pynvml, self._handle))
+            except self._pynvml.NVMLError:
+                return
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> GPUTelemetry:
+        if self._handle is not None:
+            self._thread = threading.Thread(target=self._loop, name="procap-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def summary(self) -> dict[str, float] | None:
+        if self._handle is None or not self.samples:
+            return None
+        out: dict[str, float] = {"samples": float(len(self.samples))}
+        for key in self.samples[0]:
+            values = [s[key] for s in self.samples]
+            out[f"{key}_mean"] = sum(values) / len(values)
+            out[f"{key}_max"] = max(values)
+        try:
+            out["sm_clock_max_mhz"] = float(self._pynvml.nvmlDeviceGetMaxClockInfo(self._handle,
+                                                                                self._pynvml.NVML_CLOCK_SM))
+        except self._pynvml.NVMLError:
+            pass
+        return out
+
+
+def timed(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, float]:
+    """Run ``fn`` once, synchronising the device, and return (result, seconds)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - start
