@@ -177,4 +177,3 @@ def test_e2e_fast(benchmark, bench_device, k, batch):
     if k in _reference_tps:
         benchmark.extra_info["speedup_vs_eager_fp32"] = tps / _reference_tps[k]
     benchmark.extra_info["cuda_graphs"] = captioner.use_graphs
-    del captioner

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from typing_extensions import Self
 
 # Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -99,7 +101,7 @@ class GPUTelemetry:
                 return
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> GPUTelemetry:
+    def __enter__(self) -> Self:
         if self._handle is not None:
             self._thread = threading.Thread(target=self._loop, name="procap-nvml", daemon=True)
             self._thread.start()
