@@ -110,7 +110,7 @@ def _masking_bwd_kernel(G_ptr, Mask_ptr, GX_ptr, S_ptr, E_ptr, B, N, D,
     ok = n_ok[:, None] & col_ok[None, :]
     acc_s = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     acc_e = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for b in range(0, B):
+    for b in range(B):
         rows = b * N + n
         offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
         g = tl.load(G_ptr + offs, mask=ok, other=0.0).to(tl.float32)
