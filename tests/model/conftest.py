@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import small_config
+
+from .model_helpers import small_config
 
 
 @pytest.fixture(autouse=True)

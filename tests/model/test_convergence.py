@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-from model_helpers import random_captions, small_config
 
 from procap.model.procap import ProCap
+
+from .model_helpers import random_captions, small_config
 
 
 def _setup():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import small_config
 
 from procap.model.decoder import (
     BOS_ID,
@@ -18,6 +17,8 @@ from procap.model.decoder import (
 )
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention
+
+from .model_helpers import small_config
 
 
 def test_attention_matches_torch_multihead_attention():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import small_vqgan_config
 
 from procap.config import VQGANConfig, get_preset
 from procap.errors import ProCapError
 from procap.model.quantize import vq_nearest_ref
 from procap.model.vqgan import VQGAN, VectorQuantizer, attention_levels
+
+from .model_helpers import small_vqgan_config
 
 
 def test_attention_levels_follow_taming_nominal_resolution():
