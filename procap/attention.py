@@ -48,6 +48,7 @@ _AUTO_ORDER = ("flash", "sdpa", "xformers", "math")
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("procap_attention_backend", default=None)
 _auto_cache: dict[tuple[str, torch.dtype], str] = {}
 _probe_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
+_reason_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -131,11 +132,14 @@ def unavailable_reason(backend: str, device: torch.device | str, dtype: torch.dt
     """
     if backend not in BACKENDS or backend == "auto":
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS[1:]}")
-    device_type = torch.device(device).type
-    reason = _static_reason(backend, device_type, dtype)
-    if reason is None and backend in SDPA_KERNELS:
-        reason = _probe(backend, device_type, dtype)
-    return reason
+    device = torch.device(device)
+    key = (backend, str(device), dtype)
+    if key not in _reason_cache:  # cached: explicit backends are checked on every call
+        reason = _static_reason(backend, device.type, dtype)
+        if reason is None and backend in SDPA_KERNELS:
+            reason = _probe(backend, device.type, dtype)
+        _reason_cache[key] = reason
+    return _reason_cache[key]
 
 
 def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[str]:

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                         help="compute dtype (default: bf16 on CUDA, fp32 on CPU)")
-    parser.add_argument("--max-len", type=int, default=24, help="caption length including BOS (default 24)")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help="caption length including BOS (default: the checkpoint's max_caption_len)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
 
 

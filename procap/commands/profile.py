@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"), help="compute dtype")
-    parser.add_argument("--max-len", type=int, default=24, help="caption length including BOS (default 24)")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help="caption length including BOS (default: the checkpoint's max_caption_len)")
     parser.add_argument("--no-trace", action="store_true",
                         help="run the batches without torch.profiler (use under nsys / ncu)")
 
@@ -37,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
     """The nsys and ncu command lines that profile this workload."""
     base = ["procap", "profile", "--ckpt", str(args.ckpt), "--batch-size", str(args.batch_size),
-            "--steps", str(args.steps), "--max-len", str(args.max_len), "--no-trace"]
+            "--steps", str(args.steps), "--no-trace"]
+    if args.max_len:
+        base += ["--max-len", str(args.max_len)]
     if args.device:
         base += ["--device", args.device]
     if args.dtype:
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     path = _export_trace(prof, Path(args.out))
     sort = "self_cuda_time_total" if captioner.device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=12))
-    print(f"trace: {path} ({args.steps} batches of {args.batch_size} on {captioner.device}, {captioner.dtype})")
+    print(f"trace: {path} ({args.steps} batch(es) of {args.batch_size} on {captioner.device}, {captioner.dtype})")
     for tool, line in nsight_commands(args).items():
         print(f"{tool}: {line}")
     sys.stdout.flush()

@@ -63,6 +63,7 @@ class Captioner:
         device: where to run (default: CUDA when available, else CPU).
         dtype: compute dtype (default: bf16 on CUDA, fp32 on CPU); a string like ``"bf16"`` works too.
         max_len: caption length including BOS; ``max_len - 1`` tokens are decoded (no early exit).
+            None means the model's ``config.max_caption_len``.
         batch_sizes: batch buckets; a batch is padded up to the smallest bucket that holds it (on CUDA) and
             split into chunks of the largest bucket when bigger.
         use_graphs: capture the decoding step in CUDA graphs (default: on CUDA only).
@@ -77,12 +78,13 @@ class Captioner:
     """
 
     def __init__(self, model: torch.nn.Module, vocab: Any, device: torch.device | str | None = None,
-                 dtype: torch.dtype | str | None = None, max_len: int = 24,
+                 dtype: torch.dtype | str | None = None, max_len: int | None = 24,
                  batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, use_graphs: bool | None = None,
                  pad_to_bucket: bool | None = None, attention_backend: str = "auto", copy_model: bool = True) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
         config = model.config
+        max_len = config.max_caption_len if max_len is None else max_len
         if not 2 <= max_len <= config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {config.max_caption_len}], got {max_len}")
         if not batch_sizes or min(batch_sizes) < 1:
@@ -100,7 +102,7 @@ class Captioner:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: torch.device | str | None = None,
-                        dtype: torch.dtype | str | None = None, max_len: int = 24,
+                        dtype: torch.dtype | str | None = None, max_len: int | None = 24,
                         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, **kwargs: Any) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
         from procap.checkpoint import load_checkpoint

@@ -116,7 +116,8 @@ def test_vocabulary_decodes_captions(trained, pairs, vocab):
 @pytest.mark.parametrize("max_len", [16, 9])
 def test_graph_replay_equals_eager(trained, pairs, max_len):
     model, _, _ = trained
-    kwargs = dict(device="cuda", dtype=torch.bfloat16, max_len=max_len, batch_sizes=(1, 4, 8, 16), pad_to_bucket=True)
+    kwargs = {"device": "cuda", "dtype": torch.bfloat16, "max_len": max_len, "batch_sizes": (1, 4, 8, 16),
+              "pad_to_bucket": True}
     graphed = Captioner(model, _IdVocab(), use_graphs=True, **kwargs)
     eager = Captioner(model, _IdVocab(), use_graphs=False, **kwargs)
     for batch in (1, 3, 8, 12):  # new buckets are captured as they appear
