@@ -268,3 +268,14 @@ def test_cuda_bf16_autocast_both_stages(config):
     tokens = model.generate(frames[:, 0], frames[:, -1])
     assert tokens.shape == (2, 7) and tokens.device.type == "cuda"
     assert not torch.isin(tokens.cpu(), torch.tensor(SUPPRESSED_IDS[1:])).any()
+
+
+def test_negative_features_reencode_only_changed_frames(model, config):
+    frames = _frames(3, config)
+    negatives = frames.clone()
+    negatives[0, 1] = torch.rand(3, 16, 16)  # one new frame
+    negatives[2] = negatives[2].flip(0)  # a shuffle: every position changes
+    features = model.frame_features(frames)
+    got = model._negative_features(frames, negatives, features)
+    torch.testing.assert_close(got, model.frame_features(negatives), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[1], features[1])
