@@ -25,7 +25,9 @@ class VQGANConfig:
     ch: int = 128
     ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
     num_res_blocks: int = 2
-    attn_resolutions: tuple[int, ...] = (16,)  # taming's config value; with 224 input it lands at the 14x14 level
+    # taming compares each level's resolution (224, 112, 56, 28, 14) with this list, so (16,) adds no level attention
+    # for 224 px: the only attention block is mid.attn_1 at 14x14, as in the authors' vqgan.1024.224 checkpoint.
+    attn_resolutions: tuple[int, ...] = (16,)
     z_channels: int = 256
     embed_dim: int = 256
     n_embed: int = 1024
@@ -121,14 +123,14 @@ class ProCapConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProCapConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ProCapConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown ProCapConfig fields: {sorted(unknown)}")
         return cls(**data)
 
-    def replace(self, **changes: Any) -> "ProCapConfig":
+    def replace(self, **changes: Any) -> ProCapConfig:
         return dataclasses.replace(self, **changes)
 
 

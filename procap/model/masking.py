@@ -41,7 +41,7 @@ class MaskParams:
     uniform: torch.Tensor
     block: torch.Tensor
 
-    def to(self, device: torch.device | str) -> "MaskParams":
+    def to(self, device: torch.device | str) -> MaskParams:
         return MaskParams(*(t.to(device) for t in (self.scheme, self.patch_prob, self.uniform, self.block)))
 
 
