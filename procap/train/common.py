@@ -93,18 +93,14 @@ def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batc
     return predictions, rates
 
 
-def score_captions(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str] | None = None,
-                   types: bool = False) -> dict[str, Any]:
-    """``procap.evaluate.score`` against the pairs' references; per-change-type breakdown when ``types``."""
+def score_captions(predictions: dict[str, str], pairs: Sequence[Any],
+                   metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """``procap.evaluate.score`` of ``predictions`` (id -> text) against the pairs' reference captions."""
     from procap.evaluate import score
 
     references = {p.id: list(p.captions) for p in pairs}
-    kwargs: dict[str, Any] = {}
-    if metrics is not None:
-        kwargs["metrics"] = tuple(metrics)
-    if types:
-        kwargs["change_types"] = {p.id: p.change_type for p in pairs}
-    return score(predictions, references, **kwargs)
+    kwargs: dict[str, Any] = {} if metrics is None else {"metrics": tuple(metrics)}
+    return score({p.id: predictions[p.id] for p in pairs}, references, **kwargs)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -63,8 +63,7 @@ class StepSchedule:
 
 
 def _adamw(groups: list[dict], cfg: TrainConfig) -> torch.optim.AdamW:
-    # foreach=False keeps the update order identical across runs, which the resume test relies on.
-    return torch.optim.AdamW(groups, lr=0.0, betas=(0.9, 0.999), weight_decay=cfg.weight_decay, foreach=False)
+    return torch.optim.AdamW(groups, lr=0.0, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
 
 
 def trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
