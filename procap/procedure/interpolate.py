@@ -11,7 +11,7 @@ weight-free interpolator of the same form (:class:`FlowInterpolator`) and a cros
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import cv2
 import numpy as np
@@ -67,7 +67,7 @@ def backward_warp(image: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, C, H, W).
     """
-    b, _, h, w = image.shape
+    _b, _, h, w = image.shape
     pos = _pixel_grid(h, w, image.device) + flow.float()
     # grid_sample wants (x, y) normalised to [-1, 1] with align_corners=True: -1 = pixel 0, +1 = pixel W-1.
     gx = 2.0 * pos[:, 0] / max(w - 1, 1) - 1.0
@@ -223,7 +223,7 @@ class FlowInterpolator:
         device: where the warping runs; default: the inputs' device.
     """
 
-    _PRESETS = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST, "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
+    _PRESETS: ClassVar[dict[str, int]] = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST, "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
                 "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}
 
     def __init__(self, flow_scale: float = 2.0, preset: str = "fast", fb_sigma: float = 1.0,

@@ -1,0 +1,46 @@
+"""`procap prepare`: synthesize, score and cache the procedures of a dataset split (stage-1 data)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ codes in HDF5."
+
+DATASETS = ("clevr-change", "spot-the-diff", "image-editing-request")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, choices=DATASETS, help="dataset layout under --root")
+    parser.add_argument("--root", required=True, help="dataset directory")
+    parser.add_argument("--out", required=True, help="cache directory (created; an existing one is resumed)")
+    parser.add_argument("--split", action="append", choices=("train", "val", "test"),
+                        help="split(s) to prepare, repeatable (default: train)")
+    parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l, generated frames per pair")
+    parser.add_argument("--size", type=int, default=224, help="stored frame size S (the model's image size)")
+    parser.add_argument("--similarity", default="vqgan", choices=("vqgan", "dinov2", "scores"),
+                        help="frame similarity for the confidence score")
+    parser.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")
+    parser.add_argument("--dinov2-weights", dest="dinov2_weights", help="DINOv2 ViT-L/14 weights (needs timm)")
+    parser.add_argument("--vqgan", help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
+                                        "also stores the VQ codes of every frame")
+    parser.add_argument("--workers", type=int, default=1, help="processes synthesizing frames")
+    parser.add_argument("--device", help="device for the similarity model and VQGAN (default: cuda if available)")
+    parser.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
+    parser.add_argument("--allow-size-mismatch", dest="allow_size_mismatch", action="store_true",
+                        help="resize before/after of different sizes instead of stopping")
+    parser.add_argument("--limit", type=int, help="only the first N pairs (quick runs)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from procap.errors import ProCapError
+    from procap.procedure.pipeline import options_from_args, prepare
+
+    if args.workers < 1:
+        raise ProCapError(f"--workers must be at least 1, got {args.workers}.")
+    if args.size < 16:
+        raise ProCapError(f"--size must be at least 16 pixels, got {args.size}.")
+    stats = prepare(options_from_args(args))
+    print(f"procedure cache {args.out}: {stats['written']} pairs written, {stats['skipped']} already done, "
+          f"{stats['total']} in total")
+    return 0

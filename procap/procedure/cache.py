@@ -1,0 +1,339 @@
+"""The procedure cache: HDF5 files in the authors' layout, plus scores and VQ codes.
+
+Layout of a cache directory written by ``procap prepare``::
+
+    CACHE/
+      procap_cache.json   manifest: dataset, splits, l, image size, similarity, VQGAN, format version
+      sc_videos.h5        CLEVR-Change change pairs      (one file per group, named as the authors do)
+      nsc_videos.h5       CLEVR-Change distractor pairs
+      spot_videos.h5      Spot-the-Diff
+      edit_videos.h5      Image-Editing-Request
+      scores.json         the similarities in the authors' score-file shape (written when prepare finishes)
+
+Each file holds one dataset per image id at its root, uint8 [T = l + 2, 3, H, W], frame 0 = before and
+frame T - 1 = after, keyed as the authors key them (``"000123.png"`` for CLEVR, ``img_id``, ``uid``), so their
+loader reads our files and we read theirs. Our extras live in attributes of that dataset: ``s_bef``/``s_aft``
+(float32 [T]), ``codes`` (int16/int32 [T, n], VQ indices of every frame) and ``pair_id``. The attribute
+``complete`` is written last: a dataset without it is an interrupted write and is redone on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from procap.errors import ProCapError
+from procap.procedure.sampling import confidence_weights, sample_keyframes
+
+MANIFEST = "procap_cache.json"
+SCORES_JSON = "scores.json"
+CACHE_FORMAT = "procap-procedures"
+CACHE_VERSION = 1
+GROUP_FILES = {"clevr-change": ("sc_videos", "nsc_videos"), "spot-the-diff": ("spot_videos",),
+               "image-editing-request": ("edit_videos",)}
+_CLEVR_ID = re.compile(r"^CLEVR_(semantic|nonsemantic)_(\d+)\.png$")
+
+
+def authors_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:
+    """Map one of our pair ids to the authors' (file stem, key).
+
+    ``CLEVR_semantic_000123.png`` -> (``sc_videos``, ``000123.png``), ``CLEVR_nonsemantic_...`` -> ``nsc_videos``;
+    Spot-the-Diff ids -> ``spot_videos``; Image-Editing-Request uids -> ``edit_videos``; other datasets ->
+    ``videos``. Keys are used as HDF5 names, so they may not contain ``/``.
+    """
+    match = _CLEVR_ID.match(pair_id)
+    if match:
+        return ("sc_videos" if match.group(1) == "semantic" else "nsc_videos"), f"{match.group(2)}.png"
+    if "/" in pair_id:
+        raise ProCapError(f"pair id {pair_id!r} contains '/', which cannot be an HDF5 dataset name.")
+    groups = GROUP_FILES.get(dataset or "", ())
+    return (groups[0] if len(groups) == 1 else "videos"), pair_id
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+class CacheWriter:
+    """Single writer of a cache directory (one process owns the files).
+
+    Every :meth:`write` stores one pair completely (frames, scores, codes, then the ``complete`` marker) and
+    flushes, so an interruption loses at most the pair in flight.
+    """
+
+    def __init__(self, root: str | Path, compression: str | None = None) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.compression = compression
+        self._files: dict[str, h5py.File] = {}
+
+    def _file(self, group: str) -> h5py.File:
+        if group not in self._files:
+            path = self.root / f"{group}.h5"
+            try:
+                self._files[group] = h5py.File(path, "a")
+            except OSError as exc:
+                raise ProCapError(f"cannot open {path} for writing; it may be damaged or in use ({exc}).") from None
+        return self._files[group]
+
+    def completed(self, groups: list[str]) -> set[tuple[str, str]]:
+        """(group, key) of every complete pair; incomplete datasets are deleted so they get redone."""
+        done = set()
+        for group in groups:
+            if not (self.root / f"{group}.h5").exists():
+                continue
+            f = self._file(group)
+            for key in list(f.keys()):
+                if f[key].attrs.get("complete", 0) == 1:
+                    done.add((group, key))
+                else:
+                    del f[key]
+            f.flush()
+        return done
+
+    def write(self, group: str, key: str, frames: np.ndarray, s_bef: np.ndarray | None = None,
+              s_aft: np.ndarray | None = None, codes: np.ndarray | None = None, pair_id: str | None = None) -> None:
+        """Store one pair.
+
+        Args:
+            group, key: file stem and dataset name (see :func:`authors_key`).
+            frames: uint8 (T, 3, H, W), before first and after last.
+            s_bef, s_aft: float (T,) similarities to before / after.
+            codes: integer (T, n) VQ indices of every frame.
+            pair_id: our id of the pair (kept for reference).
+        """
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
+            raise ValueError(f"frames must be uint8 (T, 3, H, W), got {frames.dtype} {frames.shape}")
+        f = self._file(group)
+        if key in f:
+            del f[key]
+        dset = f.create_dataset(key, data=frames, compression=self.compression)
+        if s_bef is not None:
+            dset.attrs["s_bef"] = np.asarray(s_bef, dtype=np.float32)
+            dset.attrs["s_aft"] = np.asarray(s_aft, dtype=np.float32)
+        if codes is not None:
+            codes = np.asarray(codes)
+            dtype = np.int16 if codes.max(initial=0) < 2**15 else np.int32
+            dset.attrs["codes"] = codes.astype(dtype)
+        if pair_id is not None:
+            dset.attrs["pair_id"] = pair_id
+        dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
+        f.flush()
+
+    def export_scores(self, groups: list[str]) -> Path:
+        """Write ``scores.json`` in the authors' shape from the stored ``s_bef``/``s_aft`` attributes."""
+        out: dict[str, Any] = {}
+        nested = len(groups) > 1 or groups[0] in ("sc_videos", "nsc_videos")
+        for group in groups:
+            if not (self.root / f"{group}.h5").exists():
+                continue
+            f = self._file(group)
+            for key in f:
+                attrs = f[key].attrs
+                if attrs.get("complete", 0) != 1 or "s_bef" not in attrs:
+                    continue
+                entry = {"bef_inter_sim": [attrs["s_bef"].tolist()], "inter_aft_sim": [attrs["s_aft"].tolist()]}
+                if nested:
+                    out.setdefault(key, {})[f"{group.split('_')[0]}_sim_matrixes"] = entry
+                else:
+                    out[key] = entry
+        path = self.root / SCORES_JSON
+        write_json_atomic(path, out)
+        return path
+
+    def close(self) -> None:
+        errors = []
+        for f in self._files.values():
+            try:
+                f.flush()
+                f.close()
+            except Exception as exc:  # noqa: BLE001 - close every file before reporting
+                errors.append(exc)
+        self._files.clear()
+        if errors:
+            raise ProCapError(f"closing the procedure cache in {self.root} failed ({errors[0]}).")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_manifest(root: str | Path) -> dict[str, Any] | None:
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ProCapError(f"cache manifest {path} is not valid JSON ({exc}).") from None
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+class ProcedureCache:
+    """Read-only access to a cache directory (ours or the authors' ``*_videos.h5`` files).
+
+    File handles are opened lazily and per process, so one instance can be shared with DataLoader workers
+    (each forked worker opens its own handles on first use).
+
+    Args:
+        root: a cache directory, one ``*_videos.h5`` file, or a directory holding the authors' ``video/``
+            folder.
+        scores_file: the authors' score JSON; default: ``scores.json`` in the directory if present.
+    """
+
+    def __init__(self, root: str | Path, scores_file: str | Path | None = None) -> None:
+        root = Path(root)
+        if not root.exists():
+            raise ProCapError(f"procedure cache {root} does not exist; build it with `procap prepare`.")
+        if root.is_file():
+            self.paths = {root.stem: root}
+            directory = root.parent
+        else:
+            directory = root / "video" if not list(root.glob("*.h5")) and (root / "video").is_dir() else root
+            self.paths = {p.stem: p for p in sorted(directory.glob("*.h5"))}
+        if not self.paths:
+            raise ProCapError(f"procedure cache {root} holds no .h5 files.")
+        self.manifest = read_manifest(directory) or {}
+        if scores_file is None and (directory / SCORES_JSON).is_file() and not self.manifest:
+            scores_file = directory / SCORES_JSON  # the authors' layout: scores only in the JSON
+        from procap.procedure.similarity import ScoreFileSimilarity
+
+        self.score_file = ScoreFileSimilarity(scores_file) if scores_file is not None else None
+        self._handles: dict[str, h5py.File] = {}
+        self._pid = -1
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_handles"], state["_pid"] = {}, -1
+        return state
+
+    def _open(self, group: str) -> h5py.File:
+        if self._pid != os.getpid():  # forked: never reuse the parent's HDF5 handles
+            self._handles, self._pid = {}, os.getpid()
+        if group not in self._handles:
+            if group not in self.paths:
+                raise KeyError(group)
+            self._handles[group] = h5py.File(self.paths[group], "r")
+        return self._handles[group]
+
+    def locate(self, pair_id: str) -> tuple[str, str]:
+        """(group, key) of a pair id, checked to exist in the cache."""
+        group, key = authors_key(pair_id, self.manifest.get("dataset"))
+        if group not in self.paths and len(self.paths) == 1:
+            group = next(iter(self.paths))
+        if group not in self.paths or key not in self._open(group):
+            raise ProCapError(f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
+                              f"run `procap prepare` for this split.")
+        return group, key
+
+    def frames(self, group: str, key: str, indices: list[int] | None = None) -> np.ndarray:
+        """uint8 (T, 3, H, W), or only the frames at ``indices`` (sorted)."""
+        dset = self._open(group)[key]
+        return dset[()] if indices is None else dset[list(indices)]
+
+    def num_frames(self, group: str, key: str) -> int:
+        return int(self._open(group)[key].shape[0])
+
+    def similarities(self, group: str, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s_bef (T,), s_aft (T,)) from our attributes, else from the score file."""
+        attrs = self._open(group)[key].attrs
+        if "s_bef" in attrs:
+            return torch.from_numpy(attrs["s_bef"][()]), torch.from_numpy(attrs["s_aft"][()])
+        if self.score_file is None:
+            raise ProCapError(f"{self.paths[group]} stores no scores for {key}; pass the authors' score file "
+                              f"(scores_file=...).")
+        sub = group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None
+        return self.score_file(None, (sub, key))
+
+    def codes(self, group: str, key: str) -> np.ndarray | None:
+        attrs = self._open(group)[key].attrs
+        return attrs["codes"][()] if "codes" in attrs else None
+
+
+class CachedProcedures:
+    """Stage-1 procedure source: ``(pair, before, after) -> (k + 2, 3, S, S)`` float in [0, 1].
+
+    Reads a cache (ours, or the authors' released ``*_videos.h5`` with their score JSON), computes the
+    confidence weights from the stored similarities, samples k keyframes (top-k or multinomial without
+    replacement) and returns them in temporal order between before and after, resized to S when the cache
+    was written at another size. ``before``/``after`` given by the caller replace the stored end frames
+    when they have the output size (so stage 1 sees exactly the preprocessing of stage 2).
+
+    Args:
+        cache_path: cache directory or ``.h5`` file.
+        num_keyframes: k.
+        sampling: ``"topk"`` or ``"multinomial"``.
+        scores_file: the authors' score JSON (needed for their files, which store no scores).
+        image_size: output side S (default: the caller's image size, else the cache's).
+        seed: seeds the multinomial sampler (per DataLoader worker: seed + worker id).
+    """
+
+    def __init__(self, cache_path: str | Path, num_keyframes: int = 2, sampling: str = "topk",
+                 scores_file: str | Path | None = None, image_size: int | None = None, seed: int = 0) -> None:
+        if sampling not in ("topk", "multinomial"):
+            raise ProCapError(f"sampling must be 'topk' or 'multinomial', got {sampling!r}.")
+        self.cache = ProcedureCache(cache_path, scores_file)
+        self.k, self.sampling, self.image_size, self.seed = int(num_keyframes), sampling, image_size, seed
+        self._generator: torch.Generator | None = None
+        self._gen_pid = -1
+
+    def _rng(self) -> torch.Generator:
+        if self._generator is None or self._gen_pid != os.getpid():
+            info = torch.utils.data.get_worker_info()
+            self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
+            self._gen_pid = os.getpid()
+        return self._generator
+
+    def indices(self, pair_id: str) -> tuple[str, str, torch.Tensor]:
+        """(group, key, (k + 2,) frame indices into the stored frames)."""
+        group, key = self.cache.locate(pair_id)
+        s_bef, s_aft = self.cache.similarities(group, key)
+        total = self.cache.num_frames(group, key)
+        if s_bef.shape[0] != total:
+            raise ProCapError(f"{key}: {s_bef.shape[0]} similarity scores for {total} stored frames.")
+        weights = confidence_weights(s_bef, s_aft)
+        gen = self._rng() if self.sampling == "multinomial" else None
+        return group, key, sample_keyframes(weights, self.k, self.sampling, gen)
+
+    def sample(self, pair: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """((k + 2, 3, H, W) float frames at the cache's size, (k + 2) * n codes or None)."""
+        pair_id = getattr(pair, "id", pair)
+        group, key, idx = self.indices(str(pair_id))
+        frames = torch.from_numpy(self.cache.frames(group, key, idx.tolist())).float() / 255.0
+        codes = self.cache.codes(group, key)
+        codes = torch.from_numpy(codes[idx.numpy()].astype(np.int64)).reshape(-1) if codes is not None else None
+        return frames, codes
+
+    def __call__(self, pair: Any, before: torch.Tensor | None = None, after: torch.Tensor | None = None) -> torch.Tensor:
+        frames, _ = self.sample(pair)
+        size = self.image_size or (before.shape[-1] if before is not None else frames.shape[-1])
+        if frames.shape[-1] != size or frames.shape[-2] != size:
+            frames = F.interpolate(frames, size=(size, size), mode="bicubic", align_corners=False,
+                                   antialias=True).clamp(0.0, 1.0)
+        if before is not None and after is not None and before.shape == frames.shape[1:]:
+            frames[0], frames[-1] = before.to(frames.dtype), after.to(frames.dtype)
+        return frames
+
+    def codes_for(self, pairs: list[Any]) -> torch.Tensor:
+        """(len(pairs), (k + 2) * n) int64 stored codes of the top-k frames (stage-1 MSM targets)."""
+        if self.sampling != "topk":
+            raise ProCapError("precomputed codes per pair need sampling='topk' (multinomial changes the frames).")
+        rows = []
+        for pair in pairs:
+            _, codes = self.sample(pair)
+            if codes is None:
+                raise ProCapError(f"the procedure cache stores no VQ codes for {getattr(pair, 'id', pair)}; "
+                                  f"rebuild it with `procap prepare --vqgan CKPT`.")
+            rows.append(codes)
+        return torch.stack(rows)

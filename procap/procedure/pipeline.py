@@ -1,0 +1,332 @@
+"""``procap prepare``: build the procedure cache for a dataset split.
+
+Work split: a pool of worker processes loads and validates each pair and synthesises its l intermediate
+frames (optical flow is CPU work in OpenCV); the main process is the single writer that owns the HDF5 files.
+It scores the frames (similarity model, GPU if present), computes the VQ codes of every frame, and writes each
+pair completely (frames, scores, codes, then the ``complete`` marker) and flushes before the next one, so an
+interrupted run (Ctrl-C, SIGTERM, a crash) loses at most the pair in flight and a rerun skips finished pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from procap.errors import ProCapError
+from procap.procedure.cache import (
+    CACHE_FORMAT,
+    CACHE_VERSION,
+    MANIFEST,
+    CacheWriter,
+    authors_key,
+    read_manifest,
+    write_json_atomic,
+)
+from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure, levels_for
+
+
+@dataclass
+class PrepareOptions:
+    """Everything that decides the content of a cache (stored in its manifest)."""
+
+    dataset: str
+    root: str
+    out: str
+    splits: tuple[str, ...] = ("train",)
+    num_frames: int = 7
+    image_size: int = 224
+    similarity: str = "vqgan"  # vqgan | dinov2 | scores
+    scores_file: str | None = None
+    dinov2_weights: str | None = None
+    vqgan: str | None = None
+    workers: int = 1
+    allow_size_mismatch: bool = False
+    compression: str | None = None
+    device: str | None = None
+    limit: int | None = None  # only the first N pairs (quick runs)
+    progress: bool = True
+
+    def content_key(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the run that started the cache."""
+        return {"dataset": self.dataset, "num_frames": self.num_frames, "image_size": self.image_size,
+                "similarity": self.similarity, "vqgan": _name(self.vqgan), "scores_file": _name(self.scores_file),
+                "dinov2_weights": _name(self.dinov2_weights)}
+
+
+def _name(path: str | None) -> str | None:
+    return Path(path).name if path else None
+
+
+# ------------------------------------------------------------------------------------------- image loading
+
+
+def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load and validate a pair: ((3, S, S), (3, S, S)) float in [0, 1].
+
+    Raises:
+        ProCapError: an image is missing or unreadable (naming the file), or before and after differ in
+            size (naming the pair) unless ``allow_size_mismatch``.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    sizes = []
+    for path in (pair.before_path, pair.after_path):
+        try:
+            with Image.open(path) as img:
+                img.verify()
+                sizes.append(img.size)
+        except FileNotFoundError:
+            raise ProCapError(f"image {path} does not exist.") from None
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise ProCapError(f"image {path} cannot be read ({exc}).") from None
+    if sizes[0] != sizes[1] and not allow_size_mismatch:
+        raise ProCapError(f"pair {pair.id}: before {pair.before_path} is {sizes[0][0]}x{sizes[0][1]} but after "
+                          f"{pair.after_path} is {sizes[1][0]}x{sizes[1][1]} (use --allow-size-mismatch to resize both).")
+    return _load(pair.before_path, size), _load(pair.after_path, size)
+
+
+def _load(path: Path, size: int) -> torch.Tensor:
+    try:
+        from procap.data import load_image  # the shared preprocessing (RGB, bicubic resize)
+    except ImportError:  # procap.data not installed in this checkout yet: identical bicubic resize
+        from PIL import Image
+
+        with Image.open(path) as img:
+            arr = np.asarray(img.convert("RGB").resize((size, size), Image.BICUBIC), dtype=np.float32) / 255.0
+        return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+    return load_image(path, size)
+
+
+def to_uint8(frames: torch.Tensor) -> np.ndarray:
+    """float [0, 1] tensor -> uint8 numpy (rounded)."""
+    return (frames.detach().float().clamp(0, 1) * 255.0 + 0.5).to(torch.uint8).cpu().numpy()
+
+
+# ------------------------------------------------------------------------------------------- worker side
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool) -> None:
+    # One thread per worker: the pool already uses every core, and oversubscription slows torch and OpenCV.
+    import cv2
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates the pool
+    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch)
+
+
+def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None]:
+    """(index, pair) -> (index, uint8 (l + 2, 3, S, S) or None, error message or None)."""
+    index, pair = job
+    threads = torch.get_num_threads()
+    # Frames are small: torch's intra-op threads only fight the other workers (10x slower on 2 busy cores).
+    torch.set_num_threads(1)
+    try:
+        before, after = read_pair(pair, _WORKER["size"], _WORKER["allow_mismatch"])
+        mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_frames"])
+        frames = torch.cat([before[None], mids, after[None]], dim=0)
+        return index, to_uint8(frames), None
+    except ProCapError as exc:
+        return index, None, str(exc)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def synthesized(jobs: Sequence[tuple[int, Any]], interpolator: Interpolator, num_frames: int, size: int,
+                allow_mismatch: bool, workers: int) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+    """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
+    init = (interpolator, num_frames, size, allow_mismatch)
+    if workers <= 1:
+        _init_worker_inline(*init)
+        yield from map(_synthesize, jobs)
+        return
+    import multiprocessing as mp
+
+    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
+    ctx = mp.get_context("spawn")
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=init)
+    try:
+        yield from pool.imap(_synthesize, jobs, chunksize=4)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _init_worker_inline(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool) -> None:
+    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch)
+
+
+# ------------------------------------------------------------------------------------------- writer side
+
+
+def load_vqgan(path: str, device: torch.device) -> torch.nn.Module:
+    """A frozen VQGAN from ``procap vqgan`` output (.safetensors) or a taming checkpoint (.ckpt)."""
+    if not Path(path).is_file():
+        raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+    if str(path).endswith(".safetensors"):
+        from procap.train.vqgan_train import load_vqgan as load_ours
+
+        model = load_ours(path)
+    else:
+        from procap.model.vqgan import VQGAN
+
+        model = VQGAN.from_taming_checkpoint(path)
+    return model.eval().requires_grad_(False).to(device)
+
+
+def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device: torch.device):
+    from procap.procedure import similarity as sim
+
+    if opts.similarity == "vqgan":
+        if vqgan is None:
+            raise ProCapError("--similarity vqgan needs --vqgan CKPT (the frozen VQGAN the model uses).")
+        return sim.VQGANSimilarity(vqgan, device)
+    if opts.similarity == "dinov2":
+        if not opts.dinov2_weights:
+            raise ProCapError("--similarity dinov2 needs --dinov2-weights FILE (nothing is downloaded).")
+        return sim.DINOv2Similarity(opts.dinov2_weights, device=device)
+    if opts.similarity == "scores":
+        if not opts.scores_file:
+            raise ProCapError("--similarity scores needs --scores-file FILE (the authors' similarity JSON).")
+        return sim.ScoreFileSimilarity(opts.scores_file)
+    raise ProCapError(f"--similarity must be vqgan, dinov2 or scores, got {opts.similarity!r}.")
+
+
+@torch.no_grad()
+def _score_and_code(frames_u8: np.ndarray, key: tuple[str | None, str], similarity: Any,
+                    vqgan: torch.nn.Module | None, device: torch.device) -> tuple[np.ndarray, np.ndarray, Any]:
+    frames = torch.from_numpy(frames_u8).float().div_(255.0)  # (T, 3, S, S)
+    s_bef, s_aft = similarity(frames.to(device), key)
+    codes = vqgan.codes(frames.to(device)).cpu().numpy() if vqgan is not None else None
+    return s_bef.float().cpu().numpy(), s_aft.float().cpu().numpy(), codes
+
+
+def _check_manifest(opts: PrepareOptions) -> None:
+    """Create the manifest, or check that a resumed run uses the same settings."""
+    out = Path(opts.out)
+    existing = read_manifest(out)
+    wanted = opts.content_key()
+    if existing is None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / MANIFEST, {"format": CACHE_FORMAT, "version": CACHE_VERSION, **wanted,
+                                           "splits": list(opts.splits)})
+        return
+    if existing.get("format") != CACHE_FORMAT:
+        raise ProCapError(f"{out / MANIFEST} is not a procap procedure-cache manifest.")
+    changed = [k for k, v in wanted.items() if existing.get(k) != v]
+    if changed:
+        k = changed[0]
+        raise ProCapError(f"cache {out} was built with {k}={existing.get(k)!r}, not {wanted[k]!r}; "
+                          f"rerun with the same settings or choose a new --out.")
+    splits = sorted(set(existing.get("splits", [])) | set(opts.splits))
+    write_json_atomic(out / MANIFEST, {**existing, "splits": splits})
+
+
+class _Terminate(Exception):
+    """Raised by the SIGTERM handler so that SIGTERM unwinds like Ctrl-C."""
+
+
+def prepare(opts: PrepareOptions, pairs: Sequence[Any] | None = None,
+            interpolator: Interpolator | None = None) -> dict[str, int]:
+    """Build (or resume) the cache described by ``opts``.
+
+    Args:
+        opts: the options (see ``procap prepare --help``).
+        pairs: the pairs to process (default: ``load_split(opts.dataset, opts.root, split)`` per split).
+        interpolator: default :class:`FlowInterpolator` (must pickle for ``workers > 1``).
+
+    Returns:
+        ``{"written": n, "skipped": n, "total": n}``.
+    """
+    levels_for(opts.num_frames)  # ValueError early for bad l
+    device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pairs = list(pairs) if pairs is not None else _load_pairs(opts)
+    if opts.limit is not None:
+        pairs = pairs[: opts.limit]
+    vqgan = load_vqgan(opts.vqgan, device) if opts.vqgan else None
+    similarity = build_similarity(opts, vqgan, device)
+    keyed = [(authors_key(p.id, opts.dataset), p) for p in pairs]
+    _check_scores_cover(opts, similarity, keyed)
+    _check_manifest(opts)
+    writer = CacheWriter(opts.out, opts.compression)
+    groups = sorted({g for (g, _), _ in keyed})
+    try:
+        done = writer.completed(groups)
+        todo = [(i, p) for i, ((g, k), p) in enumerate(keyed) if (g, k) not in done]
+        written = _run(opts, keyed, todo, interpolator or FlowInterpolator(), similarity, vqgan, device, writer)
+        if opts.similarity != "scores":
+            writer.export_scores(groups)
+    finally:
+        writer.close()
+    return {"written": written, "skipped": len(pairs) - len(todo), "total": len(pairs)}
+
+
+def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> int:
+    from tqdm import tqdm
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        raise _Terminate()
+
+    signal.signal(signal.SIGTERM, on_term)
+    bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair",
+               disable=not opts.progress)
+    written = 0
+    try:
+        for index, frames, error in synthesized(todo, interpolator, opts.num_frames, opts.image_size,
+                                                opts.allow_size_mismatch, opts.workers):
+            if error is not None:
+                raise ProCapError(error)
+            (group, key), pair = keyed[index]
+            sub = group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None
+            s_bef, s_aft, codes = _score_and_code(frames, (sub, key), similarity, vqgan, device)
+            writer.write(group, key, frames, s_bef, s_aft, codes, pair_id=pair.id)
+            written += 1
+            bar.update(1)
+    except _Terminate:
+        raise KeyboardInterrupt from None
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous)
+    return written
+
+
+def _load_pairs(opts: PrepareOptions) -> list[Any]:
+    from procap.data import load_split
+
+    pairs = []
+    for split in opts.splits:
+        pairs += load_split(opts.dataset, opts.root, split)
+    if not pairs:
+        raise ProCapError(f"no pairs found for {opts.dataset} in {opts.root} (splits: {', '.join(opts.splits)}).")
+    return pairs
+
+
+def _check_scores_cover(opts: PrepareOptions, similarity: Any, keyed: list) -> None:
+    """With a score file, every pair must have an entry (checked before any work starts)."""
+    if opts.similarity != "scores":
+        return
+    for (group, key), pair in keyed:
+        if key not in similarity:
+            raise ProCapError(f"score file {opts.scores_file} has no entry for pair {pair.id} (key {key!r}).")
+
+
+def options_from_args(args: Any) -> PrepareOptions:
+    """Map ``procap prepare`` arguments onto :class:`PrepareOptions`."""
+    names = {f.name for f in dataclasses.fields(PrepareOptions)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values["splits"] = tuple(args.split or ["train"])
+    values["num_frames"] = args.frames
+    values["image_size"] = args.size
+    return PrepareOptions(**values)

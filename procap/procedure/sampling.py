@@ -1,0 +1,69 @@
+"""Confidence-based keyframe sampling (paper section 3.2, and the authors' ``get_filter_indices``).
+
+Given similarities of every frame of a procedure to the before and the after image, the confidence of an
+intermediate frame P is ``w = 1 - softmax((s(I_bef, P) - s(I_aft, P))^2)`` over the l intermediates: a frame
+that is as close to the start as to the end (a genuine "in between") scores high, a frame that still looks
+like one of the two ends scores low. k keyframes are then drawn from w (top-k, or multinomial without
+replacement as the authors' loader does), kept in temporal order and framed by before and after.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SAMPLING_MODES = ("topk", "multinomial")
+
+
+def confidence_weights(s_bef: torch.Tensor, s_aft: torch.Tensor) -> torch.Tensor:
+    """``w = 1 - softmax((s_bef - s_aft)^2)`` over the intermediate frames.
+
+    Args:
+        s_bef: (..., l + 2) similarity of frames [before, P_1..P_l, after] to the before image.
+        s_aft: (..., l + 2) similarity of the same frames to the after image.
+
+    Returns:
+        (..., l) weights in [0, 1) for P_1..P_l (they sum to l - 1).
+    """
+    if s_bef.shape != s_aft.shape or s_bef.shape[-1] < 3:
+        raise ValueError(f"s_bef and s_aft must have the same shape (..., l + 2) with l >= 1, got "
+                         f"{tuple(s_bef.shape)} and {tuple(s_aft.shape)}")
+    diff2 = (s_bef.float() - s_aft.float()) ** 2
+    return 1.0 - torch.softmax(diff2[..., 1:-1], dim=-1)
+
+
+def sample_keyframes(weights: torch.Tensor, k: int, mode: str = "topk",
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick k of the l intermediate frames and frame them by before and after.
+
+    Args:
+        weights: (l,) confidences from :func:`confidence_weights`.
+        k: number of keyframes, 0 <= k <= l.
+        mode: ``"topk"`` (the k most confident; ties go to the earlier frame) or ``"multinomial"`` (drawn
+            in proportion to the weights without replacement, deterministic for a given ``generator``).
+        generator: torch random generator for ``"multinomial"``.
+
+    Returns:
+        (k + 2,) int64 indices into the l + 2 stored frames: 0, the chosen frames in temporal order, l + 1.
+    """
+    if weights.dim() != 1:
+        raise ValueError(f"weights must be a vector (l,), got shape {tuple(weights.shape)}")
+    num = weights.shape[0]
+    if not 0 <= k <= num:
+        raise ValueError(f"k must be in [0, {num}] for {num} intermediate frames, got {k}")
+    if mode not in SAMPLING_MODES:
+        raise ValueError(f"sampling mode must be one of {SAMPLING_MODES}, got {mode!r}")
+    w = weights.detach().float().cpu()
+    if k == 0:
+        chosen = torch.zeros(0, dtype=torch.long)
+    elif mode == "topk":
+        # stable sort: equal weights keep temporal order, so the result does not depend on the platform
+        chosen = torch.sort(-w, stable=True).indices[:k]
+    else:
+        probs = w.clamp_min(0.0)
+        if float(probs.sum()) <= 0.0:  # degenerate (e.g. l = 1 gives w = 0): fall back to uniform
+            probs = torch.ones_like(w)
+        # multinomial needs enough non-zero entries for sampling without replacement
+        probs = probs + (probs == 0).float() * 1e-12
+        chosen = torch.multinomial(probs, k, replacement=False, generator=generator)
+    middle = torch.sort(chosen).values + 1
+    return torch.cat([torch.zeros(1, dtype=torch.long), middle, torch.full((1,), num + 1, dtype=torch.long)])
