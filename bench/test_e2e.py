@@ -160,16 +160,23 @@ def test_e2e_eager_fp32(benchmark, bench_device, k):
                                 "eager_flops_per_pair")
 
 
+@pytest.mark.parametrize("capture_memory", [False, True], ids=["decode_graph", "whole_graph"])
 @pytest.mark.parametrize("batch", GPU_BATCHES + tuple(b for b in CPU_BATCHES if b not in GPU_BATCHES))
 @pytest.mark.parametrize("k", KEYFRAMES)
-def test_e2e_fast(benchmark, bench_device, k, batch):
-    """``procap.fast.Captioner`` at one batch size; speed-up against the eager run of the same session."""
+def test_e2e_fast(benchmark, bench_device, k, batch, capture_memory):
+    """``procap.fast.Captioner`` at one batch size; speed-up against the eager run of the same session.
+
+    ``whole_graph`` also captures VQGAN + encoder + prefill (``capture_memory=True``): CUDA only, where launch
+    overhead matters (batch 1 and 8).
+    """
     batches = GPU_BATCHES if bench_device.type == "cuda" else CPU_BATCHES
     if batch not in batches:
         pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {batches}")
+    if capture_memory and (bench_device.type != "cuda" or batch > 8):
+        pytest.skip("whole-graph capture is measured on CUDA at batch 1 and 8 only")
     model = _model(k, bench_device)
     captioner = Captioner(model, _NoVocab(), device=bench_device, dtype=_dtype(bench_device), max_len=STEPS + 1,
-                          batch_sizes=(batch,))
+                          batch_sizes=(batch,), capture_memory=capture_memory)
     before, after = _images(model, batch, bench_device)
     rounds = (30 if batch <= 8 else 10) if bench_device.type == "cuda" else 3
     tokens, telemetry = _run(benchmark, bench_device, lambda: captioner.generate(before, after), rounds)
@@ -177,3 +184,4 @@ def test_e2e_fast(benchmark, bench_device, k, batch):
     if k in _reference_tps:
         benchmark.extra_info["speedup_vs_eager_fp32"] = tps / _reference_tps[k]
     benchmark.extra_info["cuda_graphs"] = captioner.use_graphs
+    benchmark.extra_info["capture_memory"] = capture_memory

@@ -36,6 +36,15 @@ def test_fp32_tokens_equal_generate(trained, pairs, batch, pad_to_bucket):
         assert len({tuple(row) for row in expected.tolist()}) > 2, "the oracle's tokens should vary across pairs"
 
 
+@pytest.mark.parametrize("batch", [3, 12])
+def test_static_input_path_equals_generate(trained, pairs, batch):
+    # capture_memory's code path (static, bucket-padded image buffers) run eagerly on the CPU.
+    model, _, _ = trained
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), capture_memory=True)
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+
+
 def test_shorter_max_len_and_reuse(trained, pairs):
     model, _, _ = trained
     captioner = Captioner(model, _IdVocab(), device="cpu", max_len=6, batch_sizes=(4,), pad_to_bucket=True)
@@ -120,10 +129,14 @@ def test_graph_replay_equals_eager(trained, pairs, max_len):
               "pad_to_bucket": True}
     graphed = Captioner(model, _IdVocab(), use_graphs=True, **kwargs)
     eager = Captioner(model, _IdVocab(), use_graphs=False, **kwargs)
+    whole = Captioner(model, _IdVocab(), use_graphs=True, capture_memory=True, **kwargs)
+    static_eager = Captioner(model, _IdVocab(), use_graphs=False, capture_memory=True, **kwargs)
     for batch in (1, 3, 8, 12):  # new buckets are captured as they appear
         before, after = pairs[0][:batch], pairs[1][:batch]
         assert torch.equal(graphed.generate(before, after), eager.generate(before, after))
+        assert torch.equal(whole.generate(before, after), static_eager.generate(before, after))
     assert (8, max_len) in graphed.graphs and (16, max_len) in graphed.graphs
+    assert ("memory", 16, max_len) in whole.graphs
 
 
 @requires_cuda
