@@ -95,14 +95,9 @@ class Captioner:
             raise ProCapError(f"batch_sizes must be positive integers, got {tuple(batch_sizes)}")
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and self.device.type != "cuda":
-            raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
         self.capture_memory = capture_memory
-        self.pad_to_bucket = (self.use_graphs or capture_memory) if pad_to_bucket is None else pad_to_bucket
-        if capture_memory and not self.pad_to_bucket:
-            raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
-        self.backend = attention_backend if attention_backend != "auto" else select_backend(self.device, self.dtype)
+        self._requested = (use_graphs, pad_to_bucket, attention_backend)
+        self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
         self._states: dict[tuple[int, int], DecodeState] = {}
         self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -120,6 +115,17 @@ class Captioner:
                    copy_model=False, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------------------------
+    def _configure(self) -> None:
+        """Resolve graphs / padding / attention backend for the current device and dtype."""
+        use_graphs, pad_to_bucket, backend = self._requested
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
+        self.pad_to_bucket = (self.use_graphs or self.capture_memory) if pad_to_bucket is None else pad_to_bucket
+        if self.capture_memory and not self.pad_to_bucket:
+            raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
+        self.backend = backend if backend != "auto" else select_backend(self.device, self.dtype)
+
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         model.eval().requires_grad_(False)
         model.to(device=self.device, dtype=self.dtype)
@@ -143,7 +149,9 @@ class Captioner:
         self.dtype = _parse_dtype(dtype, self.device) if dtype is not None else self.dtype
         for hook in self._hooks:
             hook.remove()
-        self.use_graphs = self.use_graphs and self.device.type == "cuda"
+        if self._requested[0] and self.device.type != "cuda":
+            self._requested = (None, *self._requested[1:])  # graphs were asked for on CUDA; the CPU has none
+        self._configure()
         self.model = self._prepare(self.model)
         self._states.clear()
         self._inputs.clear()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -158,3 +160,15 @@ def test_fp32_cuda_tokens_equal_generate(trained, pairs):
     ref = model.to("cuda").generate(pairs[0].cuda(), pairs[1].cuda(), max_len=16)
     model.to("cpu")
     assert (captioner.generate(*pairs) == ref).float().mean().item() >= 0.95
+
+
+def test_to_drops_cached_states(trained, pairs):
+    model, _, _ = trained
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=8)
+    captioner.generate(pairs[0][:2], pairs[1][:2])
+    assert captioner._states
+    captioner.to("cpu", torch.float64)
+    assert not captioner._states and captioner.model.decoder.embed.weight.dtype == torch.float64
+    oracle = copy.deepcopy(model).double()
+    assert torch.equal(captioner.generate(pairs[0][:2], pairs[1][:2]),
+                       oracle.generate(pairs[0][:2].double(), pairs[1][:2].double(), max_len=8))
