@@ -39,6 +39,7 @@ REFERENCE_BATCH = {"cuda": 32, "cpu": 4}
 _models: dict[int, ProCap] = {}
 _reference_tps: dict[int, float] = {}
 _flops: dict[int, dict[str, int]] = {}
+_allocated_before: dict[str, float] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +91,9 @@ def _model_flops(k: int, device: torch.device) -> dict[str, int]:
 
 def _peak_memory(device: torch.device) -> dict[str, float | None]:
     if device.type == "cuda":
-        return {"peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+        # The peak includes every model still cached in this session (the fp32 reference weights among them).
+        return {"peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+                "allocated_before_run_mb": _allocated_before.get("mb")}
     # Linux reports ru_maxrss in KiB: the process's high-water mark, not per test.
     return {"peak_memory_mb": None, "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -134,6 +137,7 @@ def _run(benchmark, device: torch.device, fn, rounds: int):
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        _allocated_before["mb"] = torch.cuda.memory_allocated(device) / 2**20
 
     def call():
         out = fn()
