@@ -10,6 +10,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace procap {
@@ -18,11 +20,15 @@ namespace {
 // Aim for a ~1 MiB block of dot products: large enough for an efficient GEMM, small enough for L2.
 constexpr int64_t kBlockFloats = 1 << 18;
 
-// Independent running minima per lane let the compiler vectorise the scan (SLP) without reordering any float op.
-constexpr int64_t kLanes = 16;
+// Lexicographic (distance, index) order, used to merge lanes: equal distances go to the lower index.
+bool better(float dist, int64_t idx, float best, int64_t best_idx) {
+  return dist < best || (dist == best && idx < best_idx);
+}
 
-// Index of the smallest (zz + ee[j]) - 2 * dot[j]; strict < keeps the lowest index among ties (torch.argmin).
-int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
+// Portable scan: independent running minima per lane; strict < keeps each lane's first (lowest) index.
+constexpr int64_t kLanes = 8;
+
+int64_t argmin_row_generic(const float* dot, float zz, const float* ee, int64_t codes) {
   float best[kLanes];
   int64_t best_j[kLanes];
   std::fill(best, best + kLanes, std::numeric_limits<float>::infinity());
@@ -31,15 +37,16 @@ int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
   for (int64_t j0 = 0; j0 < full; j0 += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
       const float dist = (zz + ee[j0 + l]) - 2.0f * dot[j0 + l];
-      const bool better = dist < best[l];
-      best[l] = better ? dist : best[l];
-      best_j[l] = better ? j0 + l : best_j[l];
+      if (dist < best[l]) {
+        best[l] = dist;
+        best_j[l] = j0 + l;
+      }
     }
   }
   float result = std::numeric_limits<float>::infinity();
   int64_t result_j = 0;
-  for (int64_t l = 0; l < kLanes; ++l) {  // lanes hold first occurrences: take the lowest index among equal minima
-    if (best[l] < result || (best[l] == result && best_j[l] < result_j)) {
+  for (int64_t l = 0; l < kLanes; ++l) {
+    if (better(best[l], best_j[l], result, result_j)) {
       result = best[l];
       result_j = best_j[l];
     }
@@ -52,6 +59,63 @@ int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
     }
   }
   return result_j;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+// The same scan as 8-wide AVX2 vectors (GCC/Clang vector extensions, compiled for AVX2 only in this function and
+// chosen at run time), ~3x faster than the scalar loop. Same fp32 operations in the same order per element.
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+__attribute__((target("avx2"))) int64_t argmin_row_avx2(const float* dot, float zz, const float* ee,
+                                                        int64_t codes) {
+  const float inf = std::numeric_limits<float>::infinity();
+  f32x8 best = {inf, inf, inf, inf, inf, inf, inf, inf};
+  i32x8 best_j = {0, 0, 0, 0, 0, 0, 0, 0};
+  i32x8 lane_j = {0, 1, 2, 3, 4, 5, 6, 7};
+  const f32x8 zz8 = {zz, zz, zz, zz, zz, zz, zz, zz};
+  const int64_t full = codes - codes % 8;
+  for (int64_t j0 = 0; j0 < full; j0 += 8) {
+    f32x8 e, d;
+    std::memcpy(&e, ee + j0, sizeof(e));  // unaligned loads
+    std::memcpy(&d, dot + j0, sizeof(d));
+    const f32x8 dist = (zz8 + e) - 2.0f * d;
+    const i32x8 improved = dist < best;
+    best = improved ? dist : best;
+    best_j = improved ? lane_j : best_j;
+    lane_j += 8;
+  }
+  float result = inf;
+  int64_t result_j = 0;
+  for (int l = 0; l < 8; ++l) {
+    if (better(best[l], best_j[l], result, result_j)) {
+      result = best[l];
+      result_j = best_j[l];
+    }
+  }
+  for (int64_t j = full; j < codes; ++j) {
+    const float dist = (zz + ee[j]) - 2.0f * dot[j];
+    if (dist < result) {
+      result = dist;
+      result_j = j;
+    }
+  }
+  return result_j;
+}
+
+// PROCAP_DISABLE_AVX2=1 forces the portable scan (tests cover both paths on AVX2 machines).
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && std::getenv("PROCAP_DISABLE_AVX2") == nullptr;
+  return has;
+}
+#endif
+
+// Index of the smallest (zz + ee[j]) - 2 * dot[j] with torch.argmin's tie rule (lowest index).
+int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (codes < (int64_t{1} << 31) && cpu_has_avx2()) return argmin_row_avx2(dot, zz, ee, codes);
+#endif
+  return argmin_row_generic(dot, zz, ee, codes);
 }
 
 void argmin_rows(const float* dot, const float* zz, const float* ee, int64_t* idx, int64_t rows, int64_t codes) {

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernel_helpers import DTYPES, impl_device, impl_params
 
 from procap import kernels
+from procap.kernels import _ext
 from procap.model.quantize import vq_distances_ref, vq_nearest_ref
 
 IMPLS = impl_params("vq_nearest")
@@ -97,3 +102,22 @@ def test_codebook_with_grad_gives_plain_indices(impl):
     indices = kernels.vq_nearest(z, codebook, impl=impl)
     assert not indices.requires_grad
     assert torch.equal(indices, vq_nearest_ref(z, codebook.detach()))
+
+
+@pytest.mark.skipif(not _ext.AVAILABLE, reason="the C++ extension is not built")
+def test_cpp_portable_scan_matches():
+    # The C++ op picks an AVX2 scan at run time; PROCAP_DISABLE_AVX2=1 exercises the portable one (fresh process).
+    code = (
+        "import torch\n"
+        "from procap import kernels\n"
+        "from procap.model.quantize import vq_nearest_ref\n"
+        "torch.manual_seed(0)\n"
+        "book = torch.randint(-3, 4, (1003, 16)).float(); book[[70, 999]] = book[5].clone()\n"
+        "z = torch.cat([book[[70, 999, 5]], torch.randint(-3, 4, (200, 16)).float()])\n"
+        "print(torch.equal(kernels.vq_nearest(z, book, impl='cpp'), vq_nearest_ref(z, book)))\n"
+    )
+    env = {**os.environ, "PROCAP_DISABLE_AVX2": "1"}
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
