@@ -306,6 +306,17 @@ class FlowInterpolator:
         """
         _check_pair(before, after)
         device = self.device or before.device
+        if device.type == "cpu" and torch.get_num_threads() > 1:
+            # Small element-wise ops: intra-op threads cost more than they give (10x slower on busy cores).
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self._at(before, after, t, device)
+            finally:
+                torch.set_num_threads(threads)
+        return self._at(before, after, t, device)
+
+    def _at(self, before: torch.Tensor, after: torch.Tensor, t: float, device: torch.device) -> torch.Tensor:
         f01, f10 = (f.to(device) for f in self.flow(before, after))
         i0, i1 = before.to(device).float(), after.to(device).float()
         ft0, ft1, v0, v1 = self._flows_to_time(f01, f10, t)
