@@ -1,9 +1,11 @@
-"""Exact memo of the frozen VQGAN's outputs, so CPU training does not re-encode the same images every epoch.
+"""Memo of the frozen VQGAN's outputs, so CPU training does not re-encode the same images every epoch.
 
 The tokenizer is frozen and has no randomness, so ``features(x)`` and ``codes(x)`` are pure functions of
 the image. :class:`CachedVQGAN` is a drop-in :class:`~procap.model.vqgan.VQGAN` (same submodules, same
 state-dict keys) that remembers per-image results keyed by a fingerprint of the image's exact values and
-only runs the network on images it has not seen. Fresh augmentations (colour-shifted or warped consistency
+only runs the network on images it has not seen. A remembered result equals what the tokenizer gives for that
+image up to the convolution backend's batch-size-dependent rounding (~1e-6), the same variation the uncached
+model shows between batch compositions. Fresh augmentations (colour-shifted or warped consistency
 negatives) simply miss and are computed; they are not stored, so memory stays bounded by the dataset.
 
 The key is a BLAKE2b digest of the image's bytes (about 50 us for a 64 px image): bit-identical images share

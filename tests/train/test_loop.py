@@ -1,0 +1,156 @@
+"""Training loops end to end on a 16 px model: a step lowers the loss, resume is exact, best-by-CIDEr, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from procap.checkpoint import load_checkpoint, read_checkpoint_metadata
+from procap.model.procap import ProCap
+from procap.train.config import TrainConfig
+from procap.train.datasets import PairDataset
+from procap.train.loop import JsonlLog, Trainer
+from procap.train.schedules import stage2_optimizer
+
+from .conftest import small_config
+
+
+@pytest.fixture
+def small_model(monkeypatch):
+    """Route ``new_model`` (used by pretrain/train) to the 16 px test configuration."""
+    import procap.train.stage1 as stage1
+
+    def build(preset, vocab, vqgan_path, **overrides):
+        return ProCap(small_config(len(vocab), **overrides))
+
+    monkeypatch.setattr(stage1, "new_model", build)
+
+
+def test_one_step_reduces_loss(tmp_path, model, vocab, train_pairs):
+    cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=8, lr=3e-3, warmup_frac=0.0,
+                      progress=False).resolved()
+    data = PairDataset(train_pairs, vocab, 16, 12)
+    batch = {k: torch.stack([data[i][k] for i in range(8)]) for k in ("before", "after", "caption")}
+
+    def loss_fn(b):
+        return model.stage2_loss(b["before"], b["after"], b["caption"])
+
+    trainer = Trainer(cfg, model, data, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
+                      save_weights=lambda p, e: None, load_weights=lambda p: None)
+    with torch.no_grad():
+        before = loss_fn(batch)["loss"].item()
+    record = trainer.train_step(batch)
+    with torch.no_grad():
+        after = loss_fn(batch)["loss"].item()
+    assert record["loss"] == pytest.approx(before, rel=1e-5)
+    assert after < before - 1e-3
+
+
+def _stage1_config(out, **kw):
+    return TrainConfig(stage="pretrain", out=str(out), steps=6, batch_size=4, lr=1e-3, warmup_steps=2,
+                       save_every=3, log_every=1, progress=False, seed=5, **kw)
+
+
+def _losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in JsonlLog(out / "log.jsonl").records() if "loss" in r}
+
+
+def test_resume_continues_with_identical_losses(tmp_path, small_model, train_pairs, vocab, monkeypatch):
+    from procap.train.stage1 import pretrain
+
+    pretrain(_stage1_config(tmp_path / "full"), pairs=train_pairs, vocab=vocab)
+    reference = _losses(tmp_path / "full")
+    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
+
+    calls = {"n": 0}
+    original = ProCap.stage1_loss
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # after the step-3 save, during step 5
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProCap, "stage1_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_stage1_config(tmp_path / "cut"), pairs=train_pairs, vocab=vocab)
+    monkeypatch.setattr(ProCap, "stage1_loss", original)
+    assert read_checkpoint_metadata(tmp_path / "cut" / "last.safetensors")["extra"]["step"] == 3
+
+    pretrain(_stage1_config(tmp_path / "cut", resume=True), pairs=train_pairs, vocab=vocab)
+    resumed = [r for r in JsonlLog(tmp_path / "cut" / "log.jsonl").records() if "loss" in r]
+    after_resume = {r["step"]: r["loss"] for r in resumed[-3:]}
+    assert sorted(after_resume) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert after_resume[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), step
+    assert read_checkpoint_metadata(tmp_path / "cut" / "stage1.safetensors")["extra"]["step"] == 6
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, small_model, train_pairs, vocab):
+    from procap.errors import ProCapError
+    from procap.train.stage1 import pretrain
+
+    with pytest.raises(ProCapError, match="no checkpoint to resume"):
+        pretrain(_stage1_config(tmp_path / "empty", resume=True), pairs=train_pairs, vocab=vocab)
+
+
+def test_stage2_keeps_best_by_validation_cider(tmp_path, small_model, clevr_root, train_pairs, vocab):
+    from procap.train.stage1 import pretrain
+    from procap.train.stage2 import train
+
+    init = pretrain(TrainConfig(stage="pretrain", out=str(tmp_path / "s1"), steps=2, batch_size=4, progress=False),
+                    pairs=train_pairs, vocab=vocab)
+    cfg = TrainConfig(stage="train", data=str(clevr_root), out=str(tmp_path / "s2"), init=str(init), steps=4,
+                      batch_size=4, lr=1e-3, val_every=2, val_pairs=6, progress=False, cache_features=True)
+    best = train(cfg, pairs=train_pairs)
+    records = JsonlLog(tmp_path / "s2" / "log.jsonl").records()
+    vals = [r for r in records if "val/CIDEr" in r]
+    assert [r["step"] for r in vals] == [2, 4]
+    meta = read_checkpoint_metadata(best)
+    assert best.name == "best.safetensors" and meta["extra"]["val"]["CIDEr"] == max(r["val/CIDEr"] for r in vals)
+    model, loaded_vocab, _ = load_checkpoint(best)
+    assert model.config.num_keyframes == 1 and len(loaded_vocab) == len(vocab)
+    assert json.loads((tmp_path / "s2" / "stage2_config.json").read_text())["init"] == str(init)
+
+
+def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, capsys):
+    from procap.checkpoint import save_checkpoint
+    from procap.cli import main
+
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
+    code = main(["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--split", "test",
+                 "--metrics", "BLEU-4", "CIDEr", "--out", str(tmp_path / "eval")])
+    assert code == 0
+    report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert set(report["metrics"]) >= {"BLEU-4", "CIDEr"} and "total" in report["by_type"]
+    assert report["by_type"]["total"]["pairs"] == report["pairs"]
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert len(results) == report["pairs"] and {"image_id", "caption"} <= set(results[0])
+    assert "captions/s" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_sentence(tmp_path, capsys):
+    from procap.cli import main
+
+    assert main(["evaluate", "--ckpt", str(tmp_path / "nope.safetensors"), "--data", str(tmp_path)]) == 2
+    assert "nope.safetensors" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path), "--data", str(tmp_path), "--preset", "huge"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+
+
+def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkeypatch):
+    import procap.train.vqgan_train as vt
+    from procap.config import get_preset
+
+    from .conftest import small_config as small
+
+    monkeypatch.setattr(vt, "get_preset", lambda name: small(30) if name == "tiny" else get_preset(name))
+    cfg = TrainConfig(stage="vqgan", out=str(tmp_path), steps=12, batch_size=8, lr=2e-3, warmup_steps=1,
+                      log_every=1, progress=False)
+    path = vt.train_vqgan(cfg, pairs=train_pairs)
+    losses = [r["l1"] for r in JsonlLog(tmp_path / "log.jsonl").records()]
+    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
+    vqgan = vt.load_vqgan(path)
+    assert vqgan.config.resolution == 16
