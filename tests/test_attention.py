@@ -134,3 +134,12 @@ def test_flash_rejects_mask():
     q = torch.randn(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(BackendUnavailableError, match="attn_mask"):
         attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool, device="cuda"), backend="flash")
+
+
+def test_environment_variable_overrides_auto(monkeypatch):
+    monkeypatch.setenv("PROCAP_ATTENTION", "math")
+    assert select_backend("cpu", torch.float32) == "math"
+    monkeypatch.setenv("PROCAP_ATTENTION", "flash")
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(BackendUnavailableError, match="flash"):
+        attention(q, q, q)  # a forced backend is checked like an explicit one
