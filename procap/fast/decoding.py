@@ -11,6 +11,7 @@ captured once in a CUDA graph and replayed ``max_len - 1`` times.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from procap.attention import attention
@@ -67,6 +68,10 @@ class DecodeState:
         self.suppress[list(SUPPRESSED_IDS)] = float("-inf")
         self.pad = torch.full((batch,), PAD_ID, dtype=torch.long, device=device)
         self.logits = torch.zeros(batch, vocab, dtype=torch.float32, device=device)  # last step's, for checks
+        # Self-attention q/k/v packed into one (3D, D) projection per layer: one GEMM per step instead of three.
+        self.qkv = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                     torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach())
+                    for a in (layer.self_attn for layer in decoder.layers)]
 
     @torch.no_grad()
     def prefill(self, memory: torch.Tensor) -> None:
@@ -89,9 +94,9 @@ class DecodeState:
     def _layer(self, i: int, layer: nn.Module, x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """One pre-LN decoder block for a single position: (B, 1, D) -> (B, 1, D)."""
         sa, ca, h = layer.self_attn, layer.cross_attn, self.heads
-        y = layer.norm1(x)
-        k, v = self.cache.update(i, self.pos, _split(sa.k_proj(y), h), _split(sa.v_proj(y), h))
-        a = attention(_split(sa.q_proj(y), h), k, v, attn_mask=visible, backend=self.backend)
+        q, k, v = F.linear(layer.norm1(x), *self.qkv[i]).chunk(3, dim=-1)  # (B, 1, D) each
+        k, v = self.cache.update(i, self.pos, _split(k, h), _split(v, h))
+        a = attention(_split(q, h), k, v, attn_mask=visible, backend=self.backend)
         x = x + sa.out_proj(_merge(a))
         y = layer.norm2(x)
         a = attention(_split(ca.q_proj(y), h), self.cross.k[i], self.cross.v[i], backend=self.backend)
