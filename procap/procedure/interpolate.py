@@ -213,7 +213,8 @@ class FlowInterpolator:
     Measured on synthetic moves (docs/procedures.md): see ``procap.procedure.quality``.
 
     Args:
-        flow_scale: upscaling factor applied before DIS (1 = none).
+        flow_scale: upscaling factor applied before DIS (1 = none); default: enough to give DIS a working
+            image of about ``AUTO_FLOW_SIDE`` px (4x for 64 px renders, none for 224 px and larger).
         preset: DIS preset, one of ``"ultrafast"``, ``"fast"``, ``"medium"``.
         fb_sigma: forward-backward error (pixels) at which a pixel's confidence is e^-1.
         motion_prior: softmax-splatting importance per pixel of motion (1/px).
@@ -226,14 +227,14 @@ class FlowInterpolator:
     _PRESETS: ClassVar[dict[str, int]] = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST, "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
                 "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}
 
-    def __init__(self, flow_scale: float = 2.0, preset: str = "fast", fb_sigma: float = 1.0,
+    def __init__(self, flow_scale: float | None = None, preset: str = "medium", fb_sigma: float = 1.0,
                  motion_prior: float = 1.0, seed_matches: bool = True, change_threshold: float = 0.08,
                  seed_grow: int = 1, device: torch.device | str | None = None) -> None:
         if preset not in self._PRESETS:
             raise ValueError(f"unknown DIS preset {preset!r}; choose one of {sorted(self._PRESETS)}")
-        if flow_scale <= 0:
+        if flow_scale is not None and flow_scale <= 0:
             raise ValueError(f"flow_scale must be positive, got {flow_scale}")
-        self.flow_scale = float(flow_scale)
+        self.flow_scale = float(flow_scale) if flow_scale is not None else None
         self.preset = preset
         self.fb_sigma = float(fb_sigma)
         self.motion_prior = float(motion_prior)
@@ -243,6 +244,14 @@ class FlowInterpolator:
         self.change_threshold = float(change_threshold)
         self.device = torch.device(device) if device is not None else None
         self._dis = None  # created lazily: cv2 objects do not pickle (multiprocessing workers)
+
+    AUTO_FLOW_SIDE = 256
+
+    def scale_for(self, height: int, width: int) -> float:
+        """The upscaling factor used for images of this size."""
+        if self.flow_scale is not None:
+            return self.flow_scale
+        return float(max(1, round(self.AUTO_FLOW_SIDE / max(height, width))))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -265,7 +274,8 @@ class FlowInterpolator:
         """
         _check_pair(before, after)
         rgb0, rgb1 = _to_rgb_f32(before), _to_rgb_f32(after)
-        gray0, gray1 = _to_gray_u8(before, self.flow_scale), _to_gray_u8(after, self.flow_scale)
+        scale = self.scale_for(*before.shape[-2:])
+        gray0, gray1 = _to_gray_u8(before, scale), _to_gray_u8(after, scale)
         fwd, bwd = [], []
         for a, b, g0, g1 in zip(rgb0, rgb1, gray0, gray1):
             fwd.append(self._one_flow(a, b, g0, g1))
@@ -275,7 +285,7 @@ class FlowInterpolator:
     def _one_flow(self, a: np.ndarray, b: np.ndarray, ga: np.ndarray, gb: np.ndarray) -> np.ndarray:
         """Flow a -> b, (2, H, W): DIS, overridden by the large-displacement seeds where there are any."""
         h, w = a.shape[:2]
-        flow = self._downscale(self._flow_engine().calc(ga, gb, None), h, w)
+        flow = self._downscale(self._flow_engine().calc(ga, gb, None), h, w, ga.shape[0] / h)
         if self.seed_matches:
             # The matched translation replaces DIS inside matched change regions: DIS cannot follow a small,
             # textureless object further than its own size, and (tried) starting DIS from the seeds smears
@@ -285,10 +295,11 @@ class FlowInterpolator:
             flow[:, seeded] = seed[seeded].T
         return flow
 
-    def _downscale(self, flow: np.ndarray, h: int, w: int) -> np.ndarray:
+    @staticmethod
+    def _downscale(flow: np.ndarray, h: int, w: int, scale: float) -> np.ndarray:
         """(h*s, w*s, 2) flow -> (2, h, w) flow in original pixels (area average, then divide by s)."""
-        if self.flow_scale != 1.0:
-            flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_AREA) / self.flow_scale
+        if scale != 1.0:
+            flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_AREA) / scale
         return np.ascontiguousarray(flow.transpose(2, 0, 1), dtype=np.float32)
 
     def __call__(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
