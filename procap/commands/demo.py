@@ -13,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
+    parser.add_argument("--procedures", choices=("crossfade", "interpolated"), default="crossfade",
+                        help="stage-1 frames: cross-fade stand-in (default) or the optical-flow pipeline")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 
@@ -25,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ProCapError(f"--device {args.device}: no CUDA GPU is available")
     run_demo(args.out, quick=args.quick, seed=args.seed, device=args.device, workers=args.workers,
-             progress=args.progress)
+             progress=args.progress, procedures=args.procedures)
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     return 0

@@ -45,8 +45,8 @@ class DemoBudget:
     max_test_pairs: int | None = None
 
 
-QUICK = DemoBudget(scenes=60, vqgan_steps=8, vqgan_batch=8, stage1_steps=10, stage1_batch=8, stage2_steps=30,
-                   stage2_batch=16, val_every=15, val_pairs=20, max_test_pairs=40)
+QUICK = DemoBudget(scenes=40, vqgan_steps=4, vqgan_batch=8, stage1_steps=6, stage1_batch=8, stage2_steps=16,
+                   stage2_batch=16, stage2_lr=1e-3, val_every=8, val_pairs=10, max_test_pairs=20)
 FULL = DemoBudget(scenes=1000, vqgan_steps=150, vqgan_batch=16, stage1_steps=300, stage1_batch=16,
                   stage2_steps=700, stage2_batch=32, val_every=175, val_pairs=100)
 
@@ -109,13 +109,21 @@ def stage_configs(budget: DemoBudget, out: Path, data: Path, seed: int, device: 
     return {"vqgan": vqgan, "stage1": stage1, "procap": procap, "static": static}
 
 
-def build_procedures(data: Path, out: Path, num_keyframes: int, progress: bool) -> str:
+def build_procedures(kind: str, data: Path, out: Path, pairs: list, vqgan_path: str, progress: bool) -> str:
     """The stage-1 frame source for the demo, as a ``--procedures`` value.
 
-    The cross-fade stand-in needs no preparation. Switching to the real interpolated procedures is this one
-    function: build a cache with ``procap.procedure`` here and return its path.
+    ``crossfade``: the linear cross-fade stand-in, no preparation. ``interpolated``: the real pipeline of
+    ``procap.procedure`` (optical-flow interpolation of l = 7 frames, VQGAN-similarity confidence scores,
+    top-k keyframes) written to ``<out>/procedures`` and read back through its ``CachedProcedures``.
     """
-    return "crossfade"
+    if kind == "crossfade":
+        return "crossfade"
+    from procap.procedure.pipeline import PrepareOptions, prepare
+
+    cache = out / "procedures"
+    prepare(PrepareOptions(dataset="clevr-change", root=str(data), out=str(cache), image_size=64, vqgan=vqgan_path,
+                           progress=progress), pairs=pairs)
+    return str(cache)
 
 
 def evaluate_run(name: str, checkpoint: Path, pairs: list, metrics, cache: ImageCache, device: str,
@@ -176,7 +184,8 @@ def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, ou
 
 
 def run_demo(out: Path | str, quick: bool = False, seed: int = 0, device: str = "cpu", workers: int = 0,
-             progress: bool = True, budget: DemoBudget | None = None) -> dict[str, Any]:
+             progress: bool = True, budget: DemoBudget | None = None,
+             procedures: str = "crossfade") -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``."""
     from procap.data import load_split
     from procap.train.common import build_vocab, write_json
@@ -201,9 +210,11 @@ def run_demo(out: Path | str, quick: bool = False, seed: int = 0, device: str = 
     clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
     train_vqgan(configs["vqgan"], pairs=splits["train"])
     clock.done()
-    configs["stage1"] = dataclasses.replace(configs["stage1"],
-                                            procedures=build_procedures(data, out, 2, progress))
-    clock.phase("stage1", f"stage 1 (explicit procedures, {configs['stage1'].procedures}): "
+    clock.phase("procedures", f"stage-1 procedures: {procedures}")
+    source = build_procedures(procedures, data, out, splits["train"], configs["stage1"].vqgan, progress)
+    configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
+    clock.done()
+    clock.phase("stage1", f"stage 1 (explicit procedures, {procedures}): "
                           f"{budget.stage1_steps} steps x {budget.stage1_batch}")
     pretrain(configs["stage1"], pairs=splits["train"], vocab=vocab, cache=cache)
     clock.done()
@@ -220,7 +231,7 @@ def run_demo(out: Path | str, quick: bool = False, seed: int = 0, device: str = 
     samples = write_samples(pick_samples(test, 6), reports, cache, out)
     clock.done()
 
-    summary = {"quick": quick, "seed": seed, "budget": dataclasses.asdict(budget), "device": device,
+    summary = {"quick": quick, "seed": seed, "procedures": procedures, "budget": dataclasses.asdict(budget), "device": device,
                "threads": torch.get_num_threads(), "pairs": {"train": len(splits["train"]),
                                                               "val": len(splits["val"]), "test": len(test)},
                "results": {label: {k: v for k, v in r.items() if k != "predictions"} for label, r in reports.items()},

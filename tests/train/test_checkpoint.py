@@ -12,8 +12,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from procap.checkpoint import (capture_rng_state, load_checkpoint, load_training_state, read_checkpoint_metadata,
-                               restore_rng_state, save_checkpoint, save_training_state, state_paths)
+from procap.checkpoint import (
+    capture_rng_state,
+    load_checkpoint,
+    load_training_state,
+    read_checkpoint_metadata,
+    restore_rng_state,
+    save_checkpoint,
+    save_training_state,
+    state_paths,
+)
 from procap.config import ProCapConfig
 from procap.errors import ProCapError
 
@@ -156,7 +164,7 @@ def test_mismatched_state_files_are_rejected(tmp_path, model, vocab):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     ckpt = tmp_path / "last.safetensors"
     save_training_state(ckpt, opt, {"step": 1})
-    tensor_file, json_file = state_paths(ckpt)
+    _tensor_file, json_file = state_paths(ckpt)
     old_json = json_file.read_text()
     save_training_state(ckpt, opt, {"step": 2})
     json_file.write_text(old_json)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from procap.train.datasets import (CrossFadeProcedures, EpochBatchSampler, ImageCache, PairDataset, ProcedureDataset,
-                                   pick_caption)
+from procap.train.datasets import (
+    CrossFadeProcedures,
+    EpochBatchSampler,
+    ImageCache,
+    PairDataset,
+    ProcedureDataset,
+    pick_caption,
+)
 
 
 def test_crossfade_frames():

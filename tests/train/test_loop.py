@@ -20,7 +20,7 @@ from .conftest import small_config
 @pytest.fixture
 def small_model(monkeypatch):
     """Route ``new_model`` (used by pretrain/train) to the 16 px test configuration."""
-    import procap.train.stage1 as stage1
+    from procap.train import stage1
 
     def build(preset, vocab, vqgan_path, **overrides):
         return ProCap(small_config(len(vocab), **overrides))

@@ -1,0 +1,35 @@
+"""`procap demo --quick` end to end (CI runs it; deselect locally with -m "not slow")."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end(tmp_path, capsys):
+    from procap.cli import main
+
+    start = time.perf_counter()
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert "ProCap (k=2)" in out and "static pair (k=0)" in out and "CIDEr" in out
+
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(summary["results"]) == {"ProCap (k=2)", "static pair (k=0)"}
+    for report in summary["results"].values():
+        assert {"BLEU-4", "ROUGE-L", "CIDEr"} <= set(report["metrics"])
+        assert report["speed"]["tokens_per_s"] > 0 and report["pairs"] == summary["pairs"]["test"]
+        assert "total" in report["by_type"] and "no_change" in report["by_type"]
+    assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
+    assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2
+
+    for path in ("vqgan/vqgan.safetensors", "stage1/stage1.safetensors", "procap/best.safetensors",
+                 "static/best.safetensors", "procap/log.jsonl", "samples.json", "procap/results.json"):
+        assert (tmp_path / path).is_file(), path
+    samples = json.loads((tmp_path / "samples.json").read_text())
+    assert samples and all((tmp_path / s["image"]).is_file() for s in samples)
+    print(f"quick demo took {elapsed:.0f} s")
