@@ -227,6 +227,12 @@ class ProcedureCache:
             self._handles[group] = h5py.File(self.paths[group], "r")
         return self._handles[group]
 
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        for f in self._handles.values():
+            f.close()
+        self._handles = {}
+
     def locate(self, pair_id: str) -> tuple[str, str]:
         """(group, key) of a pair id, checked to exist in the cache."""
         group, key = authors_key(pair_id, self.manifest.get("dataset"))
@@ -287,6 +293,10 @@ class CachedProcedures:
         self.k, self.sampling, self.image_size, self.seed = int(num_keyframes), sampling, image_size, seed
         self._generator: torch.Generator | None = None
         self._gen_pid = -1
+
+    def close(self) -> None:
+        """Close the HDF5 handles (needed before another writer opens the same files in this process)."""
+        self.cache.close()
 
     def _rng(self) -> torch.Generator:
         if self._generator is None or self._gen_pid != os.getpid():

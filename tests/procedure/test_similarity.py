@@ -27,7 +27,7 @@ def test_vqgan_similarity_self_is_one_and_batched_matches():
     assert s_bef.shape == s_aft.shape == (2, 5)
     torch.testing.assert_close(s_bef[:, 0], torch.ones(2))
     torch.testing.assert_close(s_aft[:, -1], torch.ones(2))
-    one_bef, one_aft = sim(frames[1])
+    one_bef, _one_aft = sim(frames[1])
     torch.testing.assert_close(one_bef, s_bef[1], atol=1e-5, rtol=1e-5)
 
 
@@ -86,7 +86,7 @@ def test_dinov2_wiring_with_a_stand_in_timm(monkeypatch, tmp_path):
     torch.save(FakeViT().state_dict(), weights)
     sim = DINOv2Similarity(weights, image_size=28)
     torch.testing.assert_close(sim.model.proj.weight, torch.load(weights)["proj.weight"])
-    s_bef, s_aft = sim(torch.rand(4, 3, 16, 16))
+    s_bef, _s_aft = sim(torch.rand(4, 3, 16, 16))
     assert sim.model.seen[-2:] == (28, 28)
     torch.testing.assert_close(s_bef[0], torch.tensor(1.0))
     with pytest.raises(ProCapError, match="multiple of 14"):

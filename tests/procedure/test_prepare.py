@@ -1,0 +1,189 @@
+"""`procap prepare` pipeline: end to end, resume after interruption (exception and killed process), errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from procap.errors import ProCapError
+from procap.procedure.cache import CachedProcedures
+from procap.procedure.interpolate import CrossFade
+from procap.procedure.pipeline import PrepareOptions, prepare
+
+
+def score_file(path: Path, pairs, frames: int = 5) -> Path:
+    """A score file in the authors' CLEVR shape for the given pairs (l = 3 -> 5 scores)."""
+    ramp = np.linspace(1, 0, frames).tolist()
+    data: dict = {}
+    for p in pairs:
+        group = "sc" if "_semantic_" in p.id else "nsc"
+        key = p.id.rsplit("_", 1)[1]
+        data.setdefault(key, {})[f"{group}_sim_matrixes"] = {"bef_inter_sim": [ramp], "inter_aft_sim": [ramp[::-1]]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def options(tmp_path, pairs, **kw):
+    base = {"dataset": "clevr-change", "root": str(tmp_path), "out": str(tmp_path / "cache"), "num_frames": 3,
+                "image_size": 32, "similarity": "scores", "scores_file": str(score_file(tmp_path / "s.json", pairs)),
+                "progress": False}
+    return PrepareOptions(**{**base, **kw})
+
+
+def validate(cache_dir: Path, pairs) -> None:
+    """Every pair complete, frames [5, 3, 32, 32] uint8 starting with the before image."""
+    source = CachedProcedures(cache_dir, 1)
+    for p in pairs:
+        group, key, _ = source.indices(p.id)
+        with h5py.File(cache_dir / f"{group}.h5", "r") as f:
+            d = f[key]
+            assert d.attrs["complete"] == 1 and d.shape == (5, 3, 32, 32) and d.dtype == np.uint8
+        assert source(p, None, None).shape == (3, 3, 32, 32)
+    source.close()
+
+
+def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
+    from test_similarity import tiny_vqgan
+
+    from procap.train.vqgan_train import save_vqgan
+
+    save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
+    opts = options(tmp_path, clevr_pairs[:2], similarity="vqgan", scores_file=None,
+                   vqgan=str(tmp_path / "vq.safetensors"))
+    assert prepare(opts, clevr_pairs[:2]) == {"written": 2, "skipped": 0, "total": 2}
+    validate(tmp_path / "cache", clevr_pairs[:2])
+    source = CachedProcedures(tmp_path / "cache", 1)
+    codes = source.codes_for(clevr_pairs[:2])
+    assert codes.shape == (2, 3 * 16 * 16) and codes.dtype == torch.int64  # T = 3 frames x (32/2)^2 tokens
+    source.close()
+    scores = json.loads((tmp_path / "cache" / "scores.json").read_text())
+    assert set(scores["000000.png"]) == {"sc_sim_matrixes", "nsc_sim_matrixes"}
+    assert prepare(opts, clevr_pairs[:2])["skipped"] == 2  # nothing redone
+
+
+class FailingInterpolator(CrossFade):
+    """Raises after a number of midpoint calls, like a crash in the middle of a run."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    def __call__(self, before, after):
+        self.calls -= 1
+        if self.calls < 0:
+            raise RuntimeError("simulated crash")
+        return super().__call__(before, after)
+
+
+def test_resume_after_an_exception(tmp_path, clevr_pairs):
+    opts = options(tmp_path, clevr_pairs)
+    with pytest.raises(RuntimeError, match="simulated"):
+        prepare(opts, clevr_pairs, interpolator=FailingInterpolator(calls=2 * 3 + 1))  # l=3: 2 calls per pair
+    with h5py.File(tmp_path / "cache" / "sc_videos.h5", "r") as f:
+        assert all(f[k].attrs["complete"] == 1 for k in f)
+    stats = prepare(opts, clevr_pairs, interpolator=CrossFade())
+    assert stats == {"written": 3, "skipped": 3, "total": 6}
+    validate(tmp_path / "cache", clevr_pairs)
+
+
+RUNNER = """
+import sys, time
+from pathlib import Path
+from types import SimpleNamespace
+import json
+sys.path.insert(0, {here!r})
+from procap.procedure.interpolate import CrossFade
+from procap.procedure.pipeline import PrepareOptions, prepare
+
+class Slow(CrossFade):
+    def __call__(self, b, a):
+        with open(sys.argv[3], "a") as log:  # one line per midpoint call: the test waits on it
+            log.write("call\\n")
+        time.sleep(0.1)
+        return super().__call__(b, a)
+
+if __name__ == "__main__":
+    pairs = [SimpleNamespace(**p) for p in json.loads(Path(sys.argv[1]).read_text())]
+    opts = PrepareOptions(**json.loads(Path(sys.argv[2]).read_text()))
+    prepare(opts, pairs, interpolator=Slow())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig):
+    """Kill a running `prepare` process mid-run; the file stays valid and a rerun completes it."""
+    pairs = clevr_pairs
+    opts = options(tmp_path, pairs)
+    (tmp_path / "pairs.json").write_text(json.dumps([{"id": p.id, "before_path": str(p.before_path),
+                                                       "after_path": str(p.after_path)} for p in pairs]))
+    (tmp_path / "opts.json").write_text(json.dumps({**vars(opts), "splits": list(opts.splits)}))
+    (tmp_path / "runner.py").write_text(RUNNER.format(here=str(Path(__file__).parent)))
+    log = tmp_path / "calls.log"
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "pairs.json"),
+                             str(tmp_path / "opts.json"), str(log)], stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    # l = 3 takes 2 midpoint calls per pair: after the 6th call two pairs are written and the third is in flight
+    while time.time() < deadline and proc.poll() is None and (not log.exists() or len(log.read_text().split()) < 6):
+        time.sleep(0.02)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0, err.decode()[-500:]
+    written_before = 0
+    for name in ("sc_videos.h5", "nsc_videos.h5"):
+        path = tmp_path / "cache" / name
+        if path.exists():
+            with h5py.File(path, "r") as f:
+                written_before += sum(f[k].attrs.get("complete", 0) == 1 for k in f)
+    assert 1 <= written_before < len(pairs)
+    stats = prepare(opts, pairs, interpolator=CrossFade())
+    assert stats["skipped"] == written_before and stats["written"] == len(pairs) - written_before
+    validate(tmp_path / "cache", pairs)
+
+
+def test_unreadable_image_names_the_file(tmp_path, clevr_pairs):
+    Path(clevr_pairs[1].after_path).write_bytes(b"not a png")
+    with pytest.raises(ProCapError, match=clevr_pairs[1].after_path.name):
+        prepare(options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
+
+
+def test_size_mismatch_names_the_pair(tmp_path, clevr_pairs):
+    from PIL import Image
+
+    Image.new("RGB", (20, 24)).save(clevr_pairs[0].after_path)
+    with pytest.raises(ProCapError, match=f"pair {clevr_pairs[0].id}"):
+        prepare(options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
+    opts = options(tmp_path, clevr_pairs, allow_size_mismatch=True)
+    assert prepare(opts, clevr_pairs, interpolator=CrossFade())["written"] == 6
+
+
+def test_option_errors(tmp_path, clevr_pairs):
+    with pytest.raises(ProCapError, match="--vqgan"):
+        prepare(options(tmp_path, clevr_pairs, similarity="vqgan", scores_file=None), clevr_pairs)
+    with pytest.raises(ProCapError, match="--dinov2-weights"):
+        prepare(options(tmp_path, clevr_pairs, similarity="dinov2", scores_file=None), clevr_pairs)
+    with pytest.raises(ProCapError, match="no entry for pair"):
+        prepare(options(tmp_path, clevr_pairs[:1]), clevr_pairs)  # score file covers one pair only
+    with pytest.raises(ValueError, match="num_frames"):
+        prepare(options(tmp_path, clevr_pairs, num_frames=4), clevr_pairs)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, clevr_pairs):
+    prepare(options(tmp_path, clevr_pairs[:1]), clevr_pairs[:1], interpolator=CrossFade())
+    with pytest.raises(ProCapError, match="image_size"):
+        prepare(options(tmp_path, clevr_pairs[:1], image_size=48), clevr_pairs[:1], interpolator=CrossFade())
+
+
+def test_cli_reports_bad_workers(capsys):
+    from procap.cli import main
+
+    code = main(["prepare", "--dataset", "clevr-change", "--root", ".", "--out", "x", "--workers", "0"])
+    assert code == 2 and "--workers" in capsys.readouterr().err
