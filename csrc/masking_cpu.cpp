@@ -4,9 +4,12 @@
 // output the reference's fp32 additions in the same order, so the forward is bit-identical. The backward keeps
 // per-position fp32 sums over the batch (one writer per position: deterministic, no atomics) and reduces them to
 // the positional-table gradients with ATen sums.
-#include <ATen/ATen.h>
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS  // per-operator headers build much faster than <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -15,12 +18,15 @@
 namespace procap {
 namespace {
 
+// Elements per parallel task, ATen's own default (at::internal::GRAIN_SIZE, not exported by these headers).
+constexpr int64_t kGrainSize = 32768;
+
 // Scheme indices, in procap.config.MASKING_SCHEMES order; any other value masks every position ("entire").
 constexpr int64_t kRandomPatch = 1;
 constexpr int64_t kInBlock = 2;
 constexpr int64_t kOutOfBlock = 3;
 
-int64_t row_grain(int64_t dim) { return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(dim, 1)); }
+int64_t row_grain(int64_t dim) { return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(dim, 1)); }
 
 bool masked_at(int64_t scheme, float prob, float u, const int64_t* block, int64_t h, int64_t w) {
   const bool inside = h >= block[0] && h < block[0] + block[2] && w >= block[1] && w < block[1] + block[3];
@@ -46,7 +52,7 @@ at::Tensor build_mask(const at::Tensor& scheme, const at::Tensor& patch_prob, co
   const float* u = uni.data_ptr<float>();
   const int64_t* bl = blk.data_ptr<int64_t>();
   bool* m = mask.data_ptr<bool>();
-  at::parallel_for(0, batch * n_pos, at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, batch * n_pos, kGrainSize, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / n_pos, n = r % n_pos;
       m[r] = masked_at(s[b], p[b], u[r], bl + 4 * b, (n / grid_w) % grid_h, n % grid_w);

@@ -5,8 +5,11 @@
 // The squared norms use the reference's own ATen expression (bit-identical values) and the distance is the
 // reference's (||z||^2 + ||e||^2) - 2 z.e in fp32 in the same order, so indices can only differ where the
 // reference's two best distances are within BLAS summation-order rounding of each other.
-#include <ATen/ATen.h>
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS  // per-operator headers build much faster than <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -16,6 +19,9 @@
 
 namespace procap {
 namespace {
+
+// Elements per parallel task, ATen's own default (at::internal::GRAIN_SIZE, not exported by these headers).
+constexpr int64_t kGrainSize = 32768;
 
 // Aim for a ~1 MiB block of dot products: large enough for an efficient GEMM, small enough for L2.
 constexpr int64_t kBlockFloats = 1 << 18;
@@ -119,7 +125,7 @@ int64_t argmin_row(const float* dot, float zz, const float* ee, int64_t codes) {
 }
 
 void argmin_rows(const float* dot, const float* zz, const float* ee, int64_t* idx, int64_t rows, int64_t codes) {
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(codes, 1));
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(codes, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) idx[i] = argmin_row(dot + i * codes, zz[i], ee, codes);
   });
@@ -131,8 +137,8 @@ at::Tensor vq_nearest_cpu(const at::Tensor& z, const at::Tensor& codebook) {
   TORCH_CHECK(codebook.size(0) > 0, "vq_nearest: the codebook is empty");
   const auto z32 = z.to(at::kFloat);
   const auto e32 = codebook.to(at::kFloat);
-  const auto zz = (z32 * z32).sum(1).contiguous();  // same expression as vq_distances_ref
-  const auto ee = (e32 * e32).sum(1).contiguous();
+  const auto zz = z32.mul(z32).sum(1).contiguous();  // same expression as vq_distances_ref
+  const auto ee = e32.mul(e32).sum(1).contiguous();
   const auto et = e32.t();
   const int64_t n_rows = z32.size(0), n_codes = e32.size(0);
   auto indices = at::empty({n_rows}, z.options().dtype(at::kLong));
