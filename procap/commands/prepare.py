@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
     parser.add_argument("--allow-size-mismatch", dest="allow_size_mismatch", action="store_true",
                         help="resize before/after of different sizes instead of stopping")
+    parser.add_argument("--recursive", dest="direct", action="store_false",
+                        help="recursive midpoints as in the paper (default: all l frames from one flow, faster)")
+    parser.add_argument("--no-codes", dest="store_codes", action="store_false",
+                        help="do not store the VQ codes of every frame")
     parser.add_argument("--limit", type=int, help="only the first N pairs (quick runs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

@@ -45,6 +45,10 @@ class CrossFade:
     def at(self, before: torch.Tensor, after: torch.Tensor, t: float) -> torch.Tensor:
         return (1.0 - t) * before + t * after
 
+    def frames_at(self, before: torch.Tensor, after: torch.Tensor, times: list[float]) -> torch.Tensor:
+        """(B, 3, H, W) x 2 -> (B, len(times), 3, H, W)."""
+        return torch.stack([self.at(before, after, t) for t in times], dim=1)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # torch helpers (run on whatever device the images are on)
@@ -327,8 +331,30 @@ class FlowInterpolator:
                 torch.set_num_threads(threads)
         return self._at(before, after, t, device)
 
-    def _at(self, before: torch.Tensor, after: torch.Tensor, t: float, device: torch.device) -> torch.Tensor:
-        f01, f10 = (f.to(device) for f in self.flow(before, after))
+    def frames_at(self, before: torch.Tensor, after: torch.Tensor, times: list[float]) -> torch.Tensor:
+        """Frames at several times from one bidirectional flow (``direct`` procedures).
+
+        Args:
+            before, after: (B, 3, H, W) float in [0, 1].
+            times: times in [0, 1].
+
+        Returns:
+            (B, len(times), 3, H, W).
+        """
+        _check_pair(before, after)
+        device = self.device or before.device
+        threads = torch.get_num_threads()
+        if device.type == "cpu":
+            torch.set_num_threads(1)  # see at()
+        try:
+            flows = [f.to(device) for f in self.flow(before, after)]
+            return torch.stack([self._at(before, after, t, device, flows) for t in times], dim=1)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _at(self, before: torch.Tensor, after: torch.Tensor, t: float, device: torch.device,
+            flows: list[torch.Tensor] | None = None) -> torch.Tensor:
+        f01, f10 = flows if flows is not None else (f.to(device) for f in self.flow(before, after))
         i0, i1 = before.to(device).float(), after.to(device).float()
         ft0, ft1, v0, v1 = self._flows_to_time(f01, f10, t)
         w0, w1 = (1.0 - t) * v0, t * v1
@@ -388,16 +414,20 @@ def levels_for(num_frames: int) -> int:
 
 @torch.no_grad()
 def generate_procedure(before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator,
-                       num_frames: int = 7) -> torch.Tensor:
-    """Synthesize ``l = num_frames`` intermediate frames by recursive midpoints.
+                       num_frames: int = 7, direct: bool = False) -> torch.Tensor:
+    """Synthesize ``l = num_frames`` intermediate frames by recursive midpoints (the paper's procedure).
 
     Level 1 interpolates (I_bef, I_aft); each further level inserts a midpoint between every adjacent
     pair, all pairs of a level in one batched call (so l = 7 costs three calls of batch B, 2B, 4B).
+    With ``direct=True`` and an interpolator that has ``frames_at`` (:class:`FlowInterpolator`), the frames
+    at t = i / (l + 1) are instead rendered from the one flow between before and after: l times fewer flow
+    computations, and no error compounding through synthesized frames.
 
     Args:
         before, after: (3, H, W) or (B, 3, H, W) float in [0, 1].
         interpolator: an :class:`Interpolator`.
         num_frames: l in {3, 7, 15}.
+        direct: render all times from the endpoints' flow (needs ``interpolator.frames_at``).
 
     Returns:
         (l, 3, H, W) or (B, l, 3, H, W), intermediates only, in temporal order.
@@ -407,6 +437,13 @@ def generate_procedure(before: torch.Tensor, after: torch.Tensor, interpolator: 
     if unbatched:
         before, after = before.unsqueeze(0), after.unsqueeze(0)
     _check_pair(before, after)
+    if direct:
+        if not hasattr(interpolator, "frames_at"):
+            raise ValueError(f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
+                             f"only gives midpoints")
+        times = [i / (num_frames + 1) for i in range(1, num_frames + 1)]
+        out = interpolator.frames_at(before.float(), after.float(), times).to(before.device).float()
+        return out[0] if unbatched else out
     frames = [before.float(), after.float()]
     for _ in range(levels):
         left = torch.cat(frames[:-1], dim=0)

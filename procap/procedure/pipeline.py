@@ -51,13 +51,15 @@ class PrepareOptions:
     compression: str | None = None
     device: str | None = None
     limit: int | None = None  # only the first N pairs (quick runs)
+    direct: bool = True  # all l frames from the endpoints' flow when the interpolator can (else recursive)
+    store_codes: bool = True  # VQ codes of every frame (needs --vqgan)
     progress: bool = True
 
     def content_key(self) -> dict[str, Any]:
         """The fields a resumed run must share with the run that started the cache."""
         return {"dataset": self.dataset, "num_frames": self.num_frames, "image_size": self.image_size,
                 "similarity": self.similarity, "vqgan": _name(self.vqgan), "scores_file": _name(self.scores_file),
-                "dinov2_weights": _name(self.dinov2_weights)}
+                "dinov2_weights": _name(self.dinov2_weights), "direct": self.direct}
 
 
 def _name(path: str | None) -> str | None:
@@ -114,14 +116,14 @@ def to_uint8(frames: torch.Tensor) -> np.ndarray:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool) -> None:
+def _init_worker(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool, direct: bool) -> None:
     # One thread per worker: the pool already uses every core, and oversubscription slows torch and OpenCV.
     import cv2
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates the pool
-    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch)
+    _init_worker_inline(interpolator, num_frames, size, allow_mismatch, direct)
 
 
 def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None]:
@@ -132,7 +134,7 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
     torch.set_num_threads(1)
     try:
         before, after = read_pair(pair, _WORKER["size"], _WORKER["allow_mismatch"])
-        mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_frames"])
+        mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_frames"], _WORKER["direct"])
         frames = torch.cat([before[None], mids, after[None]], dim=0)
         return index, to_uint8(frames), None
     except ProCapError as exc:
@@ -142,9 +144,10 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
 
 
 def synthesized(jobs: Sequence[tuple[int, Any]], interpolator: Interpolator, num_frames: int, size: int,
-                allow_mismatch: bool, workers: int) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+                allow_mismatch: bool, workers: int,
+                direct: bool = True) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
     """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
-    init = (interpolator, num_frames, size, allow_mismatch)
+    init = (interpolator, num_frames, size, allow_mismatch, direct)
     if workers <= 1:
         _init_worker_inline(*init)
         yield from map(_synthesize, jobs)
@@ -162,8 +165,10 @@ def synthesized(jobs: Sequence[tuple[int, Any]], interpolator: Interpolator, num
         pool.join()
 
 
-def _init_worker_inline(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool) -> None:
-    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch)
+def _init_worker_inline(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool,
+                        direct: bool) -> None:
+    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch,
+                   direct=direct and hasattr(interpolator, "frames_at"))
 
 
 # ------------------------------------------------------------------------------------------- writer side
@@ -274,6 +279,7 @@ def prepare(opts: PrepareOptions, pairs: Sequence[Any] | None = None,
 def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> int:
     from tqdm import tqdm
 
+    coder = vqgan if opts.store_codes else None
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum, frame):
@@ -285,12 +291,12 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
     written = 0
     try:
         for index, frames, error in synthesized(todo, interpolator, opts.num_frames, opts.image_size,
-                                                opts.allow_size_mismatch, opts.workers):
+                                                opts.allow_size_mismatch, opts.workers, opts.direct):
             if error is not None:
                 raise ProCapError(error)
             (group, key), pair = keyed[index]
             sub = group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None
-            s_bef, s_aft, codes = _score_and_code(frames, (sub, key), similarity, vqgan, device)
+            s_bef, s_aft, codes = _score_and_code(frames, (sub, key), similarity, coder, device)
             writer.write(group, key, frames, s_bef, s_aft, codes, pair_id=pair.id)
             written += 1
             bar.update(1)

@@ -83,3 +83,17 @@ def test_invalid_frame_counts(bad):
 def test_shape_mismatch_rejected():
     with pytest.raises(ValueError, match="same shape"):
         FlowInterpolator()(torch.zeros(1, 3, 8, 8), torch.zeros(1, 3, 8, 9))
+
+
+def test_direct_procedure_matches_recursive_for_crossfade_and_runs_for_flow():
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    torch.testing.assert_close(generate_procedure(before, after, CrossFade(), 7, direct=True),
+                               generate_procedure(before, after, CrossFade(), 7))
+    frames = generate_procedure(square_image(7, 8), square_image(23, 20), FlowInterpolator(), 3, direct=True)
+    truth = square_image(15, 14)
+    assert float(psnr(frames[1][None], truth[None])) > 25.0
+
+
+def test_direct_needs_frames_at():
+    with pytest.raises(ValueError, match="frames_at"):
+        generate_procedure(torch.zeros(3, 8, 8), torch.ones(3, 8, 8), lambda b, a: (b + a) / 2, 3, direct=True)

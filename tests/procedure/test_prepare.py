@@ -35,7 +35,7 @@ def score_file(path: Path, pairs, frames: int = 5) -> Path:
 
 def options(tmp_path, pairs, **kw):
     base = {"dataset": "clevr-change", "root": str(tmp_path), "out": str(tmp_path / "cache"), "num_frames": 3,
-                "image_size": 32, "similarity": "scores", "scores_file": str(score_file(tmp_path / "s.json", pairs)),
+                "image_size": 32, "similarity": "scores", "scores_file": str(score_file(tmp_path / "s.json", pairs)), "direct": False,
                 "progress": False}
     return PrepareOptions(**{**base, **kw})
 
@@ -59,7 +59,7 @@ def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
 
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
     opts = options(tmp_path, clevr_pairs[:2], similarity="vqgan", scores_file=None,
-                   vqgan=str(tmp_path / "vq.safetensors"))
+                   vqgan=str(tmp_path / "vq.safetensors"), direct=True)
     assert prepare(opts, clevr_pairs[:2]) == {"written": 2, "skipped": 0, "total": 2}
     validate(tmp_path / "cache", clevr_pairs[:2])
     source = CachedProcedures(tmp_path / "cache", 1)
