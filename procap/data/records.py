@@ -1,0 +1,59 @@
+"""The common record every loader returns, and the JSON helpers all data files go through."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from procap.errors import ProCapError
+
+
+@dataclass
+class ChangePair:
+    """One (before, after) image pair with its reference captions.
+
+    Attributes:
+        id: the pair's id: the after image's file name for CLEVR-Change, `img_id` for Spot-the-Diff,
+            `uid` for Image-Editing-Request.
+        before_path: the before image.
+        after_path: the after image.
+        captions: reference captions (raw text; tokenisation happens in `Vocabulary`).
+        change_type: color/material/add/drop/move or "no_change" for CLEVR-Change, else None.
+    """
+
+    id: str
+    before_path: Path
+    after_path: Path
+    captions: list[str]
+    change_type: str | None = None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Load a JSON file; a missing or malformed file becomes a one-sentence ProCapError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProCapError(f"{what} {path} does not exist.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProCapError(f"{what} {path} is not valid JSON ({exc}).") from None
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = None) -> None:
+    """Write JSON through a temporary file in the same directory and os.replace, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,363 @@
+"""Synthetic CLEVR-Change: a small, deterministic, CPU-friendly benchmark in the real on-disk layout.
+
+`generate(out_dir, scenes, size, seed)` writes exactly the CLEVR-Change layout::
+
+    images/CLEVR_default_%06d.png        before
+    sc_images/CLEVR_semantic_%06d.png    after, one semantic change (color/material/add/drop/move)
+    nsc_images/CLEVR_nonsemantic_%06d.png  distractor: small viewpoint + lighting change only
+    change_captions.json, no_change_captions.json   {"CLEVR_default_%06d.png": [captions]}
+    splits.json        {"train"|"val"|"test": [int index, ...]}
+    type_mapping.json  {type: ["%06d.png", ...]}
+    scenes.json        the scene specs, so any change can be re-rendered (`render_intermediate`)
+
+Change types are assigned round-robin by scene index and each type is split separately, so every split
+holds every type (given at least 3 scenes per type). The semantic image keeps the before image's view:
+only the object changes, which is what makes the ground-truth intermediate states well defined.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
+from procap.errors import ProCapError
+
+CHANGE_TYPES = ("color", "material", "add", "drop", "move")
+TYPE_MAPPING_ORDER = ("color", "material", "move", "drop", "add")  # key order of the real type_mapping.json
+
+DEFAULT_NAME = "CLEVR_default_%06d.png"
+SEMANTIC_NAME = "CLEVR_semantic_%06d.png"
+NONSEMANTIC_NAME = "CLEVR_nonsemantic_%06d.png"
+
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "color": (
+        "the {obj} changed to {new}",
+        "the {obj} turned {new}",
+        "the {obj} became {new}",
+        "the {obj} changed its color",
+        "the color of the {obj} changed to {new}",
+        "the {obj} was painted {new}",
+    ),
+    "material": (
+        "the {obj} changed to {new}",
+        "the {obj} became {new}",
+        "the {obj} changed its material",
+        "the {obj} is now made of {new}",
+        "the material of the {obj} changed to {new}",
+    ),
+    "add": (
+        "the {obj} has been newly placed",
+        "someone added a {obj}",
+        "a {obj} has been added",
+        "there is a new {obj}",
+        "a new {obj} appeared",
+    ),
+    "drop": (
+        "the {obj} has disappeared",
+        "there is no longer a {obj}",
+        "the {obj} is missing",
+        "the {obj} is gone",
+        "someone removed the {obj}",
+    ),
+    "move": (
+        "the {obj} moved",
+        "the {obj} changed its location",
+        "the {obj} was moved",
+        "the {obj} is in a different location",
+        "someone changed the location of the {obj}",
+    ),
+    "no_change": (
+        "no change was made",
+        "the scene remains the same",
+        "nothing has changed",
+        "there is no change",
+        "the two scenes seem identical",
+        "no change has occurred",
+    ),
+}
+CAPTIONS_PER_IMAGE = 5
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+
+
+def describe(obj: dict[str, Any]) -> str:
+    """'small red metal cube': size, colour, material, shape as CLEVR-Change captions name objects."""
+    return f"{obj['size']} {obj['color']} {obj['material']} {obj['shape']}"
+
+
+# ----------------------------------------------------------------------------------------------- scenes
+
+
+def _attributes(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    return obj["size"], obj["color"], obj["material"], obj["shape"]
+
+
+def _fits(x: float, y: float, size: str, others: list[dict[str, Any]]) -> bool:
+    # Keep objects apart (some overlap of the pseudo-3D extents is fine, hiding one is not).
+    return all(math.hypot(x - o["x"], y - o["y"]) >= 1.15 * (SIZES[size] + SIZES[o["size"]]) for o in others)
+
+
+def _place(rng: random.Random, size: str, others: list[dict[str, Any]], away_from=None) -> tuple[float, float] | None:
+    margin = SIZES[size] + 0.04
+    for _ in range(200):
+        x, y = rng.uniform(margin, 1 - margin), rng.uniform(margin + 0.04, 1 - margin)
+        if away_from is not None and math.hypot(x - away_from[0], y - away_from[1]) < 0.25:
+            continue
+        if _fits(x, y, size, others):
+            return round(x, 4), round(y, 4)
+    return None
+
+
+def _new_object(rng: random.Random, others: list[dict[str, Any]]) -> dict[str, Any] | None:
+    taken = {_attributes(o) for o in others}
+    for _ in range(50):
+        obj = {"shape": rng.choice(SHAPES), "color": rng.choice(sorted(COLORS)),
+               "size": rng.choice(sorted(SIZES)), "material": rng.choice(MATERIALS)}
+        if _attributes(obj) in taken:  # every object must be uniquely described by its caption
+            continue
+        pos = _place(rng, obj["size"], others)
+        if pos is not None:
+            obj["x"], obj["y"] = pos
+            return obj
+    return None
+
+
+def _change(rng: random.Random, kind: str, objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    target = rng.randrange(len(objects))
+    obj = objects[target]
+    taken = {_attributes(o) for o in objects}
+    if kind == "color":
+        options = [c for c in sorted(COLORS) if (obj["size"], c, obj["material"], obj["shape"]) not in taken]
+        return {"type": kind, "target": target, "to": rng.choice(options)} if options else None
+    if kind == "material":
+        new = "metal" if obj["material"] == "rubber" else "rubber"
+        if (obj["size"], obj["color"], new, obj["shape"]) in taken:
+            return None
+        return {"type": kind, "target": target, "to": new}
+    if kind == "add":
+        added = _new_object(rng, objects)
+        return {"type": kind, "object": added} if added else None
+    if kind == "drop":
+        return {"type": kind, "target": target}
+    others = [o for i, o in enumerate(objects) if i != target]
+    pos = _place(rng, obj["size"], others, away_from=(obj["x"], obj["y"]))
+    return {"type": kind, "target": target, "to": list(pos)} if pos else None
+
+
+def _distractor_view(rng: random.Random, base: View) -> View:
+    sign = lambda: rng.choice((-1.0, 1.0))  # noqa: E731 - tiny helper: a random direction
+    return View(
+        dx=round(sign() * rng.uniform(0.015, 0.035), 4),
+        dy=round(sign() * rng.uniform(0.01, 0.025), 4),
+        scale=round(1.0 + sign() * rng.uniform(0.02, 0.05), 4),
+        light=round(base.light + sign() * rng.uniform(0.3, 0.7), 4),
+        brightness=round(1.0 + sign() * rng.uniform(0.06, 0.14), 4),
+    )
+
+
+def make_scene(index: int, seed: int, kind: str | None = None) -> dict[str, Any]:
+    """Sample scene `index` (before objects, one change, the distractor's view), deterministic in (seed, index)."""
+    kind = kind or CHANGE_TYPES[index % len(CHANGE_TYPES)]
+    rng = random.Random(seed * 1_000_003 + index)
+    while True:  # rejection: a few scenes cannot host the requested change (e.g. no room to move)
+        objects: list[dict[str, Any]] = []
+        for _ in range(rng.randint(3, 6)):
+            obj = _new_object(rng, objects)
+            if obj is not None:
+                objects.append(obj)
+        change = _change(rng, kind, objects) if len(objects) >= 3 else None
+        if change is not None:
+            break
+    view = View(light=round(-2.3 + rng.uniform(-0.2, 0.2), 4))
+    return {"index": index, "objects": objects, "change": change, "view": vars(view),
+            "distractor_view": vars(_distractor_view(rng, view))}
+
+
+def changed_object(scene: dict[str, Any]) -> dict[str, Any]:
+    """The object the caption talks about, with its *before* attributes (the added object for add)."""
+    change = scene["change"]
+    return change["object"] if change["type"] == "add" else scene["objects"][change["target"]]
+
+
+def captions_for(scene: dict[str, Any], rng: random.Random, count: int = CAPTIONS_PER_IMAGE) -> list[str]:
+    """`count` distinct template captions for the scene's change."""
+    change = scene["change"]
+    obj, new = describe(changed_object(scene)), change.get("to")
+    templates = rng.sample(TEMPLATES[change["type"]], min(count, len(TEMPLATES[change["type"]])))
+    return [t.format(obj=obj, new=new) for t in templates]
+
+
+def no_change_captions(rng: random.Random, count: int = CAPTIONS_PER_IMAGE) -> list[str]:
+    return rng.sample(TEMPLATES["no_change"], min(count, len(TEMPLATES["no_change"])))
+
+
+# ---------------------------------------------------------------------------------------------- drawing
+
+
+def _item(obj: dict[str, Any], **override: Any) -> DrawItem:
+    spec = {**obj, **override}
+    rgb = spec.get("rgb", np.asarray(COLORS[spec["color"]], dtype=np.float64))
+    metal = spec.get("metal", 1.0 if spec["material"] == "metal" else 0.0)
+    return DrawItem(spec["shape"], rgb, SIZES[spec["size"]], metal, spec["x"], spec["y"], spec.get("alpha", 1.0))
+
+
+def state_items(scene: dict[str, Any], t: float) -> list[DrawItem]:
+    """Draw items at time t of the change; linear in t so t=0 / t=1 are exactly before / after."""
+    change = scene["change"]
+    items = []
+    for i, obj in enumerate(scene["objects"]):
+        if i != change.get("target"):
+            items.append(_item(obj))
+            continue
+        kind = change["type"]
+        if kind == "color":
+            c0, c1 = (np.asarray(COLORS[c], dtype=np.float64) for c in (obj["color"], change["to"]))
+            items.append(_item(obj, rgb=(1.0 - t) * c0 + t * c1))
+        elif kind == "material":
+            m1 = 1.0 if change["to"] == "metal" else 0.0
+            items.append(_item(obj, metal=(1.0 - t) * (1.0 - m1) + t * m1))
+        elif kind == "drop":
+            items.append(_item(obj, alpha=1.0 - t))
+        elif kind == "move":
+            x1, y1 = change["to"]
+            items.append(_item(obj, x=(1.0 - t) * obj["x"] + t * x1, y=(1.0 - t) * obj["y"] + t * y1))
+    if change["type"] == "add":
+        items.append(_item(change["object"], alpha=t))
+    return items
+
+
+def render_state(scene: dict[str, Any], t: float, size: int, distractor: bool = False) -> np.ndarray:
+    """Image (size, size, 3) uint8 of the scene at change time t, or the distractor (t ignored)."""
+    if distractor:
+        return render_items(state_items(scene, 0.0), View(**scene["distractor_view"]), size)
+    return render_items(state_items(scene, float(t)), View(**scene["view"]), size)
+
+
+_SCENES_CACHE: dict[tuple[str, float], dict[str, Any]] = {}
+
+
+def _read_scenes(root: Path) -> dict[str, Any]:
+    path = root / "scenes.json"
+    if not path.is_file():
+        raise ProCapError(f"{path} does not exist; render_intermediate needs a directory written by `procap synth`.")
+    key = (str(path.resolve()), path.stat().st_mtime)
+    if key not in _SCENES_CACHE:
+        try:
+            data = json.loads(path.read_text())
+            data["by_index"] = {s["index"]: s for s in data["scenes"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProCapError(f"{path} is not a valid scenes.json file ({exc}).") from None
+        _SCENES_CACHE.clear()
+        _SCENES_CACHE[key] = data
+    return _SCENES_CACHE[key]
+
+
+def render_intermediate(root: str | os.PathLike, index: int, t: float) -> np.ndarray:
+    """Ground-truth state of scene `index`'s change at time t in [0, 1] as uint8 (H, W, 3).
+
+    Move interpolates the object's position, color / material blend the two appearances, add / drop
+    fade the object in / out. t = 0 equals the before image and t = 1 the after image, pixel for pixel.
+    """
+    if not 0.0 <= t <= 1.0:
+        raise ProCapError(f"t must be in [0, 1], got {t}.")
+    data = _read_scenes(Path(root))
+    scene = data["by_index"].get(int(index))
+    if scene is None:
+        raise ProCapError(f"scene {index} is not in {Path(root) / 'scenes.json'}.")
+    return render_state(scene, t, int(data["size"]))
+
+
+# --------------------------------------------------------------------------------------------- the layout
+
+
+def split_indices(types: list[str], seed: int, fractions=SPLIT_FRACTIONS) -> dict[str, list[int]]:
+    """Split scene indices per change type so that each split gets every type (>= 3 scenes per type)."""
+    rng = random.Random(seed)
+    splits: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+    for kind in CHANGE_TYPES:
+        idx = [i for i, k in enumerate(types) if k == kind]
+        rng.shuffle(idx)
+        n_val = max(1, round(len(idx) * fractions[1])) if len(idx) >= 3 else 0
+        n_test = max(1, round(len(idx) * fractions[2])) if len(idx) >= 3 else 0
+        splits["val"] += idx[:n_val]
+        splits["test"] += idx[n_val:n_val + n_test]
+        splits["train"] += idx[n_val + n_test:]
+    return {name: sorted(ids) for name, ids in splits.items()}
+
+
+def _save_png(array: np.ndarray, path: Path) -> None:
+    Image.fromarray(array).save(path, compress_level=1)
+
+
+def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, list[str], list[str]]]:
+    """Worker: sample, render and save a chunk of scenes; returns (scene, change caps, no-change caps)."""
+    out, indices, size, seed = args
+    root = Path(out)
+    results = []
+    for i in indices:
+        scene = make_scene(i, seed)
+        _save_png(render_state(scene, 0.0, size), root / "images" / (DEFAULT_NAME % i))
+        _save_png(render_state(scene, 1.0, size), root / "sc_images" / (SEMANTIC_NAME % i))
+        _save_png(render_state(scene, 0.0, size, distractor=True), root / "nsc_images" / (NONSEMANTIC_NAME % i))
+        rng = random.Random(seed * 7919 + i)
+        results.append((scene, captions_for(scene, rng), no_change_captions(rng)))
+    return results
+
+
+def generate(out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int = 0, workers: int = 1,
+             progress: bool = True) -> dict[str, list[int]]:
+    """Write a synthetic CLEVR-Change benchmark to `out_dir` (see the module docstring for the layout).
+
+    Args:
+        out_dir: target directory (created; existing files of the same names are overwritten).
+        scenes: number of scenes; each gives a change pair and a distractor pair.
+        size: image side in pixels.
+        seed: everything (objects, changes, captions, splits) is a function of the seed.
+        workers: processes used for rendering; the output does not depend on it.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
+    """
+    from tqdm import tqdm
+
+    from procap.data.records import write_json_atomic
+
+    if scenes < 1 or size < 16:
+        raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
+    root = Path(out_dir)
+    for sub in ("images", "sc_images", "nsc_images"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    chunk = 25
+    jobs = [(str(root), list(range(s, min(s + chunk, scenes))), size, seed) for s in range(0, scenes, chunk)]
+    bar = tqdm(total=scenes, desc="synth", unit="scene", disable=not progress)
+    results = []
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for part in pool.map(_render_scenes, jobs):
+                results += part
+                bar.update(len(part))
+    else:
+        for job in jobs:
+            part = _render_scenes(job)
+            results += part
+            bar.update(len(part))
+    bar.close()
+    specs = [r[0] for r in results]
+    write_json_atomic(root / "change_captions.json", {DEFAULT_NAME % s["index"]: c for s, c, _ in results})
+    write_json_atomic(root / "no_change_captions.json", {DEFAULT_NAME % s["index"]: n for s, _, n in results})
+    types = [s["change"]["type"] for s in specs]
+    splits = split_indices(types, seed)
+    write_json_atomic(root / "splits.json", splits)
+    mapping = {k: ["%06d.png" % i for i, t in enumerate(types) if t == k] for k in TYPE_MAPPING_ORDER}
+    write_json_atomic(root / "type_mapping.json", mapping)
+    write_json_atomic(root / "scenes.json", {"version": 1, "size": size, "seed": seed, "scenes": specs})
+    return splits
