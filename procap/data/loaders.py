@@ -1,0 +1,142 @@
+"""Loaders for the three real benchmarks (DESIGN.md section 5); each returns a list of ``ChangePair``.
+
+* CLEVR-Change: two pairs per scene, (default, semantic) with a change caption and (default, nonsemantic),
+  the distractor, with a no-change caption. Change types come from ``type_mapping.json``.
+* Spot-the-Diff: ``annotations/<split>.json``; repeated ``img_id`` entries are merged, empty sentences dropped.
+* Image-Editing-Request: ``<split>.json`` with ``valid.json`` as the validation split; mixed image extensions.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from procap.data.records import ChangePair, read_json
+from procap.errors import ProCapError
+
+SPLITS = ("train", "val", "test")
+CLEVR_TYPES = ("color", "material", "add", "drop", "move")
+
+
+def _require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise ProCapError(f"{what} {path} does not exist or is not a directory.")
+    return path
+
+
+def _require_list(data: Any, path: Path, what: str) -> list:
+    if not isinstance(data, list):
+        raise ProCapError(f"{what} {path} must hold a JSON list of entries, found {type(data).__name__}.")
+    return data
+
+
+def _clevr_types(root: Path) -> dict[int, str]:
+    path = root / "type_mapping.json"
+    mapping = read_json(path, "CLEVR-Change type mapping")
+    if not isinstance(mapping, dict):
+        raise ProCapError(f"CLEVR-Change type mapping {path} must be a JSON object from change type to file names.")
+    types: dict[int, str] = {}
+    for change_type, names in mapping.items():
+        for name in names:
+            try:
+                types[int(Path(str(name)).stem.split("_")[-1])] = change_type
+            except ValueError:
+                raise ProCapError(f"CLEVR-Change type mapping {path} has a malformed file name {name!r}.") from None
+    return types
+
+
+def load_clevr_change(root: str | os.PathLike, split: str) -> list[ChangePair]:
+    """CLEVR-Change: for every scene index of the split, its change pair and its distractor pair."""
+    root = _require_dir(Path(root), "CLEVR-Change root")
+    splits_path = root / "splits.json"
+    splits = read_json(splits_path, "CLEVR-Change splits file")
+    if not isinstance(splits, dict) or split not in splits:
+        raise ProCapError(f"CLEVR-Change splits file {splits_path} has no {split!r} split.")
+    change = read_json(root / "change_captions.json", "CLEVR-Change caption file")
+    no_change = read_json(root / "no_change_captions.json", "CLEVR-Change caption file")
+    types = _clevr_types(root)
+    pairs: list[ChangePair] = []
+    missing = 0
+    for index in splits[split]:
+        index = int(index)
+        default = f"CLEVR_default_{index:06d}.png"
+        before = root / "images" / default
+        if default not in change or default not in no_change:
+            missing += 1
+            continue
+        semantic, nonsemantic = f"CLEVR_semantic_{index:06d}.png", f"CLEVR_nonsemantic_{index:06d}.png"
+        pairs.append(ChangePair(semantic, before, root / "sc_images" / semantic, list(change[default]),
+                                types.get(index)))
+        pairs.append(ChangePair(nonsemantic, before, root / "nsc_images" / nonsemantic, list(no_change[default]),
+                                "no_change"))
+    if missing:
+        warnings.warn(f"CLEVR-Change {split}: {missing} scene(s) of splits.json have no captions and were skipped")
+    return pairs
+
+
+def _image_dir(root: Path, candidates: tuple[str, ...]) -> Path:
+    for name in candidates:
+        if (root / name).is_dir():
+            return root / name
+    return root
+
+
+def load_spot_the_diff(root: str | os.PathLike, split: str) -> list[ChangePair]:
+    """Spot-the-Diff: merge entries that repeat an ``img_id``; drop empty sentences and ids left without any."""
+    root = _require_dir(Path(root), "Spot-the-Diff root")
+    path = root / "annotations" / f"{split}.json"
+    entries = _require_list(read_json(path, "Spot-the-Diff annotation file"), path, "Spot-the-Diff annotation file")
+    images = _image_dir(root, ("resized_images", "images"))
+    merged: dict[str, list[str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or "img_id" not in entry or "sentences" not in entry:
+            raise ProCapError(f"Spot-the-Diff annotation file {path} has an entry without img_id/sentences.")
+        sentences = merged.setdefault(str(entry["img_id"]), [])
+        sentences.extend(s.strip() for s in entry["sentences"] if s and s.strip())
+    return [ChangePair(img_id, images / f"{img_id}.png", images / f"{img_id}_2.png", sentences, None)
+            for img_id, sentences in merged.items() if sentences]
+
+
+def load_image_editing_request(root: str | os.PathLike, split: str) -> list[ChangePair]:
+    """Image-Editing-Request: ``valid.json`` is the validation split; image names keep their own extensions."""
+    root = _require_dir(Path(root), "Image-Editing-Request root")
+    path = root / f"{'valid' if split == 'val' else split}.json"
+    entries = _require_list(read_json(path, "Image-Editing-Request annotation file"), path,
+                            "Image-Editing-Request annotation file")
+    images = _image_dir(root, ("images",))
+    pairs = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not {"img0", "img1", "sents", "uid"} <= set(entry):
+            raise ProCapError(f"Image-Editing-Request annotation file {path} has an entry without img0/img1/sents/uid.")
+        sentences = [s.strip() for s in entry["sents"] if s and s.strip()]
+        if sentences:
+            pairs.append(ChangePair(str(entry["uid"]), images / entry["img0"], images / entry["img1"], sentences, None))
+    return pairs
+
+
+LOADERS: dict[str, Callable[[str | os.PathLike, str], list[ChangePair]]] = {
+    "clevr-change": load_clevr_change,
+    "spot-the-diff": load_spot_the_diff,
+    "image-editing-request": load_image_editing_request,
+}
+
+
+def load_split(name: str, root: str | os.PathLike, split: str) -> list[ChangePair]:
+    """Load one split of a benchmark.
+
+    Args:
+        name: ``clevr-change``, ``spot-the-diff`` or ``image-editing-request``.
+        root: the dataset's root folder (the layout of DESIGN.md section 5).
+        split: ``train``, ``val`` or ``test`` (``valid`` is accepted as ``val``).
+
+    Returns:
+        The split's pairs in file order.
+    """
+    if name not in LOADERS:
+        raise ProCapError(f"unknown dataset {name!r}; choose one of: {', '.join(LOADERS)}.")
+    split = "val" if split == "valid" else split
+    if split not in SPLITS:
+        raise ProCapError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}.")
+    return LOADERS[name](root, split)

@@ -1,0 +1,109 @@
+"""Word-level caption vocabulary and a Penn-Treebank-style tokenizer that needs no downloaded data."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from procap.data.records import read_json, write_json_atomic
+from procap.errors import ProCapError
+
+SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
+PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))
+# NCT / RobustChangeCaptioning vocabularies use their own four specials.
+_NCT_SPECIALS = {"<NULL>": PAD, "<UNK>": UNK, "<START>": BOS, "<END>": EOS}
+
+# PTB splits these words into two tokens ("gonna" -> "gon na").
+_SPLIT_WORDS = {"gonna": "gon na", "gotta": "got ta", "wanna": "wan na", "cannot": "can not", "lemme": "lem me"}
+_CONTRACTION = re.compile(r"(?i)(\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
+_TOKEN = re.compile(r"n't|'[a-z]+|[a-z0-9]+(?:[.,][0-9]+)*")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased PTB-style word tokens; punctuation is dropped (as the evaluation's PTB tokenizer does).
+
+    >>> tokenize("The cube isn't there; gonna move 2.5 units!")
+    ['the', 'cube', 'is', "n't", 'there', 'gon', 'na', 'move', '2.5', 'units']
+    """
+    text = text.lower().replace("\u2019", "'").replace("`", "'")
+    text = " ".join(_SPLIT_WORDS.get(word, word) for word in text.split())
+    text = _CONTRACTION.sub(r"\1 \2", text)
+    return _TOKEN.findall(text)
+
+
+class Vocabulary:
+    """Word <-> index map with the authors' special tokens at 0..7.
+
+    Args:
+        words: the non-special words, in index order (index 8 onwards).
+    """
+
+    pad_id, bos_id, eos_id, unk_id, mask_id = PAD, BOS, EOS, UNK, MASK
+
+    def __init__(self, words: Iterable[str] = ()) -> None:
+        self.itos: list[str] = list(SPECIALS)
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+        for word in words:
+            if word not in self.stoi:
+                self.stoi[word] = len(self.itos)
+                self.itos.append(word)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.stoi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.itos == other.itos
+
+    @classmethod
+    def build(cls, captions: Iterable[str], min_count: int = 1) -> "Vocabulary":
+        """Words seen at least ``min_count`` times, most frequent first (ties alphabetical), after the specials."""
+        counts = Counter(token for caption in captions for token in tokenize(caption))
+        words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
+                       key=lambda w: (-counts[w], w))
+        return cls(words)
+
+    def encode(self, text: str, max_len: int = 24) -> list[int]:
+        """``[BOS] w1 .. wn [EOS] [PAD]..``, exactly ``max_len`` ids; long captions are cut, keeping EOS."""
+        if max_len < 2:
+            raise ValueError(f"max_len must leave room for BOS and EOS, got {max_len}")
+        ids = [self.stoi.get(token, UNK) for token in tokenize(text)][: max_len - 2]
+        ids = [BOS, *ids, EOS]
+        return ids + [PAD] * (max_len - len(ids))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Words up to the first EOS; special tokens are skipped."""
+        words = []
+        for index in ids:
+            index = int(index)
+            if index == EOS:
+                break
+            if index >= len(SPECIALS) and index < len(self.itos):
+                words.append(self.itos[index])
+        return " ".join(words)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.stoi)
+
+    @classmethod
+    def from_dict(cls, mapping: dict[str, int], source: str = "vocabulary") -> "Vocabulary":
+        """From a word -> index dict: ours, the authors' word2idx files, or NCT's ``<NULL>/<START>`` format."""
+        if not isinstance(mapping, dict) or not all(isinstance(v, int) for v in mapping.values()):
+            raise ProCapError(f"{source} must be a JSON object from word to integer index.")
+        ordered = sorted(mapping, key=mapping.__getitem__)
+        if "<NULL>" in mapping:
+            return cls(w for w in ordered if w not in _NCT_SPECIALS)
+        if ordered[: len(SPECIALS)] != list(SPECIALS) or sorted(mapping.values()) != list(range(len(mapping))):
+            raise ProCapError(f"{source} must start with {', '.join(SPECIALS)} at indices 0..7 and be contiguous.")
+        return cls(ordered[len(SPECIALS):])
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_json_atomic(path, self.to_dict(), indent=0)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocabulary":
+        return cls.from_dict(read_json(path, "vocabulary file"), f"vocabulary file {path}")
