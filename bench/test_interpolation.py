@@ -52,3 +52,21 @@ def test_flow_invents_no_motion(synth_root, change_type):
     result = evaluate_interpolators(synth_root, change_type=change_type)
     print(f"\n{change_type}: flow {result['flow']['psnr']:.2f} dB, cross-fade {result['crossfade']['psnr']:.2f} dB")
     assert result["flow"]["psnr"] > 35.0
+
+
+@pytest.mark.parametrize("mode", ["recursive", "direct"])
+def test_procedure_quality(benchmark, synth_root, mode):
+    """Whole l = 7 procedures: the paper's recursive midpoints vs all frames from one flow."""
+    from procap.procedure.interpolate import generate_procedure
+    from procap.procedure.quality import evaluate_procedures
+
+    before, after, _ = load_truth(synth_root, "move")
+    interp = FlowInterpolator()
+    benchmark(lambda: generate_procedure(before, after, interp, 7, direct=mode == "direct"))
+    result = evaluate_procedures(synth_root, 7, "move", interpolators={"flow": interp, "crossfade": CrossFade()})
+    ours, fade = result[f"flow/{mode}"], result["crossfade/recursive"]
+    benchmark.extra_info.update({"pairs": ours["pairs"], "psnr_db": ours["psnr"], "per_frame_db": ours["per_frame"],
+                                 "crossfade_psnr_db": fade["psnr"]})
+    print(f"\nflow/{mode}: {ours['psnr']:.2f} dB over 7 frames (cross-fade {fade['psnr']:.2f} dB), "
+          f"per frame {[round(v, 1) for v in ours['per_frame']]}")
+    assert ours["psnr"] > fade["psnr"] + 1.5

@@ -218,7 +218,7 @@ class FlowInterpolator:
 
     Args:
         flow_scale: upscaling factor applied before DIS (1 = none); default: enough to give DIS a working
-            image of about ``AUTO_FLOW_SIDE`` px (4x for 64 px renders, none for 224 px and larger).
+            image of about ``AUTO_FLOW_SIDE`` px (2x for 64 px renders, none from 96 px up).
         preset: DIS preset, one of ``"ultrafast"``, ``"fast"``, ``"medium"``.
         fb_sigma: forward-backward error (pixels) at which a pixel's confidence is e^-1.
         motion_prior: softmax-splatting importance per pixel of motion (1/px).
@@ -249,7 +249,7 @@ class FlowInterpolator:
         self.device = torch.device(device) if device is not None else None
         self._dis = None  # created lazily: cv2 objects do not pickle (multiprocessing workers)
 
-    AUTO_FLOW_SIDE = 256
+    AUTO_FLOW_SIDE = 128
 
     def scale_for(self, height: int, width: int) -> float:
         """The upscaling factor used for images of this size."""
