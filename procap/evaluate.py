@@ -110,7 +110,8 @@ def score(predictions: dict[str, str], references: dict[str, list[str]], metrics
             kind = change_types.get(key)
             if kind is None:
                 continue
-            groups.setdefault(kind, []).append(key)
+            if kind != "no_change":
+                groups.setdefault(kind, []).append(key)
             groups.setdefault("no_change" if kind == "no_change" else "change", []).append(key)
         results["by_type"] = {
             name: {**_score_tokenized({k: gts[k] for k in keys}, {k: res[k] for k in keys}, scorers), "count": len(keys)}

@@ -1,0 +1,57 @@
+import json
+
+import pytest
+
+from procap import evaluate
+from procap.errors import ProCapError
+
+REFS = {
+    "a": ["the red cube moved", "the red cube changed its location"],
+    "b": ["no change was made", "nothing has changed"],
+    "c": ["the blue sphere turned green", "the blue sphere became green"],
+    "d": ["the small cylinder is gone", "the small cylinder was removed"],
+}
+FAST = ["bleu", "rouge", "cider"]
+
+
+def test_perfect_predictions_beat_wrong_ones():
+    perfect = {k: v[0] for k, v in REFS.items()}
+    wrong = {k: "a purple elephant sat down" for k in REFS}
+    good, bad = evaluate.score(perfect, REFS, FAST), evaluate.score(wrong, REFS, FAST)
+    assert good["Bleu_4"] > 0.9 and good["ROUGE_L"] > 0.9 and good["CIDEr"] > 1.0
+    assert bad["Bleu_4"] < 0.1 and bad["CIDEr"] < good["CIDEr"] / 5
+
+
+def test_breakdown_by_change_type():
+    types = {"a": "move", "b": "no_change", "c": "color", "d": "drop"}
+    result = evaluate.score({k: v[0] for k, v in REFS.items()}, REFS, FAST, change_types=types)
+    groups = result["by_type"]
+    assert {"move", "no_change", "color", "drop", "change", "total"} <= set(groups)
+    assert groups["change"]["count"] == 3 and groups["no_change"]["count"] == 1 and groups["total"]["count"] == 4
+    assert groups["total"]["Bleu_4"] == pytest.approx(result["Bleu_4"])
+
+
+def test_meteor_runs_with_java_and_says_how_to_fix_without(monkeypatch):
+    if evaluate.java_available():
+        assert evaluate.score({"a": "the red cube moved"}, REFS, ["meteor"])["METEOR"] > 0.5
+    monkeypatch.setattr(evaluate, "java_available", lambda: False)
+    with pytest.raises(ProCapError, match="Java"):
+        evaluate.score({"a": "the red cube moved"}, REFS, ["meteor"])
+    # without Java the other metrics still work through the fallback tokenizer
+    assert evaluate.score({k: v[0] for k, v in REFS.items()}, REFS, FAST)["Bleu_4"] > 0.9
+
+
+def test_bad_inputs():
+    with pytest.raises(ProCapError, match="no references"):
+        evaluate.score({"zzz": "x"}, REFS, FAST)
+    with pytest.raises(ProCapError, match="unknown metric"):
+        evaluate.score({"a": "x"}, REFS, ["spice"])
+
+
+def test_result_files_round_trip(tmp_path):
+    preds = {"a": "the cube moved", "b": "nothing"}
+    evaluate.write_results(tmp_path / "res.json", preds)
+    assert json.loads((tmp_path / "res.json").read_text())[0] == {"image_id": "a", "caption": "the cube moved"}
+    assert evaluate.read_predictions(tmp_path / "res.json") == preds
+    (tmp_path / "refs.json").write_text(json.dumps({"a": "one ref", "b": ["x", "y"]}))
+    assert evaluate.read_references(tmp_path / "refs.json") == {"a": ["one ref"], "b": ["x", "y"]}
