@@ -36,6 +36,7 @@ def score_file(path: Path, pairs, frames: int = 5) -> Path:
 def options(tmp_path, pairs, **kw):
     base = {"dataset": "clevr-change", "root": str(tmp_path), "out": str(tmp_path / "cache"), "num_frames": 3,
                 "image_size": 32, "similarity": "scores", "scores_file": str(score_file(tmp_path / "s.json", pairs)), "direct": False,
+            "score_batch": 1,
                 "progress": False}
     return PrepareOptions(**{**base, **kw})
 
@@ -118,11 +119,14 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig):
-    """Kill a running `prepare` process mid-run; the file stays valid and a rerun completes it."""
+@pytest.mark.parametrize(("sig", "batch"), [(signal.SIGTERM, 1), (signal.SIGKILL, 1), (signal.SIGTERM, 8)])
+def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
+    """Kill a running `prepare` process mid-run; the file stays valid and a rerun completes it.
+
+    With SIGTERM the pairs synthesized but not yet scored (batch 8) are still written before exiting.
+    """
     pairs = clevr_pairs
-    opts = options(tmp_path, pairs)
+    opts = options(tmp_path, pairs, score_batch=batch)
     (tmp_path / "pairs.json").write_text(json.dumps([{"id": p.id, "before_path": str(p.before_path),
                                                        "after_path": str(p.after_path)} for p in pairs]))
     (tmp_path / "opts.json").write_text(json.dumps({**vars(opts), "splits": list(opts.splits)}))
