@@ -1,8 +1,9 @@
 """Turn what a user hands the Captioner (paths, PIL images, numpy arrays, tensors) into one image batch.
 
 The preprocessing is training's: RGB, bicubic resize to ``config.image_size``, floats in [0, 1]. Paths go
-through :func:`procap.data.load_image` itself; PIL images and uint8 arrays take the same PIL route, so a PNG
-on disk and the same image opened by the user give identical tensors.
+through :func:`procap.data.load_image` itself; PIL images and uint8 arrays go through the function it applies
+to a decoded file (``procap.data.images.to_tensor``), so a PNG on disk and the same image opened by the user
+give identical tensors.
 """
 
 from __future__ import annotations
@@ -22,28 +23,16 @@ ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
 
 
 def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
-    """PIL image -> (3, size, size) float in [0, 1], the way load_image treats a decoded file."""
-    image = image.convert("RGB")
-    if image.size != (size, size):
-        image = image.resize((size, size), Image.BICUBIC)
-    array = np.asarray(image, dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+    """PIL image -> (3, size, size) float in [0, 1] through the very function load_image applies to a file."""
+    from procap.data.images import to_tensor
+
+    return to_tensor(image, size)
 
 
 def _from_path(path: Path, size: int) -> torch.Tensor:
-    if not path.is_file():
-        raise ProCapError(f"image file {path} does not exist")
-    try:
-        from procap.data import load_image
-    except ImportError:  # procap.data not importable (partial install): decode with PIL the same way
-        load_image = None
-    if load_image is not None:
-        return load_image(path, size)
-    try:
-        with Image.open(path) as image:
-            return _from_pil(image, size)
-    except OSError as exc:
-        raise ProCapError(f"image file {path} could not be decoded ({exc})") from None
+    from procap.data import load_image
+
+    return load_image(path, size)  # ProCapError naming the file when missing or undecodable
 
 
 def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
