@@ -97,3 +97,12 @@ def test_direct_procedure_matches_recursive_for_crossfade_and_runs_for_flow():
 def test_direct_needs_frames_at():
     with pytest.raises(ValueError, match="frames_at"):
         generate_procedure(torch.zeros(3, 8, 8), torch.ones(3, 8, 8), lambda b, a: (b + a) / 2, 3, direct=True)
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+def test_warping_on_cuda_matches_cpu():
+    before, after = square_image(7, 8)[None], square_image(23, 20)[None]
+    cpu = FlowInterpolator()(before, after)
+    gpu = FlowInterpolator()(before.cuda(), after.cuda())
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=2e-3, rtol=0)
