@@ -96,14 +96,8 @@ def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[
 
 
 def _load(path: Path, size: int) -> torch.Tensor:
-    try:
-        from procap.data import load_image  # the shared preprocessing (RGB, bicubic resize)
-    except ImportError:  # procap.data not installed in this checkout yet: identical bicubic resize
-        from PIL import Image
+    from procap.data import load_image  # the one preprocessing shared with training and evaluation
 
-        with Image.open(path) as img:
-            arr = np.asarray(img.convert("RGB").resize((size, size), Image.BICUBIC), dtype=np.float32) / 255.0
-        return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
     return load_image(path, size)
 
 
