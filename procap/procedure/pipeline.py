@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,12 +287,14 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
     from tqdm import tqdm
 
     coder = vqgan if opts.store_codes else None
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum, frame):
         raise _Terminate()
 
-    signal.signal(signal.SIGTERM, on_term)
+    if main_thread:
+        signal.signal(signal.SIGTERM, on_term)
     bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair",
                disable=not opts.progress)
     written = 0
@@ -321,12 +324,14 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
                 written += flush()
         written += flush()
     except (KeyboardInterrupt, _Terminate):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the final writes short
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the final writes short
         flush()  # score and keep what is already synthesized (at most score_batch pairs)
         raise KeyboardInterrupt from None
     finally:
         bar.close()
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return written
 
 
