@@ -205,8 +205,8 @@ class ProcedureCache:
         if not self.paths:
             raise ProCapError(f"procedure cache {root} holds no .h5 files.")
         self.manifest = read_manifest(directory) or {}
-        if scores_file is None and (directory / SCORES_JSON).is_file() and not self.manifest:
-            scores_file = directory / SCORES_JSON  # the authors' layout: scores only in the JSON
+        if scores_file is None and not self.manifest:
+            scores_file = _find_score_file(root if root.is_dir() else directory, directory)
         from procap.procedure.similarity import ScoreFileSimilarity
 
         self.score_file = ScoreFileSimilarity(scores_file) if scores_file is not None else None
@@ -265,6 +265,16 @@ class ProcedureCache:
     def codes(self, group: str, key: str) -> np.ndarray | None:
         attrs = self._open(group)[key].attrs
         return attrs["codes"][()] if "codes" in attrs else None
+
+
+def _find_score_file(*folders: Path) -> Path | None:
+    """The authors' files keep scores only in a JSON (``scores.json`` or ``<dset>_similarity_scores.json``)."""
+    for folder in dict.fromkeys(folders):  # unique, in order
+        candidates = [folder / SCORES_JSON, *sorted(folder.glob("*similarity_scores.json"))]
+        for path in candidates:
+            if path.is_file():
+                return path
+    return None
 
 
 class CachedProcedures:

@@ -92,3 +92,14 @@ def test_authors_files_without_scores_need_the_json(tmp_path):
 def test_missing_cache_is_an_error(tmp_path):
     with pytest.raises(ProCapError, match="does not exist"):
         CachedProcedures(tmp_path / "nowhere", 2)
+
+
+def test_authors_score_file_is_found_beside_their_videos(tmp_path):
+    (tmp_path / "video").mkdir()
+    with h5py.File(tmp_path / "video" / "spot_videos.h5", "w") as f:
+        f.create_dataset("12", data=_frames())
+    ramp = np.linspace(1, 0, 9).tolist()
+    (tmp_path / "spot_similarity_scores.json").write_text(json.dumps(
+        {"12": {"bef_inter_sim": [ramp], "inter_aft_sim": [ramp[::-1]]}}))
+    source = CachedProcedures(tmp_path, 2)  # as `--procedures DIR` builds it: no scores_file argument
+    assert source.indices("12")[2].tolist() == [0, 3, 4, 8]  # frame 4 is the exact middle; 3 and 5 tie
