@@ -93,14 +93,40 @@ def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batc
     return predictions, rates
 
 
-def score_captions(predictions: dict[str, str], pairs: Sequence[Any],
-                   metrics: Sequence[str] | None = None) -> dict[str, Any]:
-    """``procap.evaluate.score`` of ``predictions`` (id -> text) against the pairs' reference captions."""
+# Display name -> (procap.evaluate metric, its result key). Scores are reported x100, as in the papers.
+METRIC_KEYS = {"BLEU-4": ("bleu", "Bleu_4"), "METEOR": ("meteor", "METEOR"), "ROUGE-L": ("rouge", "ROUGE_L"),
+               "CIDEr": ("cider", "CIDEr")}
+
+
+def _display(raw: dict[str, float], metrics: Sequence[str]) -> dict[str, float]:
+    return {m: 100.0 * float(raw[METRIC_KEYS[m][1]]) for m in metrics}
+
+
+def score_captions(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str] = tuple(METRIC_KEYS),
+                   by_type: bool = False) -> dict[str, Any]:
+    """Score ``predictions`` (id -> text) against the pairs' references with ``procap.evaluate.score``.
+
+    Args:
+        metrics: display names, a subset of ``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``.
+        by_type: return ``{group: {metric: value}}`` for total / change / no_change / each change type
+            (CLEVR-Change) instead of one ``{metric: value}``.
+
+    Returns:
+        Scores x100 keyed by display name.
+    """
     from procap.evaluate import score
 
+    unknown = [m for m in metrics if m not in METRIC_KEYS]
+    if unknown:
+        raise ProCapError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRIC_KEYS)}")
     references = {p.id: list(p.captions) for p in pairs}
-    kwargs: dict[str, Any] = {} if metrics is None else {"metrics": tuple(metrics)}
-    return score({p.id: predictions[p.id] for p in pairs}, references, **kwargs)
+    chosen = [METRIC_KEYS[m][0] for m in metrics]
+    predictions = {p.id: predictions[p.id] for p in pairs}
+    if not by_type:
+        return _display(score(predictions, references, metrics=chosen), metrics)
+    result = score(predictions, references, metrics=chosen, change_types={p.id: p.change_type for p in pairs})
+    groups = result.get("by_type", result)  # {group: {metric: value}}
+    return {name: _display(values, metrics) for name, values in groups.items() if isinstance(values, dict)}
 
 
 def write_json(path: Path, obj: Any) -> None:

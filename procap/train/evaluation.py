@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,10 @@ from procap.train.datasets import ImageCache
 ALL_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
-def java_available() -> bool:
-    """METEOR (pycocoevalcap) runs a Java program; without ``java`` on PATH it cannot be computed."""
-    return shutil.which("java") is not None
-
-
 def default_metrics() -> tuple[tuple[str, ...], str | None]:
     """All four metrics, or all but METEOR with a note saying why when Java is missing."""
+    from procap.evaluate import java_available
+
     if java_available():
         return ALL_METRICS, None
     note = "METEOR skipped: it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
@@ -29,20 +25,18 @@ def default_metrics() -> tuple[tuple[str, ...], str | None]:
 
 
 def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str]) -> dict[str, dict]:
-    """CLEVR-Change style scores: ``total``, ``change`` (all semantic changes), ``no_change``, and each type.
+    """CLEVR-Change style scores: ``total``, ``change`` (all semantic changes), ``no_change`` and each type.
 
-    Groups follow the change-captioning papers' protocol: each group is scored on its own pairs.
+    Each group is scored on its own pairs (CIDEr's document frequencies come from the group), as in the
+    change-captioning papers; every group also records its number of pairs.
     """
-    groups: dict[str, list] = {"total": list(pairs)}
+    counts: dict[str, int] = {"total": len(pairs)}
     for pair in pairs:
-        kind = pair.change_type
-        if kind is None:
-            continue
-        groups.setdefault("no_change" if kind == "no_change" else "change", []).append(pair)
-        if kind != "no_change":
-            groups.setdefault(kind, []).append(pair)
-    return {name: {**score_captions(predictions, members, metrics), "pairs": len(members)}
-            for name, members in groups.items()}
+        counts[pair.change_type] = counts.get(pair.change_type, 0) + 1
+        if pair.change_type != "no_change":
+            counts["change"] = counts.get("change", 0) + 1
+    groups = score_captions(predictions, pairs, metrics, by_type=True)
+    return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
 
 
 def evaluate_model(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], metrics: Sequence[str] | None = None,
@@ -60,14 +54,16 @@ def evaluate_model(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], met
     predictions, speed = caption_pairs(model, vocab, pairs, batch_size=batch_size, cache=cache, device=device)
     report: dict[str, Any] = {**(extra or {}), "pairs": len(pairs), "metrics": score_captions(predictions, pairs,
                                                                                               metrics)}
-    if any(p.change_type is not None for p in pairs):
+    if all(p.change_type is not None for p in pairs):
         report["by_type"] = breakdown(predictions, pairs, metrics)
     report["speed"] = speed
     if note:
         report["note"] = note
     if out is not None:
         out = Path(out)
-        write_json(out / "results.json", [{"image_id": k, "caption": v} for k, v in predictions.items()])
+        from procap.evaluate import write_results
+
+        write_results(out / "results.json", predictions)
         write_json(out / "metrics.json", report)
     report["predictions"] = predictions
     return report

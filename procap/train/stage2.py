@@ -7,6 +7,7 @@ split, and keeps ``best.safetensors`` by CIDEr. The test split is never looked a
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,17 @@ from procap.train.stage1 import _model_and_vocab, weight_loader
 SELECT_METRIC = "CIDEr"
 
 
-def validation_subset(pairs: Sequence[Any], limit: int | None) -> list:
-    """At most ``limit`` pairs spread evenly over the split (so every change type is represented)."""
+def validation_subset(pairs: Sequence[Any], limit: int | None, seed: int = 0) -> list:
+    """At most ``limit`` pairs drawn uniformly (fixed seed) from the split, in split order.
+
+    A random draw rather than a stride: CLEVR-Change alternates change and distractor pairs, so every
+    second pair would be all changes.
+    """
     pairs = list(pairs)
     if not limit or len(pairs) <= limit:
         return pairs
-    step = len(pairs) / limit
-    return [pairs[int(i * step)] for i in range(limit)]
+    keep = sorted(random.Random(seed).sample(range(len(pairs)), limit))
+    return [pairs[i] for i in keep]
 
 
 def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:

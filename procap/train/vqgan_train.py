@@ -59,7 +59,7 @@ class CodebookKeeper:
     latents of the batch being encoded.
     """
 
-    def __init__(self, vqgan: torch.nn.Module, restart_every: int = 50, initialised: bool = False) -> None:
+    def __init__(self, vqgan: torch.nn.Module, restart_every: int = 10, initialised: bool = False) -> None:
         self.vqgan, self.restart_every, self.initialised = vqgan, restart_every, initialised
         self.usage = torch.zeros(vqgan.config.n_embed, dtype=torch.long)
         self.steps = 0
