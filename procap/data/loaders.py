@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from procap.data.records import ChangePair, read_json
 from procap.errors import ProCapError
@@ -32,19 +33,41 @@ def _require_list(data: Any, path: Path, what: str) -> list:
     return data
 
 
+def _index_of(name: object) -> int:
+    """Scene index from any CLEVR image name: 'CLEVR_default_000123.png', '000123.png' (type_mapping.json)."""
+    return int(Path(str(name)).stem.split("_")[-1])
+
+
 def _clevr_types(root: Path) -> dict[int, str]:
     path = root / "type_mapping.json"
     mapping = read_json(path, "CLEVR-Change type mapping")
-    if not isinstance(mapping, dict):
+    if not isinstance(mapping, dict) or not all(isinstance(v, list) for v in mapping.values()):
         raise ProCapError(f"CLEVR-Change type mapping {path} must be a JSON object from change type to file names.")
     types: dict[int, str] = {}
     for change_type, names in mapping.items():
         for name in names:
             try:
-                types[int(Path(str(name)).stem.split("_")[-1])] = change_type
+                types[_index_of(name)] = change_type
             except ValueError:
                 raise ProCapError(f"CLEVR-Change type mapping {path} has a malformed file name {name!r}.") from None
     return types
+
+
+def _clevr_captions(path: Path) -> dict[int, list[str]]:
+    """Caption file (image name -> captions) re-keyed by scene index, whatever the name's prefix."""
+    data = read_json(path, "CLEVR-Change caption file")
+    if not isinstance(data, dict):
+        raise ProCapError(f"CLEVR-Change caption file {path} must be a JSON object from image name to captions.")
+    captions = {}
+    for name, caps in data.items():
+        try:
+            index = _index_of(name)
+        except ValueError:
+            raise ProCapError(f"CLEVR-Change caption file {path} has a malformed image name {name!r}.") from None
+        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+            raise ProCapError(f"CLEVR-Change caption file {path} must map {name!r} to a list of captions.")
+        captions[index] = caps
+    return captions
 
 
 def load_clevr_change(root: str | os.PathLike, split: str) -> list[ChangePair]:
@@ -54,25 +77,25 @@ def load_clevr_change(root: str | os.PathLike, split: str) -> list[ChangePair]:
     splits = read_json(splits_path, "CLEVR-Change splits file")
     if not isinstance(splits, dict) or split not in splits:
         raise ProCapError(f"CLEVR-Change splits file {splits_path} has no {split!r} split.")
-    change = read_json(root / "change_captions.json", "CLEVR-Change caption file")
-    no_change = read_json(root / "no_change_captions.json", "CLEVR-Change caption file")
+    if not isinstance(splits[split], list) or not all(isinstance(i, int) for i in splits[split]):
+        raise ProCapError(f"CLEVR-Change splits file {splits_path} must list int scene indices under {split!r}.")
+    change = _clevr_captions(root / "change_captions.json")
+    no_change = _clevr_captions(root / "no_change_captions.json")
     types = _clevr_types(root)
     pairs: list[ChangePair] = []
     missing = 0
     for index in splits[split]:
-        index = int(index)
-        default = f"CLEVR_default_{index:06d}.png"
-        before = root / "images" / default
-        if default not in change or default not in no_change:
+        if index not in change or index not in no_change or index not in types:
             missing += 1
             continue
+        before = root / "images" / f"CLEVR_default_{index:06d}.png"
         semantic, nonsemantic = f"CLEVR_semantic_{index:06d}.png", f"CLEVR_nonsemantic_{index:06d}.png"
-        pairs.append(ChangePair(semantic, before, root / "sc_images" / semantic, list(change[default]),
-                                types.get(index)))
-        pairs.append(ChangePair(nonsemantic, before, root / "nsc_images" / nonsemantic, list(no_change[default]),
+        pairs.append(ChangePair(semantic, before, root / "sc_images" / semantic, list(change[index]), types[index]))
+        pairs.append(ChangePair(nonsemantic, before, root / "nsc_images" / nonsemantic, list(no_change[index]),
                                 "no_change"))
     if missing:
-        warnings.warn(f"CLEVR-Change {split}: {missing} scene(s) of splits.json have no captions and were skipped")
+        warnings.warn(f"CLEVR-Change {split}: {missing} scene(s) of splits.json have no captions or change type "
+                      "and were skipped", stacklevel=2)
     return pairs
 
 
@@ -87,14 +110,16 @@ def load_spot_the_diff(root: str | os.PathLike, split: str) -> list[ChangePair]:
     """Spot-the-Diff: merge entries that repeat an ``img_id``; drop empty sentences and ids left without any."""
     root = _require_dir(Path(root), "Spot-the-Diff root")
     path = root / "annotations" / f"{split}.json"
+    if not path.is_file() and (root / f"{split}.json").is_file():  # annotations copied without their folder
+        path = root / f"{split}.json"
     entries = _require_list(read_json(path, "Spot-the-Diff annotation file"), path, "Spot-the-Diff annotation file")
     images = _image_dir(root, ("resized_images", "images"))
     merged: dict[str, list[str]] = {}
     for entry in entries:
-        if not isinstance(entry, dict) or "img_id" not in entry or "sentences" not in entry:
-            raise ProCapError(f"Spot-the-Diff annotation file {path} has an entry without img_id/sentences.")
+        if not isinstance(entry, dict) or "img_id" not in entry or not isinstance(entry.get("sentences"), list):
+            raise ProCapError(f"Spot-the-Diff annotation file {path} has an entry without img_id/sentences list.")
         sentences = merged.setdefault(str(entry["img_id"]), [])
-        sentences.extend(s.strip() for s in entry["sentences"] if s and s.strip())
+        sentences.extend(s.strip() for s in entry["sentences"] if isinstance(s, str) and s.strip())
     return [ChangePair(img_id, images / f"{img_id}.png", images / f"{img_id}_2.png", sentences, None)
             for img_id, sentences in merged.items() if sentences]
 
@@ -108,9 +133,10 @@ def load_image_editing_request(root: str | os.PathLike, split: str) -> list[Chan
     images = _image_dir(root, ("images",))
     pairs = []
     for entry in entries:
-        if not isinstance(entry, dict) or not {"img0", "img1", "sents", "uid"} <= set(entry):
+        if not isinstance(entry, dict) or not {"img0", "img1", "sents", "uid"} <= set(entry) \
+                or not isinstance(entry["sents"], list):
             raise ProCapError(f"Image-Editing-Request annotation file {path} has an entry without img0/img1/sents/uid.")
-        sentences = [s.strip() for s in entry["sents"] if s and s.strip()]
+        sentences = [s.strip() for s in entry["sents"] if isinstance(s, str) and s.strip()]
         if sentences:
             pairs.append(ChangePair(str(entry["uid"]), images / entry["img0"], images / entry["img1"], sentences, None))
     return pairs

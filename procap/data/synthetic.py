@@ -153,7 +153,9 @@ def _change(rng: random.Random, kind: str, objects: list[dict[str, Any]]) -> dic
 
 
 def _distractor_view(rng: random.Random, base: View) -> View:
-    sign = lambda: rng.choice((-1.0, 1.0))  # noqa: E731 - tiny helper: a random direction
+    def sign() -> float:  # a random direction for each jitter
+        return rng.choice((-1.0, 1.0))
+
     return View(
         dx=round(sign() * rng.uniform(0.015, 0.035), 4),
         dy=round(sign() * rng.uniform(0.01, 0.025), 4),
@@ -357,7 +359,7 @@ def generate(out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int 
     types = [s["change"]["type"] for s in specs]
     splits = split_indices(types, seed)
     write_json_atomic(root / "splits.json", splits)
-    mapping = {k: ["%06d.png" % i for i, t in enumerate(types) if t == k] for k in TYPE_MAPPING_ORDER}
+    mapping = {k: [f"{i:06d}.png" for i, t in enumerate(types) if t == k] for k in TYPE_MAPPING_ORDER}
     write_json_atomic(root / "type_mapping.json", mapping)
     write_json_atomic(root / "scenes.json", {"version": 1, "size": size, "seed": seed, "scenes": specs})
     return splits

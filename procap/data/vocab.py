@@ -15,22 +15,49 @@ PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))
 # NCT / RobustChangeCaptioning vocabularies use their own four specials.
 _NCT_SPECIALS = {"<NULL>": PAD, "<UNK>": UNK, "<START>": BOS, "<END>": EOS}
 
-# PTB splits these words into two tokens ("gonna" -> "gon na").
-_SPLIT_WORDS = {"gonna": "gon na", "gotta": "got ta", "wanna": "wan na", "cannot": "can not", "lemme": "lem me"}
-_CONTRACTION = re.compile(r"(?i)(\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
-_TOKEN = re.compile(r"n't|'[a-z]+|[a-z0-9]+(?:[.,][0-9]+)*")
+# Treebank conventions, written as ordered (pattern, replacement) rewrites on lower-cased text.
+_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r'^"'), " `` "),
+    (re.compile(r'(\s)"'), r"\1 `` "),
+    (re.compile(r'"'), " '' "),
+    (re.compile(r"\.\.\."), " ... "),
+    (re.compile(r"(?<!\d),|,(?!\d)"), " , "),  # keep 1,000 together
+    (re.compile(r"[;:@#$%&?!\[\](){}<>]"), r" \g<0> "),
+    (re.compile(r"--"), " -- "),
+    (re.compile(r"\.(?=\s|$|['\"])"), " . "),  # sentence periods, not decimals (3.5)
+    (re.compile(r"([^\s'])('s|'m|'d|') "), r"\1 \2 "),
+    (re.compile(r"([^\s'])('s|'m|'d)$"), r"\1 \2"),
+    (re.compile(r"(\S)(n't|'ll|'re|'ve)\b"), r"\1 \2"),
+    (re.compile(r"\b(can)(not)\b"), r"\1 \2"),
+    (re.compile(r"\b(gon|wan|got)(na|ta)\b"), r"\1 \2"),
+    (re.compile(r"\b(gim|lem)(me)\b"), r"\1 \2"),
+    (re.compile(r"\b(d)('ye)\b"), r"\1 \2"),
+    (re.compile(r"\b(more)('n)\b"), r"\1 \2"),
+    (re.compile(r"(?:^|\s)'(t)(is|was)\b"), r" '\1 \2"),
+]
+_HAS_WORD = re.compile(r"\w")  # a token with no letter/digit is punctuation
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased PTB-style word tokens; punctuation is dropped (as the evaluation's PTB tokenizer does).
+def tokenize(text: str, punctuation: bool = False) -> list[str]:
+    """Lower-cased Penn-Treebank-style word tokens.
 
-    >>> tokenize("The cube isn't there; gonna move 2.5 units!")
-    ['the', 'cube', 'is', "n't", 'there', 'gon', 'na', 'move', '2.5', 'units']
+    Punctuation is split off, contractions are split the Treebank way ("don't" -> "do n't",
+    "gonna" -> "gon na", "cannot" -> "can not"), numbers stay whole ("3.5", "1,000").
+
+    Args:
+        text: raw caption.
+        punctuation: keep punctuation tokens (dropped by default, as pycocoevalcap's PTBTokenizer does).
+
+    Returns:
+        The tokens.
     """
-    text = text.lower().replace("\u2019", "'").replace("`", "'")
-    text = " ".join(_SPLIT_WORDS.get(word, word) for word in text.split())
-    text = _CONTRACTION.sub(r"\1 \2", text)
-    return _TOKEN.findall(text)
+    s = str(text).lower().replace("\u2019", "'").replace("`", "'").strip()
+    for pattern, repl in _RULES:
+        s = pattern.sub(repl, s)
+    tokens = s.split()
+    if not punctuation:
+        tokens = [t for t in tokens if _HAS_WORD.search(t)]
+    return tokens
 
 
 class Vocabulary:
@@ -60,7 +87,7 @@ class Vocabulary:
         return isinstance(other, Vocabulary) and self.itos == other.itos
 
     @classmethod
-    def build(cls, captions: Iterable[str], min_count: int = 1) -> "Vocabulary":
+    def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocabulary:
         """Words seen at least ``min_count`` times, most frequent first (ties alphabetical), after the specials."""
         counts = Counter(token for caption in captions for token in tokenize(caption))
         words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
@@ -90,7 +117,7 @@ class Vocabulary:
         return dict(self.stoi)
 
     @classmethod
-    def from_dict(cls, mapping: dict[str, int], source: str = "vocabulary") -> "Vocabulary":
+    def from_dict(cls, mapping: dict[str, int], source: str = "vocabulary") -> Vocabulary:
         """From a word -> index dict: ours, the authors' word2idx files, or NCT's ``<NULL>/<START>`` format."""
         if not isinstance(mapping, dict) or not all(isinstance(v, int) for v in mapping.values()):
             raise ProCapError(f"{source} must be a JSON object from word to integer index.")
@@ -105,5 +132,5 @@ class Vocabulary:
         write_json_atomic(path, self.to_dict(), indent=0)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Vocabulary":
+    def load(cls, path: str | os.PathLike) -> Vocabulary:
         return cls.from_dict(read_json(path, "vocabulary file"), f"vocabulary file {path}")
