@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import shutil
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,12 +36,44 @@ def _check_inputs(predictions: dict[str, str], references: dict[str, list[str]])
         raise ProCapError(f"id {empty[0]!r} has an empty reference list.")
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the Java tokenizer's 'PTBTokenizer tokenized N tokens' line (written to fd 2 by the child)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2: nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Stanford PTB tokenisation (one Java call); procap's own tokenizer when Java is missing or fails."""
     if java_available():
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-        return PTBTokenizer().tokenize({k: [{"caption": c} for c in v] for k, v in texts.items()})
+        try:
+            with _quiet_stderr():
+                return PTBTokenizer().tokenize({k: [{"caption": c} for c in v] for k, v in texts.items()})
+        except OSError as exc:  # e.g. read-only site-packages: the tokenizer writes its temporary file there
+            warnings.warn(f"Stanford PTBTokenizer failed ({exc}); using procap's tokenizer", stacklevel=2)
     return {k: [" ".join(tokenize(c)) for c in v] for k, v in texts.items()}
+
+
+_ALIASES = {"bleu_4": "bleu", "bleu4": "bleu", "rouge_l": "rouge", "cider-d": "cider", "cider_d": "cider"}
+
+
+def _metric_key(name: str) -> str:
+    """Accept 'bleu' as well as the result names 'Bleu_4', 'ROUGE_L', 'CIDEr', 'METEOR'."""
+    key = name.strip().lower()
+    return _ALIASES.get(key, key)
 
 
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
@@ -49,7 +82,7 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
     from pycocoevalcap.rouge.rouge import Rouge
 
     scorers = []
-    for metric in metrics:
+    for metric in dict.fromkeys(_metric_key(m) for m in metrics):
         if metric == "bleu":
             scorers.append((metric, Bleu(4)))
         elif metric == "rouge":
@@ -101,8 +134,11 @@ def score(predictions: dict[str, str], references: dict[str, list[str]], metrics
     _check_inputs(predictions, references)
     scorers = _scorers(metrics if metrics is not None else METRICS)
     # The tokenizer ignores empty hypotheses badly; a lone space keeps the id present.
-    res = _tokenize({k: [v if v.strip() else " "] for k, v in predictions.items()})
-    gts = _tokenize({k: list(references[k]) for k in predictions})
+    # One tokenizer run for hypotheses and references (each Java start costs about a second).
+    both = _tokenize({**{f"h{k}": [v if v.strip() else " "] for k, v in predictions.items()},
+                      **{f"r{k}": list(references[k]) for k in predictions}})
+    res = {k: both[f"h{k}"] for k in predictions}
+    gts = {k: both[f"r{k}"] for k in predictions}
     results: dict[str, Any] = _score_tokenized(gts, res, scorers)
     if change_types is not None:
         groups: dict[str, list[str]] = {"total": list(predictions)}

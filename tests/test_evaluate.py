@@ -55,3 +55,18 @@ def test_result_files_round_trip(tmp_path):
     assert evaluate.read_predictions(tmp_path / "res.json") == preds
     (tmp_path / "refs.json").write_text(json.dumps({"a": "one ref", "b": ["x", "y"]}))
     assert evaluate.read_references(tmp_path / "refs.json") == {"a": ["one ref"], "b": ["x", "y"]}
+
+
+def test_metric_names_accept_result_keys():
+    preds = {k: v[0] for k, v in REFS.items()}
+    assert set(evaluate.score(preds, REFS, ["Bleu_4", "CIDEr"])) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
+
+
+def test_fallback_tokenizer_matches_ptb_on_simple_captions(monkeypatch):
+    texts = {"x": ["The red cube isn't there.", "Gonna move, ok?"]}
+    java = evaluate._tokenize(texts) if evaluate.java_available() else None
+    monkeypatch.setattr(evaluate, "java_available", lambda: False)
+    ours = evaluate._tokenize(texts)
+    assert ours == {"x": ["the red cube is n't there", "gon na move ok"]}
+    if java is not None:
+        assert java == ours
