@@ -1,3 +1,4 @@
+import json
 from collections import Counter
 
 import pytest
@@ -83,3 +84,36 @@ def test_load_image_errors_name_the_file(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not an image")
     with pytest.raises(ProCapError, match="broken.png"):
         load_image(tmp_path / "broken.png", 8)
+
+
+def _clevr_by_hand(root):
+    """CLEVR-Change in the real release's format, written by hand (prefix-less type_mapping names)."""
+    for i in range(3):
+        for sub, name in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic")):
+            write_image(root / sub / f"CLEVR_{name}_{i:06d}.png", seed=i)
+    (root / "splits.json").write_text(json.dumps({"train": [2, 0, 1], "val": [], "test": []}))
+    (root / "type_mapping.json").write_text(json.dumps({"color": ["000000.png"], "move": ["000002.png"]}))
+    caps = {f"CLEVR_default_{i:06d}.png": [f"caption {i}"] for i in range(3)}
+    (root / "change_captions.json").write_text(json.dumps(caps))
+    (root / "no_change_captions.json").write_text(json.dumps({k: ["no change"] for k in caps}))
+    return root
+
+
+def test_clevr_real_format_by_hand_skips_scenes_without_a_type(tmp_path):
+    root = _clevr_by_hand(tmp_path / "clevr")
+    with pytest.warns(UserWarning, match="1 scene"):
+        pairs = load_split("clevr-change", root, "train")
+    assert [(p.id, p.change_type, p.captions) for p in pairs] == [
+        ("CLEVR_semantic_000002.png", "move", ["caption 2"]),
+        ("CLEVR_nonsemantic_000002.png", "no_change", ["no change"]),
+        ("CLEVR_semantic_000000.png", "color", ["caption 0"]),
+        ("CLEVR_nonsemantic_000000.png", "no_change", ["no change"]),
+    ]
+    assert pairs[0].before_path == root / "images" / "CLEVR_default_000002.png"
+    (root / "splits.json").write_text(json.dumps({"train": ["a"]}))
+    with pytest.raises(ProCapError, match="splits.json"):
+        load_split("clevr-change", root, "train")
+    (root / "splits.json").write_text(json.dumps({"train": [0]}))
+    (root / "type_mapping.json").write_text(json.dumps({"color": ["default.png"]}))
+    with pytest.raises(ProCapError, match="type_mapping.json"):
+        load_split("clevr-change", root, "train")

@@ -1,9 +1,12 @@
+import itertools
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from procap.data.synthetic import generate, render_intermediate
+from procap.errors import ProCapError
 
 
 def _read(path):
@@ -51,3 +54,50 @@ def test_render_intermediate_endpoints_equal_the_images(tmp_path):
         assert np.array_equal(end, _read(tmp_path / f"sc_images/CLEVR_semantic_{index:06d}.png"))
         middle = render_intermediate(tmp_path, index, 0.5)
         assert middle.shape == start.shape and not np.array_equal(middle, start)
+
+
+def test_each_change_type_interpolates_as_specified(tmp_path):
+    # Scene i has type CHANGE_TYPES[i % 5]: color, material, add, drop, move.
+    generate(tmp_path, scenes=5, size=32, seed=4, progress=False)
+    scenes = json.loads((tmp_path / "scenes.json").read_text())["scenes"]
+    assert [s["change"]["type"] for s in scenes] == ["color", "material", "add", "drop", "move"]
+    for index in range(5):
+        frames = [render_intermediate(tmp_path, index, t).astype(float) for t in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        to_end = [np.abs(f - frames[-1]).mean() for f in frames]
+        assert all(a > b for a, b in itertools.pairwise(to_end)), (index, to_end)  # moves steadily to the after state
+    # colour blend: the midpoint lies between the endpoints pixel-wise (up to rounding)
+    a, m, b = (render_intermediate(tmp_path, 0, t).astype(int) for t in (0.0, 0.5, 1.0))
+    assert np.all(m >= np.minimum(a, b) - 1) and np.all(m <= np.maximum(a, b) + 1)
+
+
+def test_captions_name_the_changed_object(tmp_path):
+    generate(tmp_path, scenes=5, size=32, seed=7, progress=False)
+    scenes = json.loads((tmp_path / "scenes.json").read_text())["scenes"]
+    captions = json.loads((tmp_path / "change_captions.json").read_text())
+    no_change = json.loads((tmp_path / "no_change_captions.json").read_text())
+    for scene in scenes:
+        change = scene["change"]
+        obj = change["object"] if change["type"] == "add" else scene["objects"][change["target"]]
+        name = f"{obj['size']} {obj['color']} {obj['material']} {obj['shape']}"
+        caps = captions[f"CLEVR_default_{scene['index']:06d}.png"]
+        assert len(set(caps)) == len(caps) >= 3 and all(name in c for c in caps)
+        assert len(no_change[f"CLEVR_default_{scene['index']:06d}.png"]) >= 3
+
+
+def test_workers_do_not_change_the_output(tmp_path):
+    generate(tmp_path / "one", scenes=30, size=16, seed=1, progress=False)
+    generate(tmp_path / "two", scenes=30, size=16, seed=1, workers=2, progress=False)
+    for name in ("scenes.json", "change_captions.json", "splits.json"):
+        assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+    assert np.array_equal(_read(tmp_path / "one/sc_images/CLEVR_semantic_000029.png"),
+                          _read(tmp_path / "two/sc_images/CLEVR_semantic_000029.png"))
+
+
+def test_render_intermediate_rejects_bad_input(tmp_path):
+    with pytest.raises(ProCapError, match="scenes.json"):
+        render_intermediate(tmp_path, 0, 0.5)
+    generate(tmp_path, scenes=1, size=16, seed=0, progress=False)
+    with pytest.raises(ProCapError, match="t must be"):
+        render_intermediate(tmp_path, 0, 1.5)
+    with pytest.raises(ProCapError, match="scene 3"):
+        render_intermediate(tmp_path, 3, 0.5)
