@@ -45,10 +45,10 @@ class DemoBudget:
     max_test_pairs: int | None = None
 
 
-QUICK = DemoBudget(scenes=40, vqgan_steps=4, vqgan_batch=8, stage1_steps=6, stage1_batch=8, stage2_steps=16,
+QUICK = DemoBudget(scenes=40, vqgan_steps=3, vqgan_batch=8, stage1_steps=6, stage1_batch=8, stage2_steps=16,
                    stage2_batch=16, stage2_lr=1e-3, val_every=8, val_pairs=10, max_test_pairs=20)
-FULL = DemoBudget(scenes=1000, vqgan_steps=150, vqgan_batch=16, stage1_steps=300, stage1_batch=16,
-                  stage2_steps=700, stage2_batch=32, val_every=175, val_pairs=100)
+FULL = DemoBudget(scenes=1000, vqgan_steps=40, vqgan_batch=16, stage1_steps=150, stage1_batch=16,
+                  stage2_steps=900, stage2_batch=16, stage2_lr=5e-4, val_every=150, val_pairs=100)
 
 
 class Clock:
