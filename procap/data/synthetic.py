@@ -336,8 +336,11 @@ def generate(out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int 
     if scenes < 1 or size < 16:
         raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
     root = Path(out_dir)
-    for sub in ("images", "sc_images", "nsc_images"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
+    try:
+        for sub in ("images", "sc_images", "nsc_images"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProCapError(f"cannot create the output folder {root} ({exc.strerror}).") from None
     chunk = 25
     jobs = [(str(root), list(range(s, min(s + chunk, scenes))), size, seed) for s in range(0, scenes, chunk)]
     bar = tqdm(total=scenes, desc="synth", unit="scene", disable=not progress)
