@@ -11,6 +11,16 @@ import torch
 
 
 @pytest.fixture(autouse=True)
+def _one_thread():
+    # Test shapes are tiny: intra-op threads only add synchronisation, and on a loaded 2-core machine OpenMP
+    # spin-waiting made suites 5-10x slower. Restored afterwards.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)
     np.random.seed(0)
@@ -18,11 +28,7 @@ def _seed_everything():
     yield
 
 
-def _cuda_available() -> bool:
-    # Checked lazily inside the marker so collection never initialises CUDA.
-    return torch.cuda.is_available()
-
-
+# A string condition is evaluated lazily, so collection never initialises CUDA.
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
 os.environ.setdefault("PROCAP_TEST", "1")

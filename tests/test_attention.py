@@ -26,14 +26,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(2, 3, 7, 7, 16), (1, 2, 1, 13, 32), (2, 2, 5, 33, 64), (1, 1, 97, 123, 8)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny shapes: on a loaded 2-core machine intra-op threads spin longer than they compute.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _plain_low_precision(q, k, v, causal, mask):
     """The same math in q's dtype end to end: the error budget a low-precision backend is allowed (x2)."""

@@ -29,14 +29,6 @@ def tiny_config():
                       max_caption_len=CAPTION_LEN, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny shapes: thread start-up and contention on a shared 2-core machine cost more than they give.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _random_captions(n: int, gen: torch.Generator) -> torch.Tensor:
     caps = torch.zeros(n, CAPTION_LEN, dtype=torch.long)

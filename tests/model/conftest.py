@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from .model_helpers import small_config
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These shapes are tiny: intra-op threads only add synchronisation, and on a shared 2-core machine OpenMP
-    # spin-waiting made the suite ~5x slower. Restored afterwards for the other test folders.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
