@@ -57,7 +57,11 @@ class MaskingConfig:
     block_aspect_range: tuple[float, float] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
+        # JSON round trips (checkpoint metadata) turn tuples into lists; keep configs comparable.
         self.scheme_probs = tuple(float(p) for p in self.scheme_probs)
+        self.patch_prob_range = tuple(float(p) for p in self.patch_prob_range)
+        self.block_area_range = tuple(float(p) for p in self.block_area_range)
+        self.block_aspect_range = tuple(float(p) for p in self.block_aspect_range)
         if len(self.scheme_probs) != len(MASKING_SCHEMES) or abs(sum(self.scheme_probs) - 1.0) > 1e-6:
             raise ValueError(f"masking scheme_probs must be 4 probabilities summing to 1, got {self.scheme_probs}")
 

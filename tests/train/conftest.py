@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from procap.config import VQGANConfig, get_preset
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny shapes: extra intra-op threads only add synchronisation on the shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def small_config(vocab_size: int, **overrides):
