@@ -9,6 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+# triton reads TRITON_INTERPRET when it is imported and when kernels are decorated; any test folder may import it
+# first, so the switch is set here, before every test module. Without CUDA the kernels run in the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
