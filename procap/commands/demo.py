@@ -13,8 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    parser.add_argument("--procedures", choices=("crossfade", "interpolated"), default="crossfade",
-                        help="stage-1 frames: cross-fade stand-in (default) or the optical-flow pipeline")
+    parser.add_argument("--procedures", choices=("crossfade", "interpolated"), default="interpolated",
+                        help="stage-1 frames: the optical-flow procedure pipeline (default) or the cross-fade stand-in")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 

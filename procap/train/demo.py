@@ -43,12 +43,14 @@ class DemoBudget:
     val_every: int = 0
     val_pairs: int = 100
     max_test_pairs: int | None = None
+    stage1_pairs: int | None = None  # stage 1 pre-trains on the procedures of the first N training pairs
 
 
 QUICK = DemoBudget(scenes=40, vqgan_steps=3, vqgan_batch=8, stage1_steps=6, stage1_batch=8, stage2_steps=16,
-                   stage2_batch=16, stage2_lr=1e-3, val_every=8, val_pairs=10, max_test_pairs=20)
+                   stage2_batch=16, stage2_lr=1e-3, val_every=8, val_pairs=10, max_test_pairs=20, stage1_pairs=24)
 FULL = DemoBudget(scenes=1000, vqgan_steps=40, vqgan_batch=16, stage1_steps=150, stage1_batch=16,
-                  stage2_steps=900, stage2_batch=16, stage2_lr=5e-4, val_every=150, val_pairs=100)
+                  stage2_steps=900, stage2_batch=16, stage2_lr=5e-4, val_every=150, val_pairs=100,
+                  stage1_pairs=480)
 
 
 class Clock:
@@ -109,7 +111,8 @@ def stage_configs(budget: DemoBudget, out: Path, data: Path, seed: int, device: 
     return {"vqgan": vqgan, "stage1": stage1, "procap": procap, "static": static}
 
 
-def build_procedures(kind: str, data: Path, out: Path, pairs: list, vqgan_path: str, progress: bool) -> str:
+def build_procedures(kind: str, data: Path, out: Path, pairs: list, vqgan_path: str, progress: bool,
+                     workers: int = 1) -> str:
     """The stage-1 frame source for the demo, as a ``--procedures`` value.
 
     ``crossfade``: the linear cross-fade stand-in, no preparation. ``interpolated``: the real pipeline of
@@ -121,8 +124,9 @@ def build_procedures(kind: str, data: Path, out: Path, pairs: list, vqgan_path: 
     from procap.procedure.pipeline import PrepareOptions, prepare
 
     cache = out / "procedures"
+    # Stage 1 computes its MSM targets from the frames itself, so the cache skips the per-frame VQ codes.
     prepare(PrepareOptions(dataset="clevr-change", root=str(data), out=str(cache), image_size=64, vqgan=vqgan_path,
-                           progress=progress), pairs=pairs)
+                           store_codes=False, workers=max(1, workers), progress=progress), pairs=pairs)
     return str(cache)
 
 
@@ -185,7 +189,7 @@ def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, ou
 
 def run_demo(out: Path | str, quick: bool = False, seed: int = 0, device: str = "cpu", workers: int = 0,
              progress: bool = True, budget: DemoBudget | None = None,
-             procedures: str = "crossfade") -> dict[str, Any]:
+             procedures: str = "interpolated") -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``."""
     from procap.data import load_split
     from procap.train.common import build_vocab, write_json
@@ -211,12 +215,15 @@ def run_demo(out: Path | str, quick: bool = False, seed: int = 0, device: str = 
     train_vqgan(configs["vqgan"], pairs=splits["train"])
     clock.done()
     clock.phase("procedures", f"stage-1 procedures: {procedures}")
-    source = build_procedures(procedures, data, out, splits["train"], configs["stage1"].vqgan, progress)
+    # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
+    stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
+    source = build_procedures(procedures, data, out, stage1_pairs, configs["stage1"].vqgan, progress,
+                              workers=max(1, min(2, torch.get_num_threads())))
     configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
     clock.done()
     clock.phase("stage1", f"stage 1 (explicit procedures, {procedures}): "
                           f"{budget.stage1_steps} steps x {budget.stage1_batch}")
-    pretrain(configs["stage1"], pairs=splits["train"], vocab=vocab, cache=cache)
+    pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
     clock.done()
     best = {}
     for name, label in (("procap", "ProCap (k=2)"), ("static", "static pair (k=0)")):
