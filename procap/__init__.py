@@ -3,4 +3,4 @@
 from procap.config import PRESETS, ProCapConfig, get_preset
 
 __version__ = "0.1.0"
-__all__ = ["PRESETS", "ProCapConfig", "get_preset", "__version__"]
+__all__ = ["PRESETS", "ProCapConfig", "__version__", "get_preset"]
