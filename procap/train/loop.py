@@ -138,24 +138,32 @@ class Trainer:
         enabled = self.cfg.amp and self.device.type == "cuda"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """Forward, backward, clip, optimizer and schedule step; returns the logged scalars."""
+    def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Forward, backward, clip, optimizer and schedule step.
+
+        Returns the step's scalars as detached device tensors: reading them syncs with the device, so
+        :meth:`fit` converts them only on logging steps (see :meth:`scalars`).
+        """
         self.model.train()
         with self._autocast():
             out = self.loss_fn(to_device(batch, self.device))
-        loss = out["loss"]
-        if not torch.isfinite(loss):
-            raise ProCapError(f"{self.name}: loss became {loss.item()} at step {self.state.step}; lower --lr")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        out["loss"].backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip) if self.cfg.grad_clip > 0 else None
         self.optimizer.step()
         self.schedule.step()
-        record = {k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}
+        record = {k: v.detach() for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}
         if grad_norm is not None:
-            record["grad_norm"] = float(grad_norm)
+            record["grad_norm"] = grad_norm.detach()
         return record
+
+    def scalars(self, record: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Host floats of a step's record; a non-finite loss stops training with one sentence."""
+        values = {k: float(v) for k, v in record.items()}
+        if not math.isfinite(values["loss"]):
+            raise ProCapError(f"{self.name}: loss became {values['loss']} by step {self.state.step}; lower --lr")
+        return values
 
     # ------------------------------------------------------------------ validation
     def run_validation(self) -> dict[str, float]:
@@ -205,10 +213,11 @@ class Trainer:
                 items += len(batch["index"]) if "index" in batch else self.cfg.batch_size
                 rate = items / max(time.perf_counter() - t0, 1e-9)
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", items_s=f"{rate:.1f}")
                 if self._due(self.cfg.log_every) or self.state.step == self.total:
+                    values = self.scalars(record)  # the only host sync of a training step
+                    bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
                     self.log.write({"step": self.state.step, "epoch": self.state.epoch,
-                                    "lr": self.schedule.lrs(), "items_per_s": rate, **record})
+                                    "lr": self.schedule.lrs(), "items_per_s": rate, **values})
                 if self._due(self.cfg.val_every):
                     self.run_validation()
                     validated_at = self.state.step
