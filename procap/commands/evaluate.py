@@ -43,8 +43,14 @@ def run(args: argparse.Namespace) -> int:
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
     out = Path(args.out) if args.out else Path(args.ckpt).parent / f"eval_{args.split}"
+    truths = None
+    if args.dataset == "clevr-change":
+        from procap.correctness import scene_truths
+
+        truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
     report = evaluate_model(model, vocab, pairs, args.metrics, args.batch_size, device, out=out,
-                            extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split})
+                            extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split},
+                            truths=truths)
     print(format_report(report))
     print(f"wrote {out / 'results.json'} and {out / 'metrics.json'}")
     return 0
@@ -58,8 +64,22 @@ def format_report(report: dict) -> str:
     for group, values in rows.items():
         lines.append(f"{group:<10} {values['pairs']:>6} " + " ".join(f"{values.get(n, float('nan')):8.2f}"
                                                                       for n in names))
+    if report.get("accuracy"):
+        lines.append(format_accuracy(report["accuracy"]))
     speed = report["speed"]
     lines.append(f"{speed['captions_per_s']:.1f} captions/s, {speed['tokens_per_s']:.0f} tokens/s (up to EOS)")
     if report.get("note"):
         lines.append(report["note"])
     return "\n".join(lines)
+
+
+def format_accuracy(accuracy: dict) -> str:
+    """Caption correctness in one line: change detection, type, object, new value, distinct captions."""
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    return (f"correctness: change {pct(accuracy['change'])}, type {pct(accuracy['type'])}, "
+            f"object {pct(accuracy['object'])}, new value {pct(accuracy['new_value'])}, "
+            f"distinct {pct(accuracy['distinct'])} ({accuracy['pairs']} pairs, {accuracy['change_pairs']} changes, "
+            f"{accuracy['unparsed']} unparsed)")

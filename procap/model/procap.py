@@ -223,11 +223,15 @@ class ProCap(nn.Module):
         """Teacher-forced caption loss: ``captions[:, :-1] -> captions[:, 1:]``, PAD ignored, label smoothing.
 
         Returns:
-            ``{"loss", "accuracy"}``.
+            ``{"loss", "accuracy", "memory_std"}`` (the memory's standard deviation across the batch, averaged
+            over tokens and channels: a collapse detector).
         """
-        logits = self.decoder(captions[:, :-1], self.memory(before, after, frames))
+        memory = self.memory(before, after, frames)
+        logits = self.decoder(captions[:, :-1], memory)
         loss, accuracy = caption_loss(logits, captions[:, 1:], PAD_ID, self.config.label_smoothing)
-        return {"loss": loss, "accuracy": accuracy}
+        # Across-sample spread of the memory: it falls towards 0 when the memory collapses to a constant.
+        spread = memory.detach().float().std(dim=0).mean() if memory.shape[0] > 1 else memory.new_zeros(())
+        return {"loss": loss, "accuracy": accuracy, "memory_std": spread}
 
     @torch.no_grad()
     def generate_from_memory(self, memory: torch.Tensor, max_len: int | None = None) -> torch.Tensor:

@@ -41,12 +41,18 @@ def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequen
 
 def evaluate_model(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], metrics: Sequence[str] | None = None,
                    batch_size: int = 32, device: torch.device | str = "cpu", cache: ImageCache | None = None,
-                   out: Path | str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   out: Path | str | None = None, extra: dict[str, Any] | None = None,
+                   truths: dict[str, Any] | None = None) -> dict[str, Any]:
     """Caption ``pairs`` greedily and score them; writes ``results.json`` and ``metrics.json`` under ``out``.
 
+    Args:
+        truths: optional ground truth per pair id (:func:`procap.correctness.scene_truths`); when given, the
+            report adds ``"accuracy"`` (change / type / object / new value / distinct, see
+            :func:`procap.correctness.caption_accuracy`).
+
     Returns:
-        ``{"metrics": {...}, "by_type": {...} (when pairs carry change types), "speed": {...}, "note": ...}``
-        plus the predictions under ``"predictions"`` (id -> caption).
+        ``{"metrics": {...}, "by_type": {...} (when pairs carry change types), "accuracy": {...} (with
+        ``truths``), "speed": {...}, "note": ...}`` plus the predictions under ``"predictions"`` (id -> caption).
     """
     note = None
     if metrics is None:
@@ -59,6 +65,10 @@ def evaluate_model(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], met
         report["metrics"] = {m: report["by_type"]["total"][m] for m in metrics}
     else:
         report["metrics"] = score_captions(predictions, pairs, metrics)
+    if truths:
+        from procap.correctness import caption_accuracy
+
+        report["accuracy"] = caption_accuracy(predictions, truths)
     report["speed"] = speed
     if note:
         report["note"] = note

@@ -8,6 +8,7 @@ split, and keeps ``best.safetensors`` by CIDEr. The test split is never looked a
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,21 +51,39 @@ def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:
 
 
 def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], cache: ImageCache,
-                   max_len: int | None = None):
-    """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed)."""
+                   max_len: int | None = None, truths: dict[str, Any] | None = None):
+    """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed).
+
+    Besides the caption metrics it reports ``distinct`` (distinct captions / validation pairs) and, with
+    ``truths`` (:func:`procap.correctness.scene_truths`), the correctness fractions ``acc_change``,
+    ``acc_type``, ``acc_object``. When the captions stop varying (at most two distinct captions over at least
+    ten pairs) it warns: that is the signature of a collapsed memory, visible long before the scores say so.
+    """
 
     def validate(step: int) -> dict[str, float]:
         predictions, _ = caption_pairs(model, vocab, pairs, batch_size=max(cfg.batch_size, 32), cache=cache,
                                        device=cfg.torch_device(), amp=cfg.amp, max_len=max_len,
                                        remember=cfg.cache_features)
         scores = score_captions(predictions, pairs, cfg.val_metrics)
-        return {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
+        metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
+        distinct = len(set(predictions.values()))
+        metrics["distinct"] = distinct / max(1, len(predictions))
+        if truths:
+            from procap.correctness import caption_accuracy
+
+            accuracy = caption_accuracy(predictions, truths)
+            metrics.update({f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None})
+        if len(predictions) >= 10 and distinct <= 2:
+            warnings.warn(f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
+                          f"{len(predictions)} validation pairs); the decoder memory may have collapsed "
+                          "(see memory_std in log.jsonl)", stacklevel=2)
+        return metrics
 
     return validate
 
 
 def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Sequence[Any] | None = None,
-          vocab: Any = None, cache: ImageCache | None = None) -> Path:
+          vocab: Any = None, cache: ImageCache | None = None, truths: dict[str, Any] | None = None) -> Path:
     """Run stage 2 and return the best checkpoint by validation CIDEr (``<out>/best.safetensors``).
 
     Args:
@@ -73,11 +92,17 @@ def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Seque
         pairs, val_pairs: training and validation pairs (default: the ``train`` / ``val`` splits of ``cfg.data``).
         vocab: vocabulary when starting from scratch (ignored with ``init``: the checkpoint's is used).
         cache: shared in-memory image cache.
+        truths: ground truth per pair id for validation correctness (default: read from ``cfg.data`` on
+            CLEVR-Change, see :func:`procap.correctness.scene_truths`).
     """
     cfg = cfg.resolved()
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
+    if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
+        from procap.correctness import scene_truths
+
+        truths = scene_truths(cfg.data, val_pairs)
     model, vocab = _model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)
     model.to(cfg.torch_device())
@@ -96,7 +121,7 @@ def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Seque
     trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
                       save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
                       load_weights=weight_loader(model),
-                      validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len),
+                      validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
                       metric=SELECT_METRIC, name="stage2")
     trainer.fit()
     return trainer.best_path if trainer.best_path.exists() else trainer.last_path

@@ -1,0 +1,214 @@
+"""Caption correctness on CLEVR-style benchmarks: does a caption say *what* changed, not just sound right?
+
+CIDEr rewards template captions that name the wrong object (the no-change pairs alone carry much of the
+score), so the demo and ``procap evaluate`` also parse every generated caption with the grammar of the
+CLEVR-Change templates into fields and compare them with the pair's ground truth:
+
+- ``change``: change detected or not, over all pairs (a caption that does not say "no change" claims a change);
+- ``type``: over the change pairs, the change type (color / material / add / drop / move) named right;
+- ``object``: over the change pairs, all four attributes (size, colour, material, shape) of the changed object
+  named right (its *before* attributes; the new object's for ``add``);
+- ``new_value``: over colour and material changes, the new colour / material named right (a caption that names
+  none, like "the ... changed its color", counts as not right);
+- ``distinct``: distinct captions over the change pairs divided by their number (1.0: all different).
+
+The parser accepts the synthetic generator's templates and the usual CLEVR-Change synonyms (ball / sphere,
+block / cube, shiny / metal, matte / rubber, tiny / small, big / large...). Ground truth comes from the pair's
+``change_type`` (every CLEVR-Change loader fills it) and, for the object and the new value, from the
+``scenes.json`` that ``procap synth`` writes; without it only ``change`` and ``type`` are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES
+
+CHANGE_TYPES = ("color", "material", "add", "drop", "move")
+NO_CHANGE = "no_change"
+
+# word -> (attribute, canonical value); the canonical values are the generator's.
+_ATTRIBUTE_WORDS: dict[str, tuple[str, str]] = {
+    **{c: ("color", c) for c in COLORS},
+    "grey": ("color", "gray"),
+    **{m: ("material", m) for m in MATERIALS},
+    "metallic": ("material", "metal"),
+    "shiny": ("material", "metal"),
+    "matte": ("material", "rubber"),
+    **{s: ("shape", s) for s in SHAPES},
+    "ball": ("shape", "sphere"),
+    "block": ("shape", "cube"),
+    **{s: ("size", s) for s in SIZES},
+    "tiny": ("size", "small"),
+    "little": ("size", "small"),
+    "big": ("size", "large"),
+}
+ATTRIBUTES = ("size", "color", "material", "shape")
+
+_OBJ = r"(?P<obj>[a-z ]+?)"
+_NEW = r"(?P<new>[a-z]+)"
+# (pattern, type); "{t} changed to {new}" is colour or material depending on the word. Order matters: the
+# first full match wins, so the more specific phrasings come first.
+_PHRASES: tuple[tuple[str, str | None], ...] = (
+    (r"no change (?:was made|has occurred|happened)", NO_CHANGE),
+    (r"(?:there is|there was) no change", NO_CHANGE),
+    (r"nothing (?:has |was )?changed", NO_CHANGE),
+    (r"the (?:two )?scenes? (?:remains?|is|are|seems?|look) (?:the same|identical|unchanged)(?: as before)?",
+     NO_CHANGE),
+    (r"the two scenes seem identical", NO_CHANGE),
+    (rf"the colou?r of the {_OBJ} (?:changed|changes) to {_NEW}", "color"),
+    (rf"the material of the {_OBJ} (?:changed|changes) to {_NEW}", "material"),
+    (rf"the {_OBJ} changed its colou?r", "color"),
+    (rf"the {_OBJ} changed its material", "material"),
+    (rf"the {_OBJ} (?:was|is|has been) painted {_NEW}", "color"),
+    (rf"the {_OBJ} turned {_NEW}", "color"),
+    (rf"the {_OBJ} is now made of {_NEW}", "material"),
+    (rf"the {_OBJ} (?:changed|changes|became|becomes|is now) (?:to )?{_NEW}", None),
+    (rf"the {_OBJ} (?:has been|was) newly placed", "add"),
+    (rf"someone (?:has )?added (?:a|an|the) {_OBJ}", "add"),
+    (rf"(?:a|an) (?:new )?{_OBJ} (?:has been|was) added", "add"),
+    (rf"there is (?:a|an) new {_OBJ}", "add"),
+    (rf"(?:a|an) new {_OBJ} (?:appeared|has appeared)", "add"),
+    (rf"the {_OBJ} (?:has disappeared|disappeared|is missing|is gone|was removed|has been removed)", "drop"),
+    (rf"there is no longer (?:a|an|the) {_OBJ}", "drop"),
+    (rf"someone (?:has )?removed (?:a|an|the) {_OBJ}", "drop"),
+    (rf"someone (?:has )?changed the location of the {_OBJ}", "move"),
+    (rf"the {_OBJ} (?:changed its location|is in a different location|was moved|has been moved|moved)", "move"),
+)
+_COMPILED = tuple((re.compile(rf"^{pattern}$"), kind) for pattern, kind in _PHRASES)
+
+
+@dataclass(frozen=True)
+class ParsedCaption:
+    """What a caption says. ``type`` is None when no phrase of the grammar matches."""
+
+    type: str | None
+    object: dict[str, str] | None = None  # attribute -> canonical value, only the attributes named
+    new_value: str | None = None
+
+    @property
+    def claims_change(self) -> bool:
+        return self.type != NO_CHANGE
+
+
+@dataclass(frozen=True)
+class PairTruth:
+    """Ground truth of one pair: its type, and (when known) the changed object and the new value."""
+
+    type: str
+    object: dict[str, str] | None = None
+    new_value: str | None = None
+
+    @property
+    def is_change(self) -> bool:
+        return self.type != NO_CHANGE
+
+
+def _normalise(text: str) -> str:
+    words = re.sub(r"[^a-z ]+", " ", text.lower()).split()
+    return " ".join(words)
+
+
+def _attributes(span: str) -> dict[str, str] | None:
+    """'small red metal cube' -> {size, color, material, shape}; None if a word is not an attribute or repeats."""
+    found: dict[str, str] = {}
+    for word in span.split():
+        if word not in _ATTRIBUTE_WORDS:
+            return None
+        attribute, value = _ATTRIBUTE_WORDS[word]
+        if attribute in found:
+            return None
+        found[attribute] = value
+    return found or None
+
+
+def parse_caption(text: str) -> ParsedCaption:
+    """Parse one caption with the CLEVR-Change template grammar (see the module docstring)."""
+    sentence = _normalise(text)
+    for pattern, kind in _COMPILED:
+        match = pattern.match(sentence)
+        if match is None:
+            continue
+        groups = match.groupdict()
+        obj = _attributes(groups["obj"]) if groups.get("obj") else None
+        new = _ATTRIBUTE_WORDS.get(groups.get("new") or "")
+        if kind is None:  # "changed to X": colour or material by the word
+            if new is None or new[0] not in ("color", "material"):
+                continue
+            kind = new[0]
+        new_value = new[1] if new is not None and new[0] == kind else None
+        return ParsedCaption(kind, obj, new_value)
+    return ParsedCaption(None)
+
+
+def scene_truths(root: str | Path, pairs: Iterable[Any]) -> dict[str, PairTruth]:
+    """Ground truth per pair id from the pairs' ``change_type`` and, when present, ``<root>/scenes.json``."""
+    from procap.data.records import read_json
+
+    scenes: dict[int, dict[str, Any]] = {}
+    path = Path(root) / "scenes.json"
+    if path.is_file():
+        data = read_json(path, "synthetic scenes file")
+        scenes = {int(s["index"]): s for s in data.get("scenes", []) if isinstance(s, dict) and "index" in s}
+    truths = {}
+    for pair in pairs:
+        if pair.change_type is None:
+            continue
+        truths[pair.id] = _truth(pair, scenes)
+    return truths
+
+
+def _truth(pair: Any, scenes: Mapping[int, dict[str, Any]]) -> PairTruth:
+    if pair.change_type == NO_CHANGE:
+        return PairTruth(NO_CHANGE)
+    index = int(Path(str(pair.id)).stem.split("_")[-1])
+    scene = scenes.get(index)
+    if scene is None:
+        return PairTruth(pair.change_type)
+    change = scene["change"]
+    obj = change["object"] if change["type"] == "add" else scene["objects"][change["target"]]
+    new = change.get("to") if change["type"] in ("color", "material") else None
+    return PairTruth(change["type"], {a: obj[a] for a in ATTRIBUTES}, new)
+
+
+def _fraction(hits: int, total: int) -> float | None:
+    return hits / total if total else None
+
+
+def caption_accuracy(predictions: Mapping[str, str], truths: Mapping[str, PairTruth]) -> dict[str, Any]:
+    """Correctness of ``predictions`` (pair id -> caption) against ``truths``: overall and per change type.
+
+    Returns:
+        ``{"change", "type", "object", "new_value", "distinct", "pairs", "change_pairs", "unparsed",
+        "per_type": {type: {...}}}``; fractions in [0, 1], None where nothing was there to count (e.g. the
+        object without a ``scenes.json``).
+    """
+    ids = [i for i in predictions if i in truths]
+    overall = _accuracy_over(ids, predictions, truths)
+    per_type = {}
+    for kind in (*CHANGE_TYPES, NO_CHANGE):
+        members = [i for i in ids if truths[i].type == kind]
+        if members:
+            per_type[kind] = _accuracy_over(members, predictions, truths)
+    return {**overall, "per_type": per_type}
+
+
+def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mapping[str, PairTruth]) -> dict:
+    parsed = {i: parse_caption(predictions[i]) for i in ids}
+    changes = [i for i in ids if truths[i].is_change]
+    with_object = [i for i in changes if truths[i].object is not None]
+    with_value = [i for i in changes if truths[i].new_value is not None]
+    return {
+        "change": _fraction(sum(parsed[i].claims_change == truths[i].is_change for i in ids), len(ids)),
+        "type": _fraction(sum(parsed[i].type == truths[i].type for i in changes), len(changes)),
+        "object": _fraction(sum(parsed[i].object == truths[i].object for i in with_object), len(with_object)),
+        "new_value": _fraction(sum(parsed[i].new_value == truths[i].new_value for i in with_value), len(with_value)),
+        "distinct": _fraction(len({predictions[i] for i in changes}), len(changes)),
+        "pairs": len(ids),
+        "change_pairs": len(changes),
+        "unparsed": sum(parsed[i].type is None for i in ids),
+    }
