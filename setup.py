@@ -37,8 +37,9 @@ def _extension_setup() -> dict:
         extra["cxx"] = cxx_flags + ["-DPROCAP_WITH_CUDA"]
         extension_cls = cpp_extension.CUDAExtension
     print(f"procap: building procap.kernels._C from {len(sources)} sources (CUDA: {with_cuda})")
-    ext = extension_cls("procap.kernels._C", sources, extra_compile_args=extra, extra_link_args=["-fopenmp"],
-                        optional=True)
+    ext = extension_cls(
+        "procap.kernels._C", sources, extra_compile_args=extra, extra_link_args=["-fopenmp"], optional=True
+    )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}}
 
 

@@ -56,7 +56,12 @@ def test_attention_backend(benchmark, bench_device, backend, shape_name):
     benchmark.pedantic(run, rounds=20 if on_gpu else 5, iterations=1, warmup_rounds=2)
     seconds = benchmark.stats.stats.median
     benchmark.extra_info.update(device_info(bench_device))
-    benchmark.extra_info.update({
-        "backend": backend, "shape": [b, h, lq, lk, dh], "causal": causal, "dtype": str(dtype),
-        "tflops": _flops(b, h, lq, lk, dh, causal) / seconds / 1e12,
-    })
+    benchmark.extra_info.update(
+        {
+            "backend": backend,
+            "shape": [b, h, lq, lk, dh],
+            "causal": causal,
+            "dtype": str(dtype),
+            "tflops": _flops(b, h, lq, lk, dh, causal) / seconds / 1e12,
+        }
+    )

@@ -79,8 +79,16 @@ def _model_flops(k: int, device: torch.device) -> dict[str, int]:
     if k not in _flops:
         model = _model(k, device)
         before, after = _images(model, 1, device)
-        counter = Captioner(model, _NoVocab(), device=device, dtype=torch.float32, max_len=STEPS + 1,
-                            batch_sizes=(1,), use_graphs=False, attention_backend="math")
+        counter = Captioner(
+            model,
+            _NoVocab(),
+            device=device,
+            dtype=torch.float32,
+            max_len=STEPS + 1,
+            batch_sizes=(1,),
+            use_graphs=False,
+            attention_backend="math",
+        )
         with use_backend("math"):
             cached = count_flops(lambda: counter.generate(before, after))
             eager = count_flops(lambda: model.generate(before, after, max_len=STEPS + 1))
@@ -92,14 +100,24 @@ def _model_flops(k: int, device: torch.device) -> dict[str, int]:
 def _peak_memory(device: torch.device) -> dict[str, float | None]:
     if device.type == "cuda":
         # The peak includes every model still cached in this session (the fp32 reference weights among them).
-        return {"peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-                "allocated_before_run_mb": _allocated_before.get("mb")}
+        return {
+            "peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "allocated_before_run_mb": _allocated_before.get("mb"),
+        }
     # Linux reports ru_maxrss in KiB: the process's high-water mark, not per test.
     return {"peak_memory_mb": None, "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _report(benchmark, device: torch.device, k: int, batch: int, tokens: torch.Tensor, provider: str,
-            telemetry: GPUTelemetry, flops_key: str) -> float:
+def _report(
+    benchmark,
+    device: torch.device,
+    k: int,
+    batch: int,
+    tokens: torch.Tensor,
+    provider: str,
+    telemetry: GPUTelemetry,
+    flops_key: str,
+) -> float:
     """Fill ``extra_info`` from the median time of one batch; returns the paper-counted TPS."""
     seconds = benchmark.stats.stats.median
     honest = int((tokens != PAD_ID).sum())  # tokens up to and including EOS
@@ -112,16 +130,27 @@ def _report(benchmark, device: torch.device, k: int, batch: int, tokens: torch.T
     info.update(device_info(device))
     info.update(_peak_memory(device))
     info.update(flops)
-    info.update({
-        "provider": provider, "k": k, "batch": batch, "preset": preset, "steps": STEPS,
-        "dtype": "float32" if provider == "eager_fp32" else str(_dtype(device)).replace("torch.", ""),
-        "attention_backend": select_backend(device, _dtype(device) if provider == "fast" else torch.float32),
-        "latency_s_per_batch": seconds, "captions_per_s": batch / seconds,
-        "tps_paper": tps, "tps_up_to_eos": honest / seconds, "tokens_up_to_eos_per_caption": honest / batch,
-        "paper_a40_tps": PAPER_A40_TPS[k], "ratio_to_paper_a40": ratio,
-        "peak_bf16_flops": peak_flops(device), "mfu": mfu(flops[flops_key], batch / seconds, device),
-        "gpu_telemetry": telemetry.summary(),
-    })
+    info.update(
+        {
+            "provider": provider,
+            "k": k,
+            "batch": batch,
+            "preset": preset,
+            "steps": STEPS,
+            "dtype": "float32" if provider == "eager_fp32" else str(_dtype(device)).replace("torch.", ""),
+            "attention_backend": select_backend(device, _dtype(device) if provider == "fast" else torch.float32),
+            "latency_s_per_batch": seconds,
+            "captions_per_s": batch / seconds,
+            "tps_paper": tps,
+            "tps_up_to_eos": honest / seconds,
+            "tokens_up_to_eos_per_caption": honest / batch,
+            "paper_a40_tps": PAPER_A40_TPS[k],
+            "ratio_to_paper_a40": ratio,
+            "peak_bf16_flops": peak_flops(device),
+            "mfu": mfu(flops[flops_key], batch / seconds, device),
+            "gpu_telemetry": telemetry.summary(),
+        }
+    )
     return tps
 
 
@@ -158,10 +187,15 @@ def test_e2e_eager_fp32(benchmark, bench_device, k):
     if bench_device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # true fp32, like the paper's A40 runs
         torch.backends.cudnn.allow_tf32 = False
-    tokens, telemetry = _run(benchmark, bench_device, lambda: model.generate(before, after, max_len=STEPS + 1),
-                             rounds=3 if bench_device.type == "cuda" else 1)
-    _reference_tps[k] = _report(benchmark, bench_device, k, batch, tokens, "eager_fp32", telemetry,
-                                "eager_flops_per_pair")
+    tokens, telemetry = _run(
+        benchmark,
+        bench_device,
+        lambda: model.generate(before, after, max_len=STEPS + 1),
+        rounds=3 if bench_device.type == "cuda" else 1,
+    )
+    _reference_tps[k] = _report(
+        benchmark, bench_device, k, batch, tokens, "eager_fp32", telemetry, "eager_flops_per_pair"
+    )
 
 
 @pytest.mark.parametrize("capture_memory", [False, True], ids=["decode_graph", "whole_graph"])
@@ -179,8 +213,15 @@ def test_e2e_fast(benchmark, bench_device, k, batch, capture_memory):
     if capture_memory and (bench_device.type != "cuda" or batch > 8):
         pytest.skip("whole-graph capture is measured on CUDA at batch 1 and 8 only")
     model = _model(k, bench_device)
-    captioner = Captioner(model, _NoVocab(), device=bench_device, dtype=_dtype(bench_device), max_len=STEPS + 1,
-                          batch_sizes=(batch,), capture_memory=capture_memory)
+    captioner = Captioner(
+        model,
+        _NoVocab(),
+        device=bench_device,
+        dtype=_dtype(bench_device),
+        max_len=STEPS + 1,
+        batch_sizes=(batch,),
+        capture_memory=capture_memory,
+    )
     before, after = _images(model, batch, bench_device)
     rounds = (30 if batch <= 8 else 10) if bench_device.type == "cuda" else 3
     tokens, telemetry = _run(benchmark, bench_device, lambda: captioner.generate(before, after), rounds)

@@ -32,10 +32,18 @@ def test_midpoint_quality(benchmark, synth_root, name, bench_device):
     mids = benchmark(lambda: interp(before, after).cpu())
     quality = evaluate_interpolators(synth_root, {name: interp}, "move")[name]
     benchmark.extra_info.update(device_info(bench_device))
-    benchmark.extra_info.update({"pairs": int(before.shape[0]), "size": 64, "psnr_db": quality["psnr"],
-                                 "psnr_changed_db": quality["psnr_changed"]})
-    print(f"\n{name}: PSNR {quality['psnr']:.2f} dB (changed region {quality['psnr_changed']:.2f} dB) "
-          f"on {before.shape[0]} move pairs")
+    benchmark.extra_info.update(
+        {
+            "pairs": int(before.shape[0]),
+            "size": 64,
+            "psnr_db": quality["psnr"],
+            "psnr_changed_db": quality["psnr_changed"],
+        }
+    )
+    print(
+        f"\n{name}: PSNR {quality['psnr']:.2f} dB (changed region {quality['psnr_changed']:.2f} dB) "
+        f"on {before.shape[0]} move pairs"
+    )
     assert float(psnr(mids, truth).mean()) == pytest.approx(quality["psnr"], abs=1e-3)
 
 
@@ -65,8 +73,16 @@ def test_procedure_quality(benchmark, synth_root, mode):
     benchmark(lambda: generate_procedure(before, after, interp, 7, direct=mode == "direct"))
     result = evaluate_procedures(synth_root, 7, "move", interpolators={"flow": interp, "crossfade": CrossFade()})
     ours, fade = result[f"flow/{mode}"], result["crossfade/recursive"]
-    benchmark.extra_info.update({"pairs": ours["pairs"], "psnr_db": ours["psnr"], "per_frame_db": ours["per_frame"],
-                                 "crossfade_psnr_db": fade["psnr"]})
-    print(f"\nflow/{mode}: {ours['psnr']:.2f} dB over 7 frames (cross-fade {fade['psnr']:.2f} dB), "
-          f"per frame {[round(v, 1) for v in ours['per_frame']]}")
+    benchmark.extra_info.update(
+        {
+            "pairs": ours["pairs"],
+            "psnr_db": ours["psnr"],
+            "per_frame_db": ours["per_frame"],
+            "crossfade_psnr_db": fade["psnr"],
+        }
+    )
+    print(
+        f"\nflow/{mode}: {ours['psnr']:.2f} dB over 7 frames (cross-fade {fade['psnr']:.2f} dB), "
+        f"per frame {[round(v, 1) for v in ours['per_frame']]}"
+    )
     assert ours["psnr"] > fade["psnr"] + 1.5

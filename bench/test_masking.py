@@ -45,8 +45,9 @@ def test_masking(benchmark, bench_device, impl, mode, dtype, shape_name):
         kernels.chosen_impl("masking", bench_device, dtype)  # warm the dispatch cache
         params = sample_mask_params(batch, frames, grid_h, grid_w, MaskingConfig(), device=bench_device)
         x = torch.randn(batch, n_pos, dim, device=bench_device, dtype=dtype, requires_grad=mode == "fwd_bwd")
-        tables = [torch.randn(n, dim, device=bench_device, requires_grad=mode == "fwd_bwd")
-                  for n in (frames, grid_h, grid_w)]
+        tables = [
+            torch.randn(n, dim, device=bench_device, requires_grad=mode == "fwd_bwd") for n in (frames, grid_h, grid_w)
+        ]
         em = torch.randn(dim, device=bench_device, requires_grad=mode == "fwd_bwd")
         grad = torch.randn(batch, n_pos, dim, device=bench_device, dtype=dtype)
         kernels.masking(x, params, em, *tables, impl=impl)
@@ -63,7 +64,12 @@ def test_masking(benchmark, bench_device, impl, mode, dtype, shape_name):
     benchmark.pedantic(run, rounds=20 if on_gpu else 5, iterations=1, warmup_rounds=1)
     seconds = benchmark.stats.stats.median
     benchmark.extra_info.update(device_info(bench_device))
-    benchmark.extra_info.update({
-        "impl": impl, "mode": mode, "shape": [batch, frames, grid_h, grid_w, dim], "dtype": str(dtype),
-        "gbps": _bytes_moved(batch, n_pos, dim, x.element_size(), mode) / seconds / 1e9,
-    })
+    benchmark.extra_info.update(
+        {
+            "impl": impl,
+            "mode": mode,
+            "shape": [batch, frames, grid_h, grid_w, dim],
+            "dtype": str(dtype),
+            "gbps": _bytes_moved(batch, n_pos, dim, x.element_size(), mode) / seconds / 1e9,
+        }
+    )

@@ -56,7 +56,11 @@ def test_vq_nearest(benchmark, bench_device, impl, dtype, shape_name):
     benchmark.pedantic(run, rounds=20 if on_gpu else 5, iterations=1, warmup_rounds=1)
     seconds = benchmark.stats.stats.median
     benchmark.extra_info.update(device_info(bench_device))
-    benchmark.extra_info.update({
-        "impl": impl, "shape": [n_rows, n_codes, dim], "dtype": str(dtype),
-        "gflops": 2.0 * n_rows * n_codes * dim / seconds / 1e9,
-    })
+    benchmark.extra_info.update(
+        {
+            "impl": impl,
+            "shape": [n_rows, n_codes, dim],
+            "dtype": str(dtype),
+            "gflops": 2.0 * n_rows * n_codes * dim / seconds / 1e9,
+        }
+    )

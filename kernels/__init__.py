@@ -93,8 +93,12 @@ def _choose(op: str, device_type: str, dtype: torch.dtype, requires_grad: bool) 
         if reason is None:
             if impl == "reference" and reasons and (op, device_type) not in _warned:
                 _warned.add((op, device_type))
-                warnings.warn(f"procap.kernels.{op}: falling back to the PyTorch reference on {device_type} "
-                              f"({'; '.join(reasons)})", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"procap.kernels.{op}: falling back to the PyTorch reference on {device_type} "
+                    f"({'; '.join(reasons)})",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             return impl
         reasons.append(f"{impl}: {reason}")
     raise AssertionError("unreachable: the reference always runs")
@@ -122,8 +126,15 @@ def chosen_impl(op: str, device: torch.device | str, dtype: torch.dtype, require
     return _choose(op, torch.device(device).type, dtype, requires_grad)
 
 
-def masking(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tensor, pos_frame: torch.Tensor,
-            pos_row: torch.Tensor, pos_col: torch.Tensor, impl: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def masking(
+    x: torch.Tensor,
+    params: MaskParams,
+    mask_embedding: torch.Tensor,
+    pos_frame: torch.Tensor,
+    pos_row: torch.Tensor,
+    pos_col: torch.Tensor,
+    impl: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked visual embeddings plus axial positions; see :func:`procap.model.masking.masking_ref`.
 
     Args:
@@ -141,15 +152,17 @@ def masking(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tensor, p
     if chosen == "reference":
         return masking_ref(x, params, mask_embedding, pos_frame, pos_row, pos_col)
     if x.shape[1] != pos_frame.shape[0] * pos_row.shape[0] * pos_col.shape[0]:  # same message as the reference
-        raise ValueError(f"x has {x.shape[1]} positions, expected T*H*W = "
-                         f"{pos_frame.shape[0] * pos_row.shape[0] * pos_col.shape[0]}")
+        raise ValueError(
+            f"x has {x.shape[1]} positions, expected T*H*W = {pos_frame.shape[0] * pos_row.shape[0] * pos_col.shape[0]}"
+        )
     if chosen == "triton":
         return _triton_module("masking").masking_triton(x, params, mask_embedding, pos_frame, pos_row, pos_col)
     return _compiled().masking_ext(x, params, mask_embedding, pos_frame, pos_row, pos_col)
 
 
-def vq_nearest(z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = False,
-               impl: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = False, impl: str | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Nearest codebook indices; see :func:`procap.model.quantize.vq_nearest_ref`.
 
     Args:

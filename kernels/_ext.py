@@ -41,8 +41,13 @@ def _register_python_parts() -> None:
         dim = grad.shape[-1]
         grad_x = torch.empty_like(grad) if need_grad_x else grad.new_empty(0)
         f32 = {"dtype": torch.float32}
-        return (grad_x, grad.new_empty(dim, **f32), grad.new_empty(num_frames, dim, **f32),
-                grad.new_empty(grid_h, dim, **f32), grad.new_empty(grid_w, dim, **f32))
+        return (
+            grad_x,
+            grad.new_empty(dim, **f32),
+            grad.new_empty(num_frames, dim, **f32),
+            grad.new_empty(grid_h, dim, **f32),
+            grad.new_empty(grid_w, dim, **f32),
+        )
 
     @torch.library.register_fake("procap::vq_nearest")
     def _vq_nearest_fake(z, codebook):
@@ -69,15 +74,23 @@ if AVAILABLE:
     _register_python_parts()
 
 
-def masking_ext(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tensor, pos_frame: torch.Tensor,
-                pos_row: torch.Tensor, pos_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masking_ext(
+    x: torch.Tensor,
+    params: MaskParams,
+    mask_embedding: torch.Tensor,
+    pos_frame: torch.Tensor,
+    pos_row: torch.Tensor,
+    pos_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Compiled version of :func:`procap.model.masking.masking_ref` (same arguments, same outputs)."""
-    return torch.ops.procap.masking_fwd(x, params.scheme, params.patch_prob, params.uniform, params.block,
-                                        mask_embedding, pos_frame, pos_row, pos_col)
+    return torch.ops.procap.masking_fwd(
+        x, params.scheme, params.patch_prob, params.uniform, params.block, mask_embedding, pos_frame, pos_row, pos_col
+    )
 
 
-def vq_nearest_ext(z: torch.Tensor, codebook: torch.Tensor,
-                   return_quantized: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def vq_nearest_ext(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Compiled version of :func:`procap.model.quantize.vq_nearest_ref` (same arguments, same outputs)."""
     indices = torch.ops.procap.vq_nearest(z.detach(), codebook.detach())  # indices carry no gradient
     if return_quantized:

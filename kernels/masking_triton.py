@@ -64,9 +64,28 @@ def _round_to_bf16_rne(x):
 
 
 @triton.jit
-def _masking_fwd_kernel(X_ptr, Out_ptr, Mask_ptr, Scheme_ptr, Prob_ptr, U_ptr, Block_ptr, Em_ptr,
-                        PF_ptr, PR_ptr, PC_ptr, n_rows, N, D, H, W, stride_u_row,
-                        ROUND_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _masking_fwd_kernel(
+    X_ptr,
+    Out_ptr,
+    Mask_ptr,
+    Scheme_ptr,
+    Prob_ptr,
+    U_ptr,
+    Block_ptr,
+    Em_ptr,
+    PF_ptr,
+    PR_ptr,
+    PC_ptr,
+    n_rows,
+    N,
+    D,
+    H,
+    W,
+    stride_u_row,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """out = where(mask, e_m, x) + ((pos_frame[t] + pos_row[h]) + pos_col[w]) on a (BLOCK_M rows, BLOCK_D) tile."""
     pid_m = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -98,8 +117,9 @@ def _masking_fwd_kernel(X_ptr, Out_ptr, Mask_ptr, Scheme_ptr, Prob_ptr, U_ptr, B
 
 
 @triton.jit
-def _masking_bwd_kernel(G_ptr, Mask_ptr, GX_ptr, S_ptr, E_ptr, B, N, D,
-                        WRITE_GX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _masking_bwd_kernel(
+    G_ptr, Mask_ptr, GX_ptr, S_ptr, E_ptr, B, N, D, WRITE_GX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """grad_x = grad * ~mask; S[n] = sum_b grad[b, n]; E[pid_m] = sum over the tile's masked rows (all fp32)."""
     pid_m = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -126,13 +146,23 @@ def _masking_bwd_kernel(G_ptr, Mask_ptr, GX_ptr, S_ptr, E_ptr, B, N, D,
 
 def _check_device(x: torch.Tensor) -> None:
     if x.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
-                         "before importing procap.kernels.masking_triton to run it on CPU)")
+        raise ValueError(
+            f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
+            "before importing procap.kernels.masking_triton to run it on CPU)"
+        )
 
 
-def masking_fwd(x: torch.Tensor, scheme: torch.Tensor, patch_prob: torch.Tensor, uniform: torch.Tensor,
-                block: torch.Tensor, mask_embedding: torch.Tensor, pos_frame: torch.Tensor, pos_row: torch.Tensor,
-                pos_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masking_fwd(
+    x: torch.Tensor,
+    scheme: torch.Tensor,
+    patch_prob: torch.Tensor,
+    uniform: torch.Tensor,
+    block: torch.Tensor,
+    mask_embedding: torch.Tensor,
+    pos_frame: torch.Tensor,
+    pos_row: torch.Tensor,
+    pos_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
     Args:
@@ -156,16 +186,34 @@ def masking_fwd(x: torch.Tensor, scheme: torch.Tensor, patch_prob: torch.Tensor,
     block_d = min(triton.next_power_of_2(dim), 128)
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(dim, block_d))
     _masking_fwd_kernel[grid](
-        x, out, mask, scheme.contiguous(), patch_prob.float().contiguous(), uniform, block.contiguous(),
-        mask_embedding.contiguous(), pos_frame.contiguous(), pos_row.contiguous(), pos_col.contiguous(),
-        n_rows, n_pos, dim, grid_h, grid_w, uniform.stride(0),
-        ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+        x,
+        out,
+        mask,
+        scheme.contiguous(),
+        patch_prob.float().contiguous(),
+        uniform,
+        block.contiguous(),
+        mask_embedding.contiguous(),
+        pos_frame.contiguous(),
+        pos_row.contiguous(),
+        pos_col.contiguous(),
+        n_rows,
+        n_pos,
+        dim,
+        grid_h,
+        grid_w,
+        uniform.stride(0),
+        ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
     return out, mask.view(torch.bool)
 
 
-def masking_bwd(grad: torch.Tensor, mask: torch.Tensor, num_frames: int, grid_h: int, grid_w: int,
-                need_grad_x: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor]:
+def masking_bwd(
+    grad: torch.Tensor, mask: torch.Tensor, num_frames: int, grid_h: int, grid_w: int, need_grad_x: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernel.
 
     Args:
@@ -185,12 +233,22 @@ def masking_bwd(grad: torch.Tensor, mask: torch.Tensor, num_frames: int, grid_h:
     grad_x = torch.empty_like(grad) if need_grad_x else grad  # dummy pointer when not written
     per_pos = torch.empty(n_pos, dim, dtype=torch.float32, device=grad.device)  # (N, D) sum over the batch
     per_tile = torch.empty(grid[0], dim, dtype=torch.float32, device=grad.device)  # masked sums per n-tile
-    _masking_bwd_kernel[grid](grad, mask.contiguous().view(torch.uint8), grad_x, per_pos, per_tile,
-                              batch, n_pos, dim, WRITE_GX=need_grad_x, BLOCK_M=block_m, BLOCK_D=block_d,
-                              num_warps=4)
+    _masking_bwd_kernel[grid](
+        grad,
+        mask.contiguous().view(torch.uint8),
+        grad_x,
+        per_pos,
+        per_tile,
+        batch,
+        n_pos,
+        dim,
+        WRITE_GX=need_grad_x,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
     grid4 = per_pos.view(num_frames, grid_h, grid_w, dim)
-    return (grad_x if need_grad_x else None, per_tile.sum(0), grid4.sum((1, 2)), grid4.sum((0, 2)),
-            grid4.sum((0, 1)))
+    return (grad_x if need_grad_x else None, per_tile.sum(0), grid4.sum((1, 2)), grid4.sum((0, 2)), grid4.sum((0, 1)))
 
 
 class MaskingFunction(torch.autograd.Function):
@@ -208,16 +266,33 @@ class MaskingFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, _grad_mask):
         (mask,) = ctx.saved_tensors
-        grad_x, grad_em, grad_pf, grad_pr, grad_pc = masking_bwd(grad_out, mask, *ctx.geometry,
-                                                                 need_grad_x=ctx.needs_input_grad[0])
+        grad_x, grad_em, grad_pf, grad_pr, grad_pc = masking_bwd(
+            grad_out, mask, *ctx.geometry, need_grad_x=ctx.needs_input_grad[0]
+        )
         x_dtype, em_dtype, pf_dtype, pr_dtype, pc_dtype = ctx.dtypes
         grad_x = grad_x.to(x_dtype) if grad_x is not None else None
-        return (grad_x, None, None, None, None, grad_em.to(em_dtype), grad_pf.to(pf_dtype), grad_pr.to(pr_dtype),
-                grad_pc.to(pc_dtype))
+        return (
+            grad_x,
+            None,
+            None,
+            None,
+            None,
+            grad_em.to(em_dtype),
+            grad_pf.to(pf_dtype),
+            grad_pr.to(pr_dtype),
+            grad_pc.to(pc_dtype),
+        )
 
 
-def masking_triton(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tensor, pos_frame: torch.Tensor,
-                   pos_row: torch.Tensor, pos_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masking_triton(
+    x: torch.Tensor,
+    params: MaskParams,
+    mask_embedding: torch.Tensor,
+    pos_frame: torch.Tensor,
+    pos_row: torch.Tensor,
+    pos_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`procap.model.masking.masking_ref` (same arguments, same outputs)."""
-    return MaskingFunction.apply(x, params.scheme, params.patch_prob, params.uniform, params.block, mask_embedding,
-                                 pos_frame, pos_row, pos_col)
+    return MaskingFunction.apply(
+        x, params.scheme, params.patch_prob, params.uniform, params.block, mask_embedding, pos_frame, pos_row, pos_col
+    )

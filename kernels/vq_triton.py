@@ -27,8 +27,22 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
-def _vq_nearest_kernel(Z_ptr, E_ptr, ZZ_ptr, EE_ptr, Idx_ptr, N, K, D, stride_z_row, stride_e_row,
-                       UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+def _vq_nearest_kernel(
+    Z_ptr,
+    E_ptr,
+    ZZ_ptr,
+    EE_ptr,
+    Idx_ptr,
+    N,
+    K,
+    D,
+    stride_z_row,
+    stride_e_row,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """idx[i] = argmin_j (zz[i] + ee[j]) - 2 * z_i . e_j over the whole codebook, for BLOCK_N rows."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -43,10 +57,16 @@ def _vq_nearest_kernel(Z_ptr, E_ptr, ZZ_ptr, EE_ptr, Idx_ptr, N, K, D, stride_z_
         for d0 in range(0, D, BLOCK_D):
             dims = d0 + tl.arange(0, BLOCK_D)
             dim_ok = dims < D
-            z = tl.load(Z_ptr + rows.to(tl.int64)[:, None] * stride_z_row + dims[None, :],
-                        mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-            e = tl.load(E_ptr + codes.to(tl.int64)[:, None] * stride_e_row + dims[None, :],
-                        mask=code_ok[:, None] & dim_ok[None, :], other=0.0)
+            z = tl.load(
+                Z_ptr + rows.to(tl.int64)[:, None] * stride_z_row + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :],
+                other=0.0,
+            )
+            e = tl.load(
+                E_ptr + codes.to(tl.int64)[:, None] * stride_e_row + dims[None, :],
+                mask=code_ok[:, None] & dim_ok[None, :],
+                other=0.0,
+            )
             if UPCAST:  # the interpreter has no low-precision dot; fp32 products of fp16/bf16 values are exact
                 z = z.to(tl.float32)
                 e = e.to(tl.float32)
@@ -78,8 +98,10 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
         (N,) int64 indices of the nearest codes.
     """
     if z.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
-                         "importing procap.kernels.vq_triton to run it on CPU)")
+        raise ValueError(
+            f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
+            "importing procap.kernels.vq_triton to run it on CPU)"
+        )
     if codebook.dtype != z.dtype:  # tl.dot needs equal operand types; the reference compares in fp32 anyway
         z, codebook = z.float(), codebook.float()
     z = z.contiguous()
@@ -92,14 +114,29 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     block_n, block_k = 64, 64
     block_d = max(16, min(triton.next_power_of_2(dim), 64))
     grid = (triton.cdiv(n_rows, block_n),)
-    _vq_nearest_kernel[grid](z, codebook, squared_norms(z), squared_norms(codebook), indices, n_rows, n_codes, dim,
-                             z.stride(0), codebook.stride(0), UPCAST=INTERPRETED or z.dtype == torch.float32,
-                             BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_D=block_d, num_warps=4)
+    _vq_nearest_kernel[grid](
+        z,
+        codebook,
+        squared_norms(z),
+        squared_norms(codebook),
+        indices,
+        n_rows,
+        n_codes,
+        dim,
+        z.stride(0),
+        codebook.stride(0),
+        UPCAST=INTERPRETED or z.dtype == torch.float32,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
     return indices
 
 
-def vq_nearest_triton(z: torch.Tensor, codebook: torch.Tensor,
-                      return_quantized: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def vq_nearest_triton(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`procap.model.quantize.vq_nearest_ref` (same arguments, same outputs)."""
     indices = vq_nearest_fwd(z, codebook)
     if return_quantized:

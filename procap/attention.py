@@ -55,8 +55,9 @@ class BackendUnavailableError(RuntimeError):
     """An explicitly requested attention backend cannot run on this device/dtype/installation."""
 
 
-def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                   attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, attn_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Reference attention, softmax in fp32.
 
     Args:
@@ -178,14 +179,16 @@ def _require(backend: str, q: torch.Tensor) -> None:
     if reason is not None:
         hint = _INSTALL_HINTS.get(backend)
         raise BackendUnavailableError(
-            f"attention backend {backend!r} is unavailable because {reason}" + (f"; it needs {hint}" if hint else ""))
+            f"attention backend {backend!r} is unavailable because {reason}" + (f"; it needs {hint}" if hint else "")
+        )
 
 
 # ----------------------------------------------------------------------------------------------- kernels
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-          attn_mask: torch.Tensor | None) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     lq, lk = q.shape[-2], k.shape[-2]
     if causal and attn_mask is not None:
         # SDPA refuses is_causal together with a mask: fold the causal part into the bool mask.
@@ -206,8 +209,9 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     return out.transpose(1, 2)
 
 
-def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              attn_mask: torch.Tensor | None) -> torch.Tensor:
+def _xformers(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     from xformers import ops as xops
 
     bias = None
@@ -227,13 +231,15 @@ def _additive_bias(attn_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     lk = attn_mask.shape[-1]
     padded = torch.empty(b, h, lq, (lk + 7) // 8 * 8, dtype=q.dtype, device=q.device)
     bias = padded[..., :lk]
-    bias.copy_(torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
-               .expand(b, h, lq, lk))
+    bias.copy_(
+        torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf")).expand(b, h, lq, lk)
+    )
     return bias
 
 
-def _run_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 attn_mask: torch.Tensor | None) -> torch.Tensor:
+def _run_backend(
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     if backend == "math":
         return attention_math(q, k, v, causal, attn_mask)
     if backend == "sdpa":
@@ -241,8 +247,12 @@ def _run_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if backend in SDPA_KERNELS:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        kernel = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}[backend]
+        kernel = {
+            "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "sdpa_math": SDPBackend.MATH,
+        }[backend]
         with sdpa_kernel([kernel]):
             return _sdpa(q, k, v, causal, attn_mask)
     if backend == "flash":
@@ -258,8 +268,14 @@ def _flash_fits(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     return attn_mask is None and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              attn_mask: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Attention over (B, H, L, Dh) tensors with the chosen backend.
 
     Args:

@@ -53,7 +53,9 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def atomic_save_tensors(path: Path | str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def atomic_save_tensors(
+    path: Path | str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """``safetensors.torch.save_file`` through a temporary file; tensors are made contiguous on the CPU."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
@@ -86,8 +88,13 @@ def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
         if tensor.device.type == "meta" or tensor.numel() == 0:
             tensors[name] = tensor
             continue
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype)
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
         if key in kept:
             aliases[name] = kept[key]
         else:
@@ -165,8 +172,9 @@ def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
         raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
     try:
-        return {key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key]
-                for key in raw}
+        return {
+            key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key] for key in raw
+        }
     except json.JSONDecodeError as exc:
         raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
 
@@ -262,8 +270,9 @@ def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
 def _unflatten_optimizer(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     state = {}
     for index, entry in skeleton["state"].items():
-        state[int(index)] = {k: tensors[v["tensor"]] if isinstance(v, dict) and "tensor" in v else v
-                             for k, v in entry.items()}
+        state[int(index)] = {
+            k: tensors[v["tensor"]] if isinstance(v, dict) and "tensor" in v else v for k, v in entry.items()
+        }
     groups = []
     for group in skeleton["param_groups"]:
         # JSON turns tuples into lists; AdamW expects ``betas`` as a tuple.
@@ -312,8 +321,9 @@ def save_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer
     atomic_write_text(json_path, json.dumps(payload, indent=1))
 
 
-def load_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer | None = None,
-                        restore_rng: bool = True) -> dict[str, Any]:
+def load_training_state(
+    checkpoint: Path | str, optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True
+) -> dict[str, Any]:
     """Restore what :func:`save_training_state` wrote; returns the scalars (``step``, ``epoch``, ...).
 
     Raises:

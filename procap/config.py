@@ -140,17 +140,38 @@ class ProCapConfig:
 
 def _tiny_vqgan() -> VQGANConfig:
     # 64 px, f8 -> 8x8 latents (64 tokens per frame): small enough to train in a CPU demo.
-    return VQGANConfig(resolution=64, ch=32, ch_mult=(1, 1, 2, 4), num_res_blocks=1, attn_resolutions=(8,),
-                       z_channels=64, embed_dim=64, n_embed=256)
+    return VQGANConfig(
+        resolution=64,
+        ch=32,
+        ch_mult=(1, 1, 2, 4),
+        num_res_blocks=1,
+        attn_resolutions=(8,),
+        z_channels=64,
+        embed_dim=64,
+        n_embed=256,
+    )
 
 
 PRESETS: dict[str, ProCapConfig] = {
-    "clevr": ProCapConfig(name="clevr", enc_layers=12, dec_layers=2, vocab_size=80,
-                          msm_weight=1.0, align_weight=1.0, csy_weight=1.0),
+    "clevr": ProCapConfig(
+        name="clevr", enc_layers=12, dec_layers=2, vocab_size=80, msm_weight=1.0, align_weight=1.0, csy_weight=1.0
+    ),
     "spot": ProCapConfig(name="spot", enc_layers=4, dec_layers=3, vocab_size=834),
     "edit": ProCapConfig(name="edit", enc_layers=12, dec_layers=2, vocab_size=524),
-    "tiny": ProCapConfig(name="tiny", vqgan=_tiny_vqgan(), image_size=64, enc_dim=128, enc_heads=4, enc_mlp=512,
-                         enc_layers=2, dec_dim=128, dec_heads=4, dec_ffn=512, dec_layers=2, dropout=0.1),
+    "tiny": ProCapConfig(
+        name="tiny",
+        vqgan=_tiny_vqgan(),
+        image_size=64,
+        enc_dim=128,
+        enc_heads=4,
+        enc_mlp=512,
+        enc_layers=2,
+        dec_dim=128,
+        dec_heads=4,
+        dec_ffn=512,
+        dec_layers=2,
+        dropout=0.1,
+    ),
 }
 
 

@@ -57,8 +57,10 @@ _PHRASES: tuple[tuple[str, str | None], ...] = (
     (r"no change (?:was made|has occurred|happened)", NO_CHANGE),
     (r"(?:there is|there was) no change", NO_CHANGE),
     (r"nothing (?:has |was )?changed", NO_CHANGE),
-    (r"the (?:two )?scenes? (?:remains?|is|are|seems?|look) (?:the same|identical|unchanged)(?: as before)?",
-     NO_CHANGE),
+    (
+        r"the (?:two )?scenes? (?:remains?|is|are|seems?|look) (?:the same|identical|unchanged)(?: as before)?",
+        NO_CHANGE,
+    ),
     (r"the two scenes seem identical", NO_CHANGE),
     (rf"the colou?r of the {_OBJ} (?:changed|changes) to {_NEW}", "color"),
     (rf"the material of the {_OBJ} (?:changed|changes) to {_NEW}", "material"),

@@ -91,8 +91,10 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
             scorers.append((metric, Cider()))
         elif metric == "meteor":
             if not java_available():
-                raise ProCapError("METEOR needs a Java runtime: install one (e.g. apt-get install default-jre-headless) "
-                                  "or leave METEOR out with --metrics bleu,rouge,cider.")
+                raise ProCapError(
+                    "METEOR needs a Java runtime: install one (e.g. apt-get install default-jre-headless) "
+                    "or leave METEOR out with --metrics bleu,rouge,cider."
+                )
             from pycocoevalcap.meteor.meteor import Meteor
 
             scorers.append((metric, Meteor()))
@@ -101,8 +103,9 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
     return scorers
 
 
-def _score_tokenized(gts: dict[str, list[str]], res: dict[str, list[str]], scorers: list[tuple[str, Any]]
-                     ) -> dict[str, float]:
+def _score_tokenized(
+    gts: dict[str, list[str]], res: dict[str, list[str]], scorers: list[tuple[str, Any]]
+) -> dict[str, float]:
     results: dict[str, float] = {}
     for metric, scorer in scorers:
         with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints its internals
@@ -115,8 +118,12 @@ def _score_tokenized(gts: dict[str, list[str]], res: dict[str, list[str]], score
     return results
 
 
-def score(predictions: dict[str, str], references: dict[str, list[str]], metrics: Iterable[str] | None = None,
-          change_types: dict[str, str | None] | None = None) -> dict[str, Any]:
+def score(
+    predictions: dict[str, str],
+    references: dict[str, list[str]],
+    metrics: Iterable[str] | None = None,
+    change_types: dict[str, str | None] | None = None,
+) -> dict[str, Any]:
     """Score predicted captions against references.
 
     Args:
@@ -135,8 +142,12 @@ def score(predictions: dict[str, str], references: dict[str, list[str]], metrics
     scorers = _scorers(metrics if metrics is not None else METRICS)
     # The tokenizer ignores empty hypotheses badly; a lone space keeps the id present.
     # One tokenizer run for hypotheses and references (each Java start costs about a second).
-    both = _tokenize({**{f"h{k}": [v if v.strip() else " "] for k, v in predictions.items()},
-                      **{f"r{k}": list(references[k]) for k in predictions}})
+    both = _tokenize(
+        {
+            **{f"h{k}": [v if v.strip() else " "] for k, v in predictions.items()},
+            **{f"r{k}": list(references[k]) for k in predictions},
+        }
+    )
     res = {k: both[f"h{k}"] for k in predictions}
     gts = {k: both[f"r{k}"] for k in predictions}
     results: dict[str, Any] = _score_tokenized(gts, res, scorers)
@@ -150,7 +161,10 @@ def score(predictions: dict[str, str], references: dict[str, list[str]], metrics
                 groups.setdefault(kind, []).append(key)
             groups.setdefault("no_change" if kind == "no_change" else "change", []).append(key)
         results["by_type"] = {
-            name: {**_score_tokenized({k: gts[k] for k in keys}, {k: res[k] for k in keys}, scorers), "count": len(keys)}
+            name: {
+                **_score_tokenized({k: gts[k] for k in keys}, {k: res[k] for k in keys}, scorers),
+                "count": len(keys),
+            }
             for name, keys in sorted(groups.items())
         }
     return results
@@ -168,8 +182,9 @@ def read_predictions(path: str | os.PathLike) -> dict[str, str]:
         return {str(k): v for k, v in data.items()}
     if isinstance(data, list) and all(isinstance(d, dict) and {"image_id", "caption"} <= set(d) for d in data):
         return {str(d["image_id"]): str(d["caption"]) for d in data}
-    raise ProCapError(f"prediction file {path} must be a COCO result list of {{image_id, caption}} or an "
-                      "{id: caption} object.")
+    raise ProCapError(
+        f"prediction file {path} must be a COCO result list of {{image_id, caption}} or an {{id: caption}} object."
+    )
 
 
 def read_references(path: str | os.PathLike) -> dict[str, list[str]]:

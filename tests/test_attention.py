@@ -19,12 +19,15 @@ from procap.attention import (
     use_backend,
 )
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    "not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+    ),
+]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (B, H, Lq, Lk, Dh): odd lengths, a single decoding query, Lq > Lk would be meaningless with causal.
 SHAPES = [(2, 3, 7, 7, 16), (1, 2, 1, 13, 32), (2, 2, 5, 33, 64), (1, 1, 97, 123, 8)]
-
 
 
 def _plain_low_precision(q, k, v, causal, mask):
@@ -88,8 +91,9 @@ def test_mask_blocks_keys():
     mask = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
     mask[..., :2] = True
     for backend in ("math", "sdpa"):
-        torch.testing.assert_close(attention(q, k, v, attn_mask=mask, backend=backend),
-                                   attention_math(q, k[..., :2, :], v[..., :2, :]))
+        torch.testing.assert_close(
+            attention(q, k, v, attn_mask=mask, backend=backend), attention_math(q, k[..., :2, :], v[..., :2, :])
+        )
 
 
 def test_auto_is_cached_and_available():

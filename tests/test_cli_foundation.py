@@ -20,8 +20,20 @@ def test_help_lists_the_subcommands(capsys):
 def test_synth_then_vocab(tmp_path, capsys):
     assert main(["synth", "--out", str(tmp_path / "syn"), "--scenes", "8", "--size", "24", "--seed", "1"]) == 0
     assert (tmp_path / "syn" / "splits.json").is_file()
-    assert main(["vocab", "--dataset", "clevr-change", "--root", str(tmp_path / "syn"),
-                 "--out", str(tmp_path / "vocab.json")]) == 0
+    assert (
+        main(
+            [
+                "vocab",
+                "--dataset",
+                "clevr-change",
+                "--root",
+                str(tmp_path / "syn"),
+                "--out",
+                str(tmp_path / "vocab.json"),
+            ]
+        )
+        == 0
+    )
     vocab = Vocabulary.load(tmp_path / "vocab.json")
     assert "cube" in vocab or "sphere" in vocab or "cylinder" in vocab
 
@@ -29,16 +41,33 @@ def test_synth_then_vocab(tmp_path, capsys):
 def test_score_writes_metrics(tmp_path, capsys):
     (tmp_path / "pred.json").write_text(json.dumps([{"image_id": "1", "caption": "the cube moved"}]))
     (tmp_path / "refs.json").write_text(json.dumps({"1": ["the cube moved", "the cube was moved"]}))
-    code = main(["score", "--pred", str(tmp_path / "pred.json"), "--refs", str(tmp_path / "refs.json"),
-                 "--metrics", "bleu,rouge", "--out", str(tmp_path / "m.json")])
+    code = main(
+        [
+            "score",
+            "--pred",
+            str(tmp_path / "pred.json"),
+            "--refs",
+            str(tmp_path / "refs.json"),
+            "--metrics",
+            "bleu,rouge",
+            "--out",
+            str(tmp_path / "m.json"),
+        ]
+    )
     assert code == 0
     assert json.loads((tmp_path / "m.json").read_text())["ROUGE_L"] > 0.9
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["vocab", "--dataset", "spot-the-diff", "--root", "/nonexistent/spot", "--out", "v.json"], "/nonexistent/spot"),
-    (["info", "no-such-preset"], "unknown preset"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (
+            ["vocab", "--dataset", "spot-the-diff", "--root", "/nonexistent/spot", "--out", "v.json"],
+            "/nonexistent/spot",
+        ),
+        (["info", "no-such-preset"], "unknown preset"),
+    ],
+)
 def test_errors_are_one_sentence_with_exit_code_2(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

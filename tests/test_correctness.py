@@ -27,22 +27,32 @@ def test_every_template_parses_to_its_fields(kind: str) -> None:
         assert parsed.new_value == expected_new, text
 
 
-@pytest.mark.parametrize(("text", "field", "value"), [
-    ("the tiny red shiny block moved", "object", {"size": "small", "color": "red", "material": "metal",
-                                                   "shape": "cube"}),
-    ("the big grey matte ball is gone", "object", {"size": "large", "color": "gray", "material": "rubber",
-                                                    "shape": "sphere"}),
-    ("The small red metal cube changed to BLUE.", "new_value", "blue"),
-    ("the small red metal cube became metallic", "new_value", "metal"),
-    ("the small red metal cube became metallic", "type", "material"),
-    ("the small red metal cube changed to blue", "type", "color"),
-])
+@pytest.mark.parametrize(
+    ("text", "field", "value"),
+    [
+        (
+            "the tiny red shiny block moved",
+            "object",
+            {"size": "small", "color": "red", "material": "metal", "shape": "cube"},
+        ),
+        (
+            "the big grey matte ball is gone",
+            "object",
+            {"size": "large", "color": "gray", "material": "rubber", "shape": "sphere"},
+        ),
+        ("The small red metal cube changed to BLUE.", "new_value", "blue"),
+        ("the small red metal cube became metallic", "new_value", "metal"),
+        ("the small red metal cube became metallic", "type", "material"),
+        ("the small red metal cube changed to blue", "type", "color"),
+    ],
+)
 def test_synonyms_case_and_punctuation(text: str, field: str, value) -> None:
     assert getattr(parse_caption(text), field) == value
 
 
-@pytest.mark.parametrize("text", ["the small", "", "a cube", "the small red metal cube changed to happy",
-                                  "the small red metal dog moved"])
+@pytest.mark.parametrize(
+    "text", ["the small", "", "a cube", "the small red metal cube changed to happy", "the small red metal dog moved"]
+)
 def test_ungrammatical_captions_do_not_count_as_right(text: str) -> None:
     parsed = parse_caption(text)
     truth = PairTruth("move", dict(OBJECT))

@@ -27,8 +27,15 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
     assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2
 
-    for path in ("vqgan/vqgan.safetensors", "stage1/stage1.safetensors", "procap/best.safetensors",
-                 "static/best.safetensors", "procap/log.jsonl", "samples.json", "procap/results.json"):
+    for path in (
+        "vqgan/vqgan.safetensors",
+        "stage1/stage1.safetensors",
+        "procap/best.safetensors",
+        "static/best.safetensors",
+        "procap/log.jsonl",
+        "samples.json",
+        "procap/results.json",
+    ):
         assert (tmp_path / path).is_file(), path
     samples = json.loads((tmp_path / "samples.json").read_text())
     assert samples and all((tmp_path / s["image"]).is_file() for s in samples)

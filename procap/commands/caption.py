@@ -16,10 +16,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors) written by procap train")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
-                        help="compute dtype (default: bf16 on CUDA, fp32 on CPU)")
-    parser.add_argument("--max-len", type=int, default=None,
-                        help="caption length including BOS (default: the checkpoint's max_caption_len)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=("fp32", "bf16", "fp16"),
+        help="compute dtype (default: bf16 on CUDA, fp32 on CPU)",
+    )
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="caption length including BOS (default: the checkpoint's max_caption_len)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
 
 
@@ -54,15 +62,23 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--batch-size must be at least 1, got {args.batch_size}")
     from procap.fast import Captioner
 
-    captioner = Captioner.from_checkpoint(args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len,
-                                          batch_sizes=sorted({1, 8, min(32, args.batch_size), args.batch_size}))
+    captioner = Captioner.from_checkpoint(
+        args.ckpt,
+        device=args.device,
+        dtype=args.dtype,
+        max_len=args.max_len,
+        batch_sizes=sorted({1, 8, min(32, args.batch_size), args.batch_size}),
+    )
     captions: list[str] = []
     for start in range(0, len(pairs), args.batch_size):
-        chunk = pairs[start:start + args.batch_size]
+        chunk = pairs[start : start + args.batch_size]
         captions += captioner([b for b, _ in chunk], [a for _, a in chunk])
     if args.json:
-        print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for (b, a), c in zip(pairs, captions)],
-                         indent=2))
+        print(
+            json.dumps(
+                [{"before": str(b), "after": str(a), "caption": c} for (b, a), c in zip(pairs, captions)], indent=2
+            )
+        )
     else:
         for caption in captions:
             print(caption)

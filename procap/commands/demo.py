@@ -13,8 +13,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    parser.add_argument("--procedures", choices=("crossfade", "interpolated"), default="interpolated",
-                        help="stage-1 frames: the optical-flow procedure pipeline (default) or the cross-fade stand-in")
+    parser.add_argument(
+        "--procedures",
+        choices=("crossfade", "interpolated"),
+        default="interpolated",
+        help="stage-1 frames: the optical-flow procedure pipeline (default) or the cross-fade stand-in",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 
@@ -26,7 +30,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ProCapError(f"--device {args.device}: no CUDA GPU is available")
-    run_demo(args.out, quick=args.quick, seed=args.seed, device=args.device, workers=args.workers,
-             progress=args.progress, procedures=args.procedures)
+    run_demo(
+        args.out,
+        quick=args.quick,
+        seed=args.seed,
+        device=args.device,
+        workers=args.workers,
+        progress=args.progress,
+        procedures=args.procedures,
+    )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     return 0

@@ -15,8 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="clevr-change", help="dataset format")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
     parser.add_argument("--out", help="folder for results.json and metrics.json (default: next to the checkpoint)")
-    parser.add_argument("--metrics", nargs="+", help="subset of BLEU-4 METEOR ROUGE-L CIDEr (default: all; "
-                                                      "METEOR is skipped with a note when Java is missing)")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        help="subset of BLEU-4 METEOR ROUGE-L CIDEr (default: all; METEOR is skipped with a note when Java is missing)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
     parser.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs")
@@ -33,10 +36,16 @@ def run(args: argparse.Namespace) -> int:
     from procap.train.evaluation import ALL_METRICS, evaluate_model
 
     if args.metrics and set(args.metrics) - set(ALL_METRICS):
-        raise ProCapError(f"--metrics: unknown {sorted(set(args.metrics) - set(ALL_METRICS))}; "
-                          f"choose from {' '.join(ALL_METRICS)}")
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+        raise ProCapError(
+            f"--metrics: unknown {sorted(set(args.metrics) - set(ALL_METRICS))}; choose from {' '.join(ALL_METRICS)}"
+        )
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     model, vocab, _ = load_checkpoint(args.ckpt, map_location=device)
     pairs = load_split(args.dataset, args.data, args.split)
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
@@ -48,9 +57,17 @@ def run(args: argparse.Namespace) -> int:
         from procap.correctness import scene_truths
 
         truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
-    report = evaluate_model(model, vocab, pairs, args.metrics, args.batch_size, device, out=out,
-                            extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split},
-                            truths=truths)
+    report = evaluate_model(
+        model,
+        vocab,
+        pairs,
+        args.metrics,
+        args.batch_size,
+        device,
+        out=out,
+        extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split},
+        truths=truths,
+    )
     print(format_report(report))
     print(f"wrote {out / 'results.json'} and {out / 'metrics.json'}")
     return 0
@@ -62,8 +79,9 @@ def format_report(report: dict) -> str:
     names = [m for m in report["metrics"]]
     lines = [f"{'group':<10} {'pairs':>6} " + " ".join(f"{n:>8}" for n in names)]
     for group, values in rows.items():
-        lines.append(f"{group:<10} {values['pairs']:>6} " + " ".join(f"{values.get(n, float('nan')):8.2f}"
-                                                                      for n in names))
+        lines.append(
+            f"{group:<10} {values['pairs']:>6} " + " ".join(f"{values.get(n, float('nan')):8.2f}" for n in names)
+        )
     if report.get("accuracy"):
         lines.append(format_accuracy(report["accuracy"]))
     speed = report["speed"]
@@ -79,7 +97,9 @@ def format_accuracy(accuracy: dict) -> str:
     def pct(value: float | None) -> str:
         return "n/a" if value is None else f"{100 * value:.1f}%"
 
-    return (f"correctness: change {pct(accuracy['change'])}, type {pct(accuracy['type'])}, "
-            f"object {pct(accuracy['object'])}, new value {pct(accuracy['new_value'])}, "
-            f"distinct {pct(accuracy['distinct'])} ({accuracy['pairs']} pairs, {accuracy['change_pairs']} changes, "
-            f"{accuracy['unparsed']} unparsed)")
+    return (
+        f"correctness: change {pct(accuracy['change'])}, type {pct(accuracy['type'])}, "
+        f"object {pct(accuracy['object'])}, new value {pct(accuracy['new_value'])}, "
+        f"distinct {pct(accuracy['distinct'])} ({accuracy['pairs']} pairs, {accuracy['change_pairs']} changes, "
+        f"{accuracy['unparsed']} unparsed)"
+    )

@@ -29,9 +29,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"config": config.to_dict(), "parameters": counts}, indent=2))
         return 0
-    print(f"preset {config.name}: k={config.num_keyframes}, l={config.num_generated_frames}, "
-          f"encoder {config.enc_layers}x{config.enc_dim}, decoder {config.dec_layers}x{config.dec_dim}, "
-          f"{config.tokens_per_frame} tokens/frame")
+    print(
+        f"preset {config.name}: k={config.num_keyframes}, l={config.num_generated_frames}, "
+        f"encoder {config.enc_layers}x{config.enc_dim}, decoder {config.dec_layers}x{config.dec_dim}, "
+        f"{config.tokens_per_frame} tokens/frame"
+    )
     for part, n in counts.items():
         print(f"  {part:<12} {n / 1e6:10.2f} M")
     return 0

@@ -13,25 +13,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS, help="dataset layout under --root")
     parser.add_argument("--root", required=True, help="dataset directory")
     parser.add_argument("--out", required=True, help="cache directory (created; an existing one is resumed)")
-    parser.add_argument("--split", action="append", choices=("train", "val", "test"),
-                        help="split(s) to prepare, repeatable (default: train)")
+    parser.add_argument(
+        "--split",
+        action="append",
+        choices=("train", "val", "test"),
+        help="split(s) to prepare, repeatable (default: train)",
+    )
     parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l, generated frames per pair")
     parser.add_argument("--size", type=int, default=224, help="stored frame size S (the model's image size)")
-    parser.add_argument("--similarity", default="vqgan", choices=("vqgan", "dinov2", "scores"),
-                        help="frame similarity for the confidence score")
+    parser.add_argument(
+        "--similarity",
+        default="vqgan",
+        choices=("vqgan", "dinov2", "scores"),
+        help="frame similarity for the confidence score",
+    )
     parser.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")
     parser.add_argument("--dinov2-weights", dest="dinov2_weights", help="DINOv2 ViT-L/14 weights (needs timm)")
-    parser.add_argument("--vqgan", help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
-                                        "also stores the VQ codes of every frame")
+    parser.add_argument(
+        "--vqgan",
+        help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
+        "also stores the VQ codes of every frame",
+    )
     parser.add_argument("--workers", type=int, default=1, help="processes synthesizing frames")
     parser.add_argument("--device", help="device for the similarity model and VQGAN (default: cuda if available)")
     parser.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
-    parser.add_argument("--allow-size-mismatch", dest="allow_size_mismatch", action="store_true",
-                        help="resize before/after of different sizes instead of stopping")
-    parser.add_argument("--recursive", dest="direct", action="store_false",
-                        help="recursive midpoints as in the paper (default: all l frames from one flow, faster)")
-    parser.add_argument("--no-codes", dest="store_codes", action="store_false",
-                        help="do not store the VQ codes of every frame")
+    parser.add_argument(
+        "--allow-size-mismatch",
+        dest="allow_size_mismatch",
+        action="store_true",
+        help="resize before/after of different sizes instead of stopping",
+    )
+    parser.add_argument(
+        "--recursive",
+        dest="direct",
+        action="store_false",
+        help="recursive midpoints as in the paper (default: all l frames from one flow, faster)",
+    )
+    parser.add_argument(
+        "--no-codes", dest="store_codes", action="store_false", help="do not store the VQ codes of every frame"
+    )
     parser.add_argument("--limit", type=int, help="only the first N pairs (quick runs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
@@ -45,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 16:
         raise ProCapError(f"--size must be at least 16 pixels, got {args.size}.")
     stats = prepare(options_from_args(args))
-    print(f"procedure cache {args.out}: {stats['written']} pairs written, {stats['skipped']} already done, "
-          f"{stats['total']} in total")
+    print(
+        f"procedure cache {args.out}: {stats['written']} pairs written, {stats['skipped']} already done, "
+        f"{stats['total']} in total"
+    )
     return 0

@@ -29,16 +29,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"), help="compute dtype")
-    parser.add_argument("--max-len", type=int, default=None,
-                        help="caption length including BOS (default: the checkpoint's max_caption_len)")
-    parser.add_argument("--no-trace", action="store_true",
-                        help="run the batches without torch.profiler (use under nsys / ncu)")
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="caption length including BOS (default: the checkpoint's max_caption_len)",
+    )
+    parser.add_argument(
+        "--no-trace", action="store_true", help="run the batches without torch.profiler (use under nsys / ncu)"
+    )
 
 
 def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
     """The nsys and ncu command lines that profile this workload."""
-    base = ["procap", "profile", "--ckpt", str(args.ckpt), "--batch-size", str(args.batch_size),
-            "--steps", str(args.steps), "--no-trace"]
+    base = [
+        "procap",
+        "profile",
+        "--ckpt",
+        str(args.ckpt),
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--no-trace",
+    ]
     if args.max_len:
         base += ["--max-len", str(args.max_len)]
     if args.device:
@@ -77,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
     from procap.fast import Captioner
 
-    captioner = Captioner.from_checkpoint(args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len,
-                                          batch_sizes=(args.batch_size,))
+    captioner = Captioner.from_checkpoint(
+        args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len, batch_sizes=(args.batch_size,)
+    )
     size = captioner.config.image_size
     gen = torch.Generator().manual_seed(0)
     before, after = (torch.rand(args.batch_size, 3, size, size, generator=gen) for _ in range(2))

@@ -14,8 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pred", required=True, help="COCO-style results [{image_id, caption}] or {id: caption}")
     parser.add_argument("--refs", required=True, help="{id: [reference captions]}")
     parser.add_argument("--types", default=None, help="optional {id: change type} for a per-type breakdown")
-    parser.add_argument("--metrics", default="bleu,meteor,rouge,cider",
-                        help="comma-separated subset of bleu,meteor,rouge,cider (METEOR needs Java)")
+    parser.add_argument(
+        "--metrics",
+        default="bleu,meteor,rouge,cider",
+        help="comma-separated subset of bleu,meteor,rouge,cider (METEOR needs Java)",
+    )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 
 

@@ -16,8 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=sorted(LOADERS), help="benchmark layout of --root")
     parser.add_argument("--root", required=True, help="dataset root folder")
     parser.add_argument("--out", required=True, help="vocabulary JSON to write")
-    parser.add_argument("--min-count", type=int, default=None,
-                        help="keep words seen at least this often (default: 1 CLEVR-Change, 4 otherwise)")
+    parser.add_argument(
+        "--min-count",
+        type=int,
+        default=None,
+        help="keep words seen at least this often (default: 1 CLEVR-Change, 4 otherwise)",
+    )
     parser.add_argument("--split", default="train", help="split whose captions are counted (default train)")
 
 

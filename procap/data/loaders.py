@@ -91,11 +91,14 @@ def load_clevr_change(root: str | os.PathLike, split: str) -> list[ChangePair]:
         before = root / "images" / f"CLEVR_default_{index:06d}.png"
         semantic, nonsemantic = f"CLEVR_semantic_{index:06d}.png", f"CLEVR_nonsemantic_{index:06d}.png"
         pairs.append(ChangePair(semantic, before, root / "sc_images" / semantic, list(change[index]), types[index]))
-        pairs.append(ChangePair(nonsemantic, before, root / "nsc_images" / nonsemantic, list(no_change[index]),
-                                "no_change"))
+        pairs.append(
+            ChangePair(nonsemantic, before, root / "nsc_images" / nonsemantic, list(no_change[index]), "no_change")
+        )
     if missing:
-        warnings.warn(f"CLEVR-Change {split}: {missing} scene(s) of splits.json have no captions or change type "
-                      "and were skipped", stacklevel=2)
+        warnings.warn(
+            f"CLEVR-Change {split}: {missing} scene(s) of splits.json have no captions or change type and were skipped",
+            stacklevel=2,
+        )
     return pairs
 
 
@@ -120,21 +123,28 @@ def load_spot_the_diff(root: str | os.PathLike, split: str) -> list[ChangePair]:
             raise ProCapError(f"Spot-the-Diff annotation file {path} has an entry without img_id/sentences list.")
         sentences = merged.setdefault(str(entry["img_id"]), [])
         sentences.extend(s.strip() for s in entry["sentences"] if isinstance(s, str) and s.strip())
-    return [ChangePair(img_id, images / f"{img_id}.png", images / f"{img_id}_2.png", sentences, None)
-            for img_id, sentences in merged.items() if sentences]
+    return [
+        ChangePair(img_id, images / f"{img_id}.png", images / f"{img_id}_2.png", sentences, None)
+        for img_id, sentences in merged.items()
+        if sentences
+    ]
 
 
 def load_image_editing_request(root: str | os.PathLike, split: str) -> list[ChangePair]:
     """Image-Editing-Request: ``valid.json`` is the validation split; image names keep their own extensions."""
     root = _require_dir(Path(root), "Image-Editing-Request root")
     path = root / f"{'valid' if split == 'val' else split}.json"
-    entries = _require_list(read_json(path, "Image-Editing-Request annotation file"), path,
-                            "Image-Editing-Request annotation file")
+    entries = _require_list(
+        read_json(path, "Image-Editing-Request annotation file"), path, "Image-Editing-Request annotation file"
+    )
     images = _image_dir(root, ("images",))
     pairs = []
     for entry in entries:
-        if not isinstance(entry, dict) or not {"img0", "img1", "sents", "uid"} <= set(entry) \
-                or not isinstance(entry["sents"], list):
+        if (
+            not isinstance(entry, dict)
+            or not {"img0", "img1", "sents", "uid"} <= set(entry)
+            or not isinstance(entry["sents"], list)
+        ):
             raise ProCapError(f"Image-Editing-Request annotation file {path} has an entry without img0/img1/sents/uid.")
         sentences = [s.strip() for s in entry["sents"] if isinstance(s, str) and s.strip()]
         if sentences:

@@ -119,8 +119,12 @@ def _place(rng: random.Random, size: str, others: list[dict[str, Any]], away_fro
 def _new_object(rng: random.Random, others: list[dict[str, Any]]) -> dict[str, Any] | None:
     taken = {_attributes(o) for o in others}
     for _ in range(50):
-        obj = {"shape": rng.choice(SHAPES), "color": rng.choice(sorted(COLORS)),
-               "size": rng.choice(sorted(SIZES)), "material": rng.choice(MATERIALS)}
+        obj = {
+            "shape": rng.choice(SHAPES),
+            "color": rng.choice(sorted(COLORS)),
+            "size": rng.choice(sorted(SIZES)),
+            "material": rng.choice(MATERIALS),
+        }
         if _attributes(obj) in taken:  # every object must be uniquely described by its caption
             continue
         pos = _place(rng, obj["size"], others)
@@ -179,8 +183,13 @@ def make_scene(index: int, seed: int, kind: str | None = None) -> dict[str, Any]
         if change is not None:
             break
     view = View(light=round(-2.3 + rng.uniform(-0.2, 0.2), 4))
-    return {"index": index, "objects": objects, "change": change, "view": vars(view),
-            "distractor_view": vars(_distractor_view(rng, view))}
+    return {
+        "index": index,
+        "objects": objects,
+        "change": change,
+        "view": vars(view),
+        "distractor_view": vars(_distractor_view(rng, view)),
+    }
 
 
 def changed_object(scene: dict[str, Any]) -> dict[str, Any]:
@@ -290,8 +299,8 @@ def split_indices(types: list[str], seed: int, fractions=SPLIT_FRACTIONS) -> dic
         n_val = max(1, round(len(idx) * fractions[1])) if len(idx) >= 3 else 0
         n_test = max(1, round(len(idx) * fractions[2])) if len(idx) >= 3 else 0
         splits["val"] += idx[:n_val]
-        splits["test"] += idx[n_val:n_val + n_test]
-        splits["train"] += idx[n_val + n_test:]
+        splits["test"] += idx[n_val : n_val + n_test]
+        splits["train"] += idx[n_val + n_test :]
     return {name: sorted(ids) for name, ids in splits.items()}
 
 
@@ -314,8 +323,9 @@ def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, li
     return results
 
 
-def generate(out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int = 0, workers: int = 1,
-             progress: bool = True) -> dict[str, list[int]]:
+def generate(
+    out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int = 0, workers: int = 1, progress: bool = True
+) -> dict[str, list[int]]:
     """Write a synthetic CLEVR-Change benchmark to `out_dir` (see the module docstring for the layout).
 
     Args:

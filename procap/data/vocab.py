@@ -90,8 +90,9 @@ class Vocabulary:
     def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocabulary:
         """Words seen at least ``min_count`` times, most frequent first (ties alphabetical), after the specials."""
         counts = Counter(token for caption in captions for token in tokenize(caption))
-        words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
-                       key=lambda w: (-counts[w], w))
+        words = sorted(
+            (w for w, c in counts.items() if c >= min_count and w not in SPECIALS), key=lambda w: (-counts[w], w)
+        )
         return cls(words)
 
     def encode(self, text: str, max_len: int = 24) -> list[int]:
@@ -126,7 +127,7 @@ class Vocabulary:
             return cls(w for w in ordered if w not in _NCT_SPECIALS)
         if ordered[: len(SPECIALS)] != list(SPECIALS) or sorted(mapping.values()) != list(range(len(mapping))):
             raise ProCapError(f"{source} must start with {', '.join(SPECIALS)} at indices 0..7 and be contiguous.")
-        return cls(ordered[len(SPECIALS):])
+        return cls(ordered[len(SPECIALS) :])
 
     def save(self, path: str | os.PathLike) -> None:
         write_json_atomic(path, self.to_dict(), indent=0)

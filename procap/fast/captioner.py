@@ -47,8 +47,14 @@ def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
+    names = {
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if dtype not in names:
         raise ProCapError(f"unknown dtype {dtype!r}; choose one of {', '.join(names)}")
     return names[dtype]
@@ -80,11 +86,20 @@ class Captioner:
         ['the small red cube has moved']
     """
 
-    def __init__(self, model: torch.nn.Module, vocab: Any, device: torch.device | str | None = None,
-                 dtype: torch.dtype | str | None = None, max_len: int | None = 24,
-                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, use_graphs: bool | None = None,
-                 pad_to_bucket: bool | None = None, attention_backend: str = "auto", copy_model: bool = True,
-                 capture_memory: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab: Any,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_len: int | None = 24,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        use_graphs: bool | None = None,
+        pad_to_bucket: bool | None = None,
+        attention_backend: str = "auto",
+        copy_model: bool = True,
+        capture_memory: bool = False,
+    ) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
         config = model.config
@@ -104,15 +119,29 @@ class Captioner:
         self._graphs = GraphCache(self.device, self.dtype)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: torch.device | str | None = None,
-                        dtype: torch.dtype | str | None = None, max_len: int | None = 24,
-                        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, **kwargs: Any) -> Captioner:
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_len: int | None = 24,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        **kwargs: Any,
+    ) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
         from procap.checkpoint import load_checkpoint
 
         model, vocab, _ = load_checkpoint(path)
-        return cls(model, vocab, device=device, dtype=dtype, max_len=max_len, batch_sizes=batch_sizes,
-                   copy_model=False, **kwargs)
+        return cls(
+            model,
+            vocab,
+            device=device,
+            dtype=dtype,
+            max_len=max_len,
+            batch_sizes=batch_sizes,
+            copy_model=False,
+            **kwargs,
+        )
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _configure(self) -> None:
@@ -139,8 +168,11 @@ class Captioner:
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
         if self.device.type == "cuda":
-            self._hooks.append(model.vqgan.encoder.register_forward_pre_hook(
-                lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])))
+            self._hooks.append(
+                model.vqgan.encoder.register_forward_pre_hook(
+                    lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+                )
+            )
         return model
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Captioner:
@@ -169,8 +201,9 @@ class Captioner:
         key = (bucket, self.max_len)
         if key not in self._states:
             n = self.config.num_frames * self.config.tokens_per_frame
-            self._states[key] = DecodeState(self.model.decoder, bucket, n, self.max_len, self.dtype, self.device,
-                                            self.backend)
+            self._states[key] = DecodeState(
+                self.model.decoder, bucket, n, self.max_len, self.dtype, self.device, self.backend
+            )
         return self._states[key]
 
     def _graph(self, state: DecodeState) -> CapturedStep:
@@ -184,8 +217,9 @@ class Captioner:
     def _static_inputs(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         if bucket not in self._inputs:
             s = self.config.image_size
-            self._inputs[bucket] = tuple(torch.zeros(bucket, 3, s, s, device=self.device, dtype=self.dtype)
-                                         for _ in range(2))
+            self._inputs[bucket] = tuple(
+                torch.zeros(bucket, 3, s, s, device=self.device, dtype=self.dtype) for _ in range(2)
+            )
         return self._inputs[bucket]
 
     def _encode_step(self, state: DecodeState) -> Callable[[], None]:
@@ -251,10 +285,12 @@ class Captioner:
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed.
         """
         if before.shape != after.shape:
-            raise ProCapError(f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}")
+            raise ProCapError(
+                f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
+            )
         chunk, outs = self.batch_sizes[-1], []
         for start in range(0, before.shape[0], chunk):
-            b, a = before[start:start + chunk], after[start:start + chunk]
+            b, a = before[start : start + chunk], after[start : start + chunk]
             outs.append(self._generate_static(b, a) if self.capture_memory else self.decode(self.memory(b, a)))
         if not outs:
             return torch.empty(0, self.max_len - 1, dtype=torch.long, device=self.device)

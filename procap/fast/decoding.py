@@ -48,8 +48,16 @@ class DecodeState:
         logits: (B, V) fp32 logits of the last step after suppression (for agreement checks).
     """
 
-    def __init__(self, decoder: CaptionDecoder, batch: int, memory_tokens: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        decoder: CaptionDecoder,
+        batch: int,
+        memory_tokens: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str = "auto",
+    ) -> None:
         first = decoder.layers[0].self_attn
         self.decoder, self.heads, self.backend = decoder, first.heads, backend
         self.batch, self.steps = batch, max_len - 1
@@ -69,9 +77,13 @@ class DecodeState:
         self.pad = torch.full((batch,), PAD_ID, dtype=torch.long, device=device)
         self.logits = torch.zeros(batch, vocab, dtype=torch.float32, device=device)  # last step's, for checks
         # Self-attention q/k/v packed into one (3D, D) projection per layer: one GEMM per step instead of three.
-        self.qkv = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
-                     torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach())
-                    for a in (layer.self_attn for layer in decoder.layers)]
+        self.qkv = [
+            (
+                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach(),
+            )
+            for a in (layer.self_attn for layer in decoder.layers)
+        ]
 
     @torch.no_grad()
     def prefill(self, memory: torch.Tensor) -> None:

@@ -57,8 +57,9 @@ def _from_tensor(tensor: torch.Tensor, size: int) -> torch.Tensor:
     tensor = tensor.float()
     if tensor.shape[-2:] != (size, size):
         # Not bit-identical to PIL's bicubic; pass uint8 / PIL / paths for training's exact preprocessing.
-        tensor = F.interpolate(tensor[None], size=(size, size), mode="bicubic", antialias=True,
-                               align_corners=False)[0].clamp_(0.0, 1.0)
+        tensor = F.interpolate(tensor[None], size=(size, size), mode="bicubic", antialias=True, align_corners=False)[
+            0
+        ].clamp_(0.0, 1.0)
     return tensor
 
 
@@ -78,8 +79,9 @@ def to_image_tensor(image: ImageLike, size: int) -> torch.Tensor:
         return _from_array(image, size)
     if isinstance(image, torch.Tensor):
         return _from_tensor(image.detach(), size)
-    raise ProCapError(f"cannot caption an image of type {type(image).__name__}; pass a path, PIL image, "
-                      "numpy array or tensor")
+    raise ProCapError(
+        f"cannot caption an image of type {type(image).__name__}; pass a path, PIL image, numpy array or tensor"
+    )
 
 
 def to_image_batch(images: Any, size: int) -> torch.Tensor:

@@ -24,8 +24,16 @@ class StaticKVCache:
         k, v: (L, B, H, T, Dh) buffers; entries past the current position hold stale data and are masked.
     """
 
-    def __init__(self, layers: int, batch: int, heads: int, max_steps: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        heads: int,
+        max_steps: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         shape = (layers, batch, heads, max_steps, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -61,8 +69,9 @@ class CrossKV:
         k, v: (L, B, H, N, Dh) buffers (N = (k + 2) * n memory tokens).
     """
 
-    def __init__(self, layers: int, batch: int, heads: int, tokens: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, layers: int, batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         shape = (layers, batch, heads, tokens, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

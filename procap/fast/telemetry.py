@@ -121,8 +121,9 @@ class GPUTelemetry:
             out[f"{key}_mean"] = sum(values) / len(values)
             out[f"{key}_max"] = max(values)
         try:
-            out["sm_clock_max_mhz"] = float(self._pynvml.nvmlDeviceGetMaxClockInfo(self._handle,
-                                                                                self._pynvml.NVML_CLOCK_SM))
+            out["sm_clock_max_mhz"] = float(
+                self._pynvml.nvmlDeviceGetMaxClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM)
+            )
         except self._pynvml.NVMLError:
             pass
         return out

@@ -64,8 +64,9 @@ class CaptionDecoder(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, d)
         self.pos_embed = nn.Parameter(torch.empty(config.max_caption_len, d))
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([DecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout)
-                                     for _ in range(config.dec_layers)])
+        self.layers = nn.ModuleList(
+            [DecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
+        )
         self.norm = nn.LayerNorm(d)
         nn.init.normal_(self.pos_embed, std=0.02)
 

@@ -61,8 +61,9 @@ class ProcedureEncoder(nn.Module):
         self.text_pos = nn.Parameter(torch.empty(config.max_caption_len, d))
         self.align_token = nn.Parameter(torch.empty(d))
         self.csy_token = nn.Parameter(torch.empty(d))
-        self.layers = nn.ModuleList([EncoderLayer(d, config.enc_heads, config.enc_mlp, config.dropout)
-                                     for _ in range(config.enc_layers)])
+        self.layers = nn.ModuleList(
+            [EncoderLayer(d, config.enc_heads, config.enc_mlp, config.dropout) for _ in range(config.enc_layers)]
+        )
         self.norm = nn.LayerNorm(d)
         self.msm_head = _head(d, config.vqgan.n_embed)
         self.align_head = _head(d, 1)

@@ -38,8 +38,13 @@ class MultiHeadAttention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)  # (B, H, N, Dh)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        causal: bool = False,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attend from ``x`` to ``context`` (``x`` itself when None).
 
         Args:

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def msm_loss(logits: torch.Tensor, targets: torch.Tensor,
-             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def msm_loss(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked sequence modeling: cross-entropy over masked positions only.
 
     Args:
@@ -28,8 +29,9 @@ def msm_loss(logits: torch.Tensor, targets: torch.Tensor,
     return loss, accuracy
 
 
-def pair_bce(pos_logits: torch.Tensor, neg_logits: torch.Tensor,
-             valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_bce(
+    pos_logits: torch.Tensor, neg_logits: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Binary loss of a positive/negative pair per sample, as the authors weigh it.
 
     ``sum_b valid_b * (BCE(pos_b, 1) + BCE(neg_b, 0)) / max(1, sum_b valid_b)``: the positive and its negative
@@ -51,8 +53,9 @@ def pair_bce(pos_logits: torch.Tensor, neg_logits: torch.Tensor,
     return loss, (correct.sum() / (2.0 * count)).detach()
 
 
-def caption_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
-                 label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+def caption_loss(
+    logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced caption cross-entropy with label smoothing, PAD targets ignored.
 
     Args:

@@ -45,8 +45,14 @@ class MaskParams:
         return MaskParams(*(t.to(device) for t in (self.scheme, self.patch_prob, self.uniform, self.block)))
 
 
-def sample_block(batch: int, grid_h: int, grid_w: int, config: MaskingConfig, device: torch.device | str,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_block(
+    batch: int,
+    grid_h: int,
+    grid_w: int,
+    config: MaskingConfig,
+    device: torch.device | str,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Random rectangles with area ratio in ``block_area_range`` and aspect (h/w) in ``block_aspect_range``.
 
     Like torchvision's RandomErasing but without a rejection loop (it would need host syncs): the aspect is
@@ -67,8 +73,15 @@ def sample_block(batch: int, grid_h: int, grid_w: int, config: MaskingConfig, de
     return torch.stack([top, left, height, width], dim=1).long()
 
 
-def sample_mask_params(batch: int, num_frames: int, grid_h: int, grid_w: int, config: MaskingConfig,
-                       device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> MaskParams:
+def sample_mask_params(
+    batch: int,
+    num_frames: int,
+    grid_h: int,
+    grid_w: int,
+    config: MaskingConfig,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> MaskParams:
     """Draw the per-sample scheme, random-patch probabilities and draws, and block rectangles on ``device``."""
     probs = torch.tensor(config.scheme_probs, dtype=torch.float32, device=device)
     scheme = torch.multinomial(probs.expand(batch, -1), 1, generator=generator).squeeze(1)
@@ -101,8 +114,14 @@ def axial_positions(pos_frame: torch.Tensor, pos_row: torch.Tensor, pos_col: tor
     return pos.reshape(-1, pos.shape[-1])
 
 
-def masking_ref(x: torch.Tensor, params: MaskParams, mask_embedding: torch.Tensor, pos_frame: torch.Tensor,
-                pos_row: torch.Tensor, pos_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masking_ref(
+    x: torch.Tensor,
+    params: MaskParams,
+    mask_embedding: torch.Tensor,
+    pos_frame: torch.Tensor,
+    pos_row: torch.Tensor,
+    pos_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference multi-granularity masking with axial positional embeddings.
 
     Args:

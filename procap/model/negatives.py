@@ -69,19 +69,30 @@ def color_shift(video: torch.Tensor, generator: torch.Generator | None = None) -
 def affine_matrix(angle_deg: float, translate: tuple[float, float], scale: float) -> torch.Tensor:
     """The (2, 3) ``affine_grid`` matrix of a rotation, scale and translation (normalised coordinates)."""
     a = math.radians(angle_deg)
-    return torch.tensor([[scale * math.cos(a), -scale * math.sin(a), translate[0]],
-                         [scale * math.sin(a), scale * math.cos(a), translate[1]]], dtype=torch.float32)
+    return torch.tensor(
+        [
+            [scale * math.cos(a), -scale * math.sin(a), translate[0]],
+            [scale * math.sin(a), scale * math.cos(a), translate[1]],
+        ],
+        dtype=torch.float32,
+    )
 
 
-def random_affine(video: torch.Tensor, generator: torch.Generator | None = None, max_angle: float = 30.0,
-                  max_translate: float = 0.1, max_scale: float = 0.1) -> torch.Tensor:
+def random_affine(
+    video: torch.Tensor,
+    generator: torch.Generator | None = None,
+    max_angle: float = 30.0,
+    max_translate: float = 0.1,
+    max_scale: float = 0.1,
+) -> torch.Tensor:
     """Warp one frame of ``video`` (T, 3, S, S) by a random affine transform (reflection padding)."""
     out = video.clone()
     frame = _randint(video.shape[0], generator)
-    theta = affine_matrix(_uniform(-max_angle, max_angle, generator),
-                          (_uniform(-max_translate, max_translate, generator),
-                           _uniform(-max_translate, max_translate, generator)),
-                          _uniform(1.0 - max_scale, 1.0 + max_scale, generator))
+    theta = affine_matrix(
+        _uniform(-max_angle, max_angle, generator),
+        (_uniform(-max_translate, max_translate, generator), _uniform(-max_translate, max_translate, generator)),
+        _uniform(1.0 - max_scale, 1.0 + max_scale, generator),
+    )
     image = video[frame : frame + 1].float()
     grid = F.affine_grid(theta[None].to(video.device), list(image.shape), align_corners=False)
     warped = F.grid_sample(image, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
@@ -89,8 +100,9 @@ def random_affine(video: torch.Tensor, generator: torch.Generator | None = None,
     return out
 
 
-def consistency_negatives(frames: torch.Tensor, probs: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25),
-                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def consistency_negatives(
+    frames: torch.Tensor, probs: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25), generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Warp every sample of a batch of procedures by one randomly chosen warp.
 
     Args:

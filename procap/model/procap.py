@@ -57,8 +57,9 @@ class ProCap(nn.Module):
         d, grid = config.enc_dim, config.grid_size
         self.vqgan = VQGAN(config.vqgan)
         self.encoder = ProcedureEncoder(config)
-        self.memory_mlp = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim),
-                                        nn.LayerNorm(config.dec_dim))
+        self.memory_mlp = nn.Sequential(
+            nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim), nn.LayerNorm(config.dec_dim)
+        )
         self.decoder = CaptionDecoder(config)
         self.mask_embedding = nn.Parameter(torch.empty(d))
         self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
@@ -66,8 +67,16 @@ class ProCap(nn.Module):
         self.pos_col = nn.Parameter(torch.empty(grid, d))
         for module in (self.encoder, self.memory_mlp, self.decoder):
             init_transformer_weights(module)
-        for p in (self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col, self.encoder.text_pos,
-                  self.encoder.align_token, self.encoder.csy_token, self.decoder.pos_embed):
+        for p in (
+            self.mask_embedding,
+            self.pos_frame,
+            self.pos_row,
+            self.pos_col,
+            self.encoder.text_pos,
+            self.encoder.align_token,
+            self.encoder.csy_token,
+            self.decoder.pos_embed,
+        ):
             nn.init.normal_(p, std=0.02)
         self.vqgan.requires_grad_(False)
         self.vqgan.eval()
@@ -97,8 +106,7 @@ class ProCap(nn.Module):
         return self.vqgan.codes(frames.flatten(0, 1)).view(frames.shape[0], -1)
 
     @torch.no_grad()
-    def _negative_features(self, frames: torch.Tensor, negatives: torch.Tensor,
-                           features: torch.Tensor) -> torch.Tensor:
+    def _negative_features(self, frames: torch.Tensor, negatives: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Features of the consistency negatives, re-encoding only the frames a warp changed.
 
         The VQGAN dominates stage-1 compute and works per image, so a frame identical to the positive's frame at
@@ -118,8 +126,9 @@ class ProCap(nn.Module):
         """Axial positional embeddings of the visual sequence: (T*n, enc_dim)."""
         return axial_positions(self.pos_frame, self.pos_row, self.pos_col)
 
-    def sample_mask_params(self, batch: int, device: torch.device | str,
-                           generator: torch.Generator | None = None) -> MaskParams:
+    def sample_mask_params(
+        self, batch: int, device: torch.device | str, generator: torch.Generator | None = None
+    ) -> MaskParams:
         """Draw stage-1 masks for ``batch`` procedures with ``config.masking``."""
         grid = self.config.grid_size
         return sample_mask_params(batch, self.config.num_frames, grid, grid, self.config.masking, device, generator)
@@ -133,9 +142,14 @@ class ProCap(nn.Module):
         return kernels.masking(tokens, params, self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col)
 
     # -- stage 1 --------------------------------------------------------------------------------------------------
-    def stage1_loss(self, frames: torch.Tensor, captions: torch.Tensor, codes: torch.Tensor | None = None,
-                    mask_params: MaskParams | None = None,
-                    generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    def stage1_loss(
+        self,
+        frames: torch.Tensor,
+        captions: torch.Tensor,
+        codes: torch.Tensor | None = None,
+        mask_params: MaskParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
         """L_PRO on a batch of procedures (see the module docstring for which row gets which loss).
 
         Args:
@@ -153,8 +167,13 @@ class ProCap(nn.Module):
         seq, mask = self._stage1_sequences(frames, captions, mask_params, generator)
         return self._stage1_losses(self.encoder(seq), captions, codes, mask)
 
-    def _stage1_sequences(self, frames: torch.Tensor, captions: torch.Tensor, mask_params: MaskParams | None,
-                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stage1_sequences(
+        self,
+        frames: torch.Tensor,
+        captions: torch.Tensor,
+        mask_params: MaskParams | None,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The 3B encoder inputs (positives, align negatives, csy negatives) and the positives' (B, N) mask."""
         b = frames.shape[0]
         negatives, _ = consistency_negatives(frames, self.config.negative_probs, _on(generator, "cpu"))
@@ -165,27 +184,41 @@ class ProCap(nn.Module):
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         text = self.encoder.embed_caption(captions)
-        seq = self.encoder.stage1_sequence(torch.cat([text, text.roll(1, dims=0), text]),
-                                           torch.cat([visual[:b], visual[:b], visual[b:]]))
+        seq = self.encoder.stage1_sequence(
+            torch.cat([text, text.roll(1, dims=0), text]), torch.cat([visual[:b], visual[:b], visual[b:]])
+        )
         return seq, mask[:b]
 
-    def _stage1_losses(self, out: torch.Tensor, captions: torch.Tensor, codes: torch.Tensor,
-                       mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _stage1_losses(
+        self, out: torch.Tensor, captions: torch.Tensor, codes: torch.Tensor, mask: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """Heads and losses on the encoder output (3B, 2 + L + N, D); see the module docstring's table."""
         b, length = captions.shape
         enc = self.encoder
         # MSM head only on the positives' masked positions: (M, D) -> (M, n_embed), never the full (B, N, K).
-        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2:][mask]), codes[mask])
+        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2 :][mask]), codes[mask])
         judged = ~mask.all(dim=1)  # fully masked samples carry no evidence for align/csy
         true_negative = (captions != captions.roll(1, dims=0)).any(dim=1)
-        align, align_acc = pair_bce(enc.align_head(out[:b, 0]).squeeze(-1),
-                                    enc.align_head(out[b:2 * b, 0]).squeeze(-1), judged & true_negative)
-        csy, csy_acc = pair_bce(enc.csy_head(out[:b, length + 1]).squeeze(-1),
-                                enc.csy_head(out[2 * b:, length + 1]).squeeze(-1), judged)
+        align, align_acc = pair_bce(
+            enc.align_head(out[:b, 0]).squeeze(-1),
+            enc.align_head(out[b : 2 * b, 0]).squeeze(-1),
+            judged & true_negative,
+        )
+        csy, csy_acc = pair_bce(
+            enc.csy_head(out[:b, length + 1]).squeeze(-1), enc.csy_head(out[2 * b :, length + 1]).squeeze(-1), judged
+        )
         c = self.config
         loss = c.msm_weight * msm + c.align_weight * align + c.csy_weight * csy
-        return {"loss": loss, "msm": msm.detach(), "align": align.detach(), "csy": csy.detach(), "msm_acc": msm_acc,
-                "align_acc": align_acc, "csy_acc": csy_acc, "masked_fraction": mask.float().mean()}
+        return {
+            "loss": loss,
+            "msm": msm.detach(),
+            "align": align.detach(),
+            "csy": csy.detach(),
+            "msm_acc": msm_acc,
+            "align_acc": align_acc,
+            "csy_acc": csy_acc,
+            "masked_fraction": mask.float().mean(),
+        }
 
     # -- stage 2 --------------------------------------------------------------------------------------------------
     def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -218,8 +251,9 @@ class ProCap(nn.Module):
             tokens = self.procedure_tokens(before, after)
         return self.memory_mlp(self.encoder(tokens))
 
-    def stage2_loss(self, before: torch.Tensor, after: torch.Tensor, captions: torch.Tensor,
-                    frames: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def stage2_loss(
+        self, before: torch.Tensor, after: torch.Tensor, captions: torch.Tensor, frames: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Teacher-forced caption loss: ``captions[:, :-1] -> captions[:, 1:]``, PAD ignored, label smoothing.
 
         Returns:
@@ -247,8 +281,9 @@ class ProCap(nn.Module):
             self.train(was_training)
 
     @torch.no_grad()
-    def generate(self, before: torch.Tensor, after: torch.Tensor, max_len: int | None = None,
-                 frames: torch.Tensor | None = None) -> torch.Tensor:
+    def generate(
+        self, before: torch.Tensor, after: torch.Tensor, max_len: int | None = None, frames: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Greedy captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
 
         Args:
@@ -279,8 +314,9 @@ def count_parameters(model: ProCap) -> dict[str, int]:
 
 def _repeat(params: MaskParams, times: int) -> MaskParams:
     """The same masks for ``times`` consecutive copies of the batch."""
-    return MaskParams(*(torch.cat([t] * times) for t in (params.scheme, params.patch_prob, params.uniform,
-                                                           params.block)))
+    return MaskParams(
+        *(torch.cat([t] * times) for t in (params.scheme, params.patch_prob, params.uniform, params.block))
+    )
 
 
 def _on(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:

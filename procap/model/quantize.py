@@ -16,8 +16,9 @@ def vq_distances_ref(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     return (z32 * z32).sum(1, keepdim=True) + (e32 * e32).sum(1) - 2.0 * (z32 @ e32.t())
 
 
-def vq_nearest_ref(z: torch.Tensor, codebook: torch.Tensor,
-                   return_quantized: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def vq_nearest_ref(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Nearest codebook entry for every row of ``z``.
 
     Args:

@@ -244,8 +244,11 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], path: str
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-                  if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    mismatched = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
     if not (missing or unexpected or mismatched):
         return
     parts = []

@@ -37,8 +37,11 @@ MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
 CACHE_FORMAT = "procap-procedures"
 CACHE_VERSION = 1
-GROUP_FILES = {"clevr-change": ("sc_videos", "nsc_videos"), "spot-the-diff": ("spot_videos",),
-               "image-editing-request": ("edit_videos",)}
+GROUP_FILES = {
+    "clevr-change": ("sc_videos", "nsc_videos"),
+    "spot-the-diff": ("spot_videos",),
+    "image-editing-request": ("edit_videos",),
+}
 _CLEVR_ID = re.compile(r"^CLEVR_(semantic|nonsemantic)_(\d+)\.png$")
 
 
@@ -98,8 +101,16 @@ class CacheWriter:
             f.flush()
         return done
 
-    def write(self, group: str, key: str, frames: np.ndarray, s_bef: np.ndarray | None = None,
-              s_aft: np.ndarray | None = None, codes: np.ndarray | None = None, pair_id: str | None = None) -> None:
+    def write(
+        self,
+        group: str,
+        key: str,
+        frames: np.ndarray,
+        s_bef: np.ndarray | None = None,
+        s_aft: np.ndarray | None = None,
+        codes: np.ndarray | None = None,
+        pair_id: str | None = None,
+    ) -> None:
         """Store one pair.
 
         Args:
@@ -239,8 +250,10 @@ class ProcedureCache:
         if group not in self.paths and len(self.paths) == 1:
             group = next(iter(self.paths))
         if group not in self.paths or key not in self._open(group):
-            raise ProCapError(f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
-                              f"run `procap prepare` for this split.")
+            raise ProCapError(
+                f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
+                f"run `procap prepare` for this split."
+            )
         return group, key
 
     def frames(self, group: str, key: str, indices: list[int] | None = None) -> np.ndarray:
@@ -257,8 +270,9 @@ class ProcedureCache:
         if "s_bef" in attrs:
             return torch.from_numpy(attrs["s_bef"][()]), torch.from_numpy(attrs["s_aft"][()])
         if self.score_file is None:
-            raise ProCapError(f"{self.paths[group]} stores no scores for {key}; pass the authors' score file "
-                              f"(scores_file=...).")
+            raise ProCapError(
+                f"{self.paths[group]} stores no scores for {key}; pass the authors' score file (scores_file=...)."
+            )
         sub = group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None
         return self.score_file(None, (sub, key))
 
@@ -295,8 +309,15 @@ class CachedProcedures:
         seed: seeds the multinomial sampler (per DataLoader worker: seed + worker id).
     """
 
-    def __init__(self, cache_path: str | Path, num_keyframes: int = 2, sampling: str = "topk",
-                 scores_file: str | Path | None = None, image_size: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        cache_path: str | Path,
+        num_keyframes: int = 2,
+        sampling: str = "topk",
+        scores_file: str | Path | None = None,
+        image_size: int | None = None,
+        seed: int = 0,
+    ) -> None:
         if sampling not in ("topk", "multinomial"):
             raise ProCapError(f"sampling must be 'topk' or 'multinomial', got {sampling!r}.")
         self.cache = ProcedureCache(cache_path, scores_file)
@@ -335,12 +356,15 @@ class CachedProcedures:
         codes = torch.from_numpy(codes[idx.numpy()].astype(np.int64)).reshape(-1) if codes is not None else None
         return frames, codes
 
-    def __call__(self, pair: Any, before: torch.Tensor | None = None, after: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, pair: Any, before: torch.Tensor | None = None, after: torch.Tensor | None = None
+    ) -> torch.Tensor:
         frames, _ = self.sample(pair)
         size = self.image_size or (before.shape[-1] if before is not None else frames.shape[-1])
         if frames.shape[-1] != size or frames.shape[-2] != size:
-            frames = F.interpolate(frames, size=(size, size), mode="bicubic", align_corners=False,
-                                   antialias=True).clamp(0.0, 1.0)
+            frames = F.interpolate(
+                frames, size=(size, size), mode="bicubic", align_corners=False, antialias=True
+            ).clamp(0.0, 1.0)
         if before is not None and after is not None and before.shape == frames.shape[1:]:
             frames[0], frames[-1] = before.to(frames.dtype), after.to(frames.dtype)
         return frames
@@ -353,7 +377,9 @@ class CachedProcedures:
         for pair in pairs:
             _, codes = self.sample(pair)
             if codes is None:
-                raise ProCapError(f"the procedure cache stores no VQ codes for {getattr(pair, 'id', pair)}; "
-                                  f"rebuild it with `procap prepare --vqgan CKPT`.")
+                raise ProCapError(
+                    f"the procedure cache stores no VQ codes for {getattr(pair, 'id', pair)}; "
+                    f"rebuild it with `procap prepare --vqgan CKPT`."
+                )
             rows.append(codes)
         return torch.stack(rows)

@@ -19,9 +19,17 @@ from procap.procedure.similarity import Similarity, VQGANSimilarity
 
 
 @torch.no_grad()
-def explicit_frames(befores: torch.Tensor, afters: torch.Tensor, interpolator: Interpolator,
-                    similarity: Similarity, k: int, num_frames: int = 7, sampling: str = "topk",
-                    generator: torch.Generator | None = None, keys: Sequence[Any] | None = None) -> torch.Tensor:
+def explicit_frames(
+    befores: torch.Tensor,
+    afters: torch.Tensor,
+    interpolator: Interpolator,
+    similarity: Similarity,
+    k: int,
+    num_frames: int = 7,
+    sampling: str = "topk",
+    generator: torch.Generator | None = None,
+    keys: Sequence[Any] | None = None,
+) -> torch.Tensor:
     """Synthesize, score and sample the keyframes of a batch of pairs.
 
     Args:
@@ -50,8 +58,9 @@ def explicit_frames(befores: torch.Tensor, afters: torch.Tensor, interpolator: I
     return torch.stack([f[idx.to(f.device)] for f, idx in zip(frames, chosen)])
 
 
-def _defaults(model: Any, interpolator: Interpolator | None, similarity: Similarity | None,
-              k: int | None, num_frames: int | None) -> tuple[Interpolator, Similarity, int, int]:
+def _defaults(
+    model: Any, interpolator: Interpolator | None, similarity: Similarity | None, k: int | None, num_frames: int | None
+) -> tuple[Interpolator, Similarity, int, int]:
     config = model.config
     interpolator = interpolator or FlowInterpolator()
     similarity = similarity or VQGANSimilarity(model.vqgan)
@@ -63,9 +72,16 @@ def _defaults(model: Any, interpolator: Interpolator | None, similarity: Similar
 
 
 @torch.no_grad()
-def explicit_memory(model: Any, before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator | None = None,
-                    similarity: Similarity | None = None, k: int | None = None, num_frames: int | None = None,
-                    sampling: str = "topk") -> torch.Tensor:
+def explicit_memory(
+    model: Any,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    interpolator: Interpolator | None = None,
+    similarity: Similarity | None = None,
+    k: int | None = None,
+    num_frames: int | None = None,
+    sampling: str = "topk",
+) -> torch.Tensor:
     """Decoder memory of ``model`` from synthesized frames: (B, 3, S, S) x 2 -> (B, (k + 2) * n, dec_dim).
 
     Defaults: :class:`FlowInterpolator`, cosine similarity of the model's own frozen VQGAN features,
@@ -77,10 +93,17 @@ def explicit_memory(model: Any, before: torch.Tensor, after: torch.Tensor, inter
 
 
 @torch.no_grad()
-def explicit_captions(model: Any, befores: torch.Tensor, afters: torch.Tensor,
-                      interpolator: Interpolator | None = None, similarity: Similarity | None = None,
-                      k: int | None = None, num_frames: int | None = None, max_len: int | None = None,
-                      sampling: str = "topk") -> torch.Tensor:
+def explicit_captions(
+    model: Any,
+    befores: torch.Tensor,
+    afters: torch.Tensor,
+    interpolator: Interpolator | None = None,
+    similarity: Similarity | None = None,
+    k: int | None = None,
+    num_frames: int | None = None,
+    max_len: int | None = None,
+    sampling: str = "topk",
+) -> torch.Tensor:
     """Greedy captions with explicit procedures (paper Table 8).
 
     Args:

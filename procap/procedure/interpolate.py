@@ -56,8 +56,11 @@ class CrossFade:
 
 def _pixel_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
     """(1, 2, H, W) pixel coordinates (x, y)."""
-    ys, xs = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float32),
-                            torch.arange(w, device=device, dtype=torch.float32), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(h, device=device, dtype=torch.float32),
+        torch.arange(w, device=device, dtype=torch.float32),
+        indexing="ij",
+    )
     return torch.stack([xs, ys]).unsqueeze(0)
 
 
@@ -142,8 +145,9 @@ def _change_components(a: np.ndarray, b: np.ndarray, threshold: float, min_area:
     return mask.astype(bool), comps
 
 
-def _match_component(src: np.ndarray, dst: np.ndarray, comp: np.ndarray, bbox: tuple[int, int, int, int],
-                     changed: np.ndarray) -> tuple[int, int] | None:
+def _match_component(
+    src: np.ndarray, dst: np.ndarray, comp: np.ndarray, bbox: tuple[int, int, int, int], changed: np.ndarray
+) -> tuple[int, int] | None:
     """Where did the content of ``src`` under ``comp`` go in ``dst``? A unique, change-to-change match or None.
 
     Large-displacement seeding (in the spirit of LDOF's descriptor matches): the masked patch is searched in
@@ -155,8 +159,8 @@ def _match_component(src: np.ndarray, dst: np.ndarray, comp: np.ndarray, bbox: t
     hh, ww = src.shape[:2]
     if w >= ww - 1 or h >= hh - 1:
         return None
-    template = np.ascontiguousarray(src[y:y + h, x:x + w])
-    tmask = cv2.dilate(comp[y:y + h, x:x + w].astype(np.uint8), np.ones((3, 3), np.uint8))
+    template = np.ascontiguousarray(src[y : y + h, x : x + w])
+    tmask = cv2.dilate(comp[y : y + h, x : x + w].astype(np.uint8), np.ones((3, 3), np.uint8))
     tmask3 = np.repeat(tmask[:, :, None].astype(np.float32), 3, axis=2)
     err = cv2.matchTemplate(dst, template, cv2.TM_SQDIFF, mask=tmask3) / max(float(tmask3.sum()), 1.0)
     err = np.nan_to_num(err, nan=np.inf, posinf=np.inf)
@@ -168,11 +172,11 @@ def _match_component(src: np.ndarray, dst: np.ndarray, comp: np.ndarray, bbox: t
     # uniqueness: the best match outside a patch-sized window around the winner must be clearly worse
     masked = err.copy()
     ry, rx = max(h // 2, 2), max(w // 2, 2)
-    masked[max(by - ry, 0):by + ry + 1, max(bx - rx, 0):bx + rx + 1] = np.inf
+    masked[max(by - ry, 0) : by + ry + 1, max(bx - rx, 0) : bx + rx + 1] = np.inf
     second = float(masked.min()) if np.isfinite(masked).any() else np.inf
     if not best < 0.5 * second:
         return None
-    landed = changed[by:by + h, bx:bx + w][tmask > 0]
+    landed = changed[by : by + h, bx : bx + w][tmask > 0]
     return (dx, dy) if landed.size and landed.mean() >= 0.5 else None
 
 
@@ -228,12 +232,23 @@ class FlowInterpolator:
         device: where the warping runs; default: the inputs' device.
     """
 
-    _PRESETS: ClassVar[dict[str, int]] = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST, "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
-                "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}
+    _PRESETS: ClassVar[dict[str, int]] = {
+        "ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST,
+        "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
+        "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM,
+    }
 
-    def __init__(self, flow_scale: float | None = None, preset: str = "medium", fb_sigma: float = 1.0,
-                 motion_prior: float = 1.0, seed_matches: bool = True, change_threshold: float = 0.08,
-                 seed_grow: int = 1, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        flow_scale: float | None = None,
+        preset: str = "medium",
+        fb_sigma: float = 1.0,
+        motion_prior: float = 1.0,
+        seed_matches: bool = True,
+        change_threshold: float = 0.08,
+        seed_grow: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
         if preset not in self._PRESETS:
             raise ValueError(f"unknown DIS preset {preset!r}; choose one of {sorted(self._PRESETS)}")
         if flow_scale is not None and flow_scale <= 0:
@@ -352,8 +367,14 @@ class FlowInterpolator:
         finally:
             torch.set_num_threads(threads)
 
-    def _at(self, before: torch.Tensor, after: torch.Tensor, t: float, device: torch.device,
-            flows: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def _at(
+        self,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        t: float,
+        device: torch.device,
+        flows: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         f01, f10 = flows if flows is not None else (f.to(device) for f in self.flow(before, after))
         i0, i1 = before.to(device).float(), after.to(device).float()
         ft0, ft1, v0, v1 = self._flows_to_time(f01, f10, t)
@@ -389,8 +410,9 @@ class FlowInterpolator:
         flow_to_a = torch.where(weight > 1e-8, -tau * mean_flow, torch.zeros_like(mean_flow))
         return flow_to_a, visibility.clamp(0.0, 1.0)
 
-    def _flows_to_time(self, f01: torch.Tensor, f10: torch.Tensor,
-                       t: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _flows_to_time(
+        self, f01: torch.Tensor, f10: torch.Tensor, t: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Backward flows F_t->0, F_t->1 and visibilities v0, v1 at time t (see class docstring)."""
         ft0, v0 = self._splat_side(f01, f10, t)
         ft1, v1 = self._splat_side(f10, f01, 1.0 - t)
@@ -401,8 +423,9 @@ def _check_pair(before: torch.Tensor, after: torch.Tensor) -> None:
     if before.dim() != 4 or before.shape[1] != 3:
         raise ValueError(f"expected images of shape (B, 3, H, W), got {tuple(before.shape)}")
     if before.shape != after.shape:
-        raise ValueError(f"before and after must have the same shape, got {tuple(before.shape)} "
-                         f"and {tuple(after.shape)}")
+        raise ValueError(
+            f"before and after must have the same shape, got {tuple(before.shape)} and {tuple(after.shape)}"
+        )
 
 
 def levels_for(num_frames: int) -> int:
@@ -413,8 +436,9 @@ def levels_for(num_frames: int) -> int:
 
 
 @torch.no_grad()
-def generate_procedure(before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator,
-                       num_frames: int = 7, direct: bool = False) -> torch.Tensor:
+def generate_procedure(
+    before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator, num_frames: int = 7, direct: bool = False
+) -> torch.Tensor:
     """Synthesize ``l = num_frames`` intermediate frames by recursive midpoints (the paper's procedure).
 
     Level 1 interpolates (I_bef, I_aft); each further level inserts a midpoint between every adjacent
@@ -439,8 +463,10 @@ def generate_procedure(before: torch.Tensor, after: torch.Tensor, interpolator: 
     _check_pair(before, after)
     if direct:
         if not hasattr(interpolator, "frames_at"):
-            raise ValueError(f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
-                             f"only gives midpoints")
+            raise ValueError(
+                f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
+                f"only gives midpoints"
+            )
         times = [i / (num_frames + 1) for i in range(1, num_frames + 1)]
         out = interpolator.frames_at(before.float(), after.float(), times).to(before.device).float()
         return out[0] if unbatched else out

@@ -59,9 +59,16 @@ class PrepareOptions:
 
     def content_key(self) -> dict[str, Any]:
         """The fields a resumed run must share with the run that started the cache."""
-        return {"dataset": self.dataset, "num_frames": self.num_frames, "image_size": self.image_size,
-                "similarity": self.similarity, "vqgan": _name(self.vqgan), "scores_file": _name(self.scores_file),
-                "dinov2_weights": _name(self.dinov2_weights), "direct": self.direct}
+        return {
+            "dataset": self.dataset,
+            "num_frames": self.num_frames,
+            "image_size": self.image_size,
+            "similarity": self.similarity,
+            "vqgan": _name(self.vqgan),
+            "scores_file": _name(self.scores_file),
+            "dinov2_weights": _name(self.dinov2_weights),
+            "direct": self.direct,
+        }
 
 
 def _name(path: str | None) -> str | None:
@@ -91,8 +98,10 @@ def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise ProCapError(f"image {path} cannot be read ({exc}).") from None
     if sizes[0] != sizes[1] and not allow_size_mismatch:
-        raise ProCapError(f"pair {pair.id}: before {pair.before_path} is {sizes[0][0]}x{sizes[0][1]} but after "
-                          f"{pair.after_path} is {sizes[1][0]}x{sizes[1][1]} (use --allow-size-mismatch to resize both).")
+        raise ProCapError(
+            f"pair {pair.id}: before {pair.before_path} is {sizes[0][0]}x{sizes[0][1]} but after "
+            f"{pair.after_path} is {sizes[1][0]}x{sizes[1][1]} (use --allow-size-mismatch to resize both)."
+        )
     return _load(pair.before_path, size), _load(pair.after_path, size)
 
 
@@ -139,9 +148,15 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
         torch.set_num_threads(threads)
 
 
-def synthesized(jobs: Sequence[tuple[int, Any]], interpolator: Interpolator, num_frames: int, size: int,
-                allow_mismatch: bool, workers: int,
-                direct: bool = True) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+def synthesized(
+    jobs: Sequence[tuple[int, Any]],
+    interpolator: Interpolator,
+    num_frames: int,
+    size: int,
+    allow_mismatch: bool,
+    workers: int,
+    direct: bool = True,
+) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
     """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
     init = (interpolator, num_frames, size, allow_mismatch, direct)
     if workers <= 1:
@@ -161,10 +176,16 @@ def synthesized(jobs: Sequence[tuple[int, Any]], interpolator: Interpolator, num
         pool.join()
 
 
-def _init_worker_inline(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool,
-                        direct: bool) -> None:
-    _WORKER.update(interpolator=interpolator, num_frames=num_frames, size=size, allow_mismatch=allow_mismatch,
-                   direct=direct and hasattr(interpolator, "frames_at"))
+def _init_worker_inline(
+    interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool, direct: bool
+) -> None:
+    _WORKER.update(
+        interpolator=interpolator,
+        num_frames=num_frames,
+        size=size,
+        allow_mismatch=allow_mismatch,
+        direct=direct and hasattr(interpolator, "frames_at"),
+    )
 
 
 # ------------------------------------------------------------------------------------------- writer side
@@ -204,8 +225,13 @@ def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device
 
 
 @torch.no_grad()
-def _score_and_code(batch: list[np.ndarray], keys: list[tuple[str | None, str]], similarity: Any,
-                    vqgan: torch.nn.Module | None, device: torch.device) -> list[tuple[np.ndarray, np.ndarray, Any]]:
+def _score_and_code(
+    batch: list[np.ndarray],
+    keys: list[tuple[str | None, str]],
+    similarity: Any,
+    vqgan: torch.nn.Module | None,
+    device: torch.device,
+) -> list[tuple[np.ndarray, np.ndarray, Any]]:
     """Similarities and codes for a batch of procedures (one model call for all their frames).
 
     Batching matters on CPU: per-call overhead (and thread synchronisation on busy cores) dominates for
@@ -230,16 +256,19 @@ def _check_manifest(opts: PrepareOptions) -> None:
     wanted = opts.content_key()
     if existing is None:
         out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / MANIFEST, {"format": CACHE_FORMAT, "version": CACHE_VERSION, **wanted,
-                                           "splits": list(opts.splits)})
+        write_json_atomic(
+            out / MANIFEST, {"format": CACHE_FORMAT, "version": CACHE_VERSION, **wanted, "splits": list(opts.splits)}
+        )
         return
     if existing.get("format") != CACHE_FORMAT:
         raise ProCapError(f"{out / MANIFEST} is not a procap procedure-cache manifest.")
     changed = [k for k, v in wanted.items() if existing.get(k) != v]
     if changed:
         k = changed[0]
-        raise ProCapError(f"cache {out} was built with {k}={existing.get(k)!r}, not {wanted[k]!r}; "
-                          f"rerun with the same settings or choose a new --out.")
+        raise ProCapError(
+            f"cache {out} was built with {k}={existing.get(k)!r}, not {wanted[k]!r}; "
+            f"rerun with the same settings or choose a new --out."
+        )
     splits = sorted(set(existing.get("splits", [])) | set(opts.splits))
     write_json_atomic(out / MANIFEST, {**existing, "splits": splits})
 
@@ -248,8 +277,9 @@ class _Terminate(Exception):
     """Raised by the SIGTERM handler so that SIGTERM unwinds like Ctrl-C."""
 
 
-def prepare(opts: PrepareOptions, pairs: Sequence[Any] | None = None,
-            interpolator: Interpolator | None = None) -> dict[str, int]:
+def prepare(
+    opts: PrepareOptions, pairs: Sequence[Any] | None = None, interpolator: Interpolator | None = None
+) -> dict[str, int]:
     """Build (or resume) the cache described by ``opts``.
 
     Args:
@@ -295,8 +325,7 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
 
     if main_thread:
         signal.signal(signal.SIGTERM, on_term)
-    bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair",
-               disable=not opts.progress)
+    bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair", disable=not opts.progress)
     written = 0
     pending: list[tuple[int, np.ndarray]] = []
 
@@ -314,8 +343,9 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
         return count
 
     try:
-        for index, frames, error in synthesized(todo, interpolator, opts.num_frames, opts.image_size,
-                                                opts.allow_size_mismatch, opts.workers, opts.direct):
+        for index, frames, error in synthesized(
+            todo, interpolator, opts.num_frames, opts.image_size, opts.allow_size_mismatch, opts.workers, opts.direct
+        ):
             if error is not None:
                 written += flush()  # keep the finished work, then report the bad input
                 raise ProCapError(error)

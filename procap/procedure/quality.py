@@ -31,8 +31,9 @@ def psnr(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> 
     return 10.0 * torch.log10(1.0 / mse.clamp_min(1e-10))
 
 
-def load_truth(root: str | Path, change_type: str = "move", limit: int | None = None,
-               t: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_truth(
+    root: str | Path, change_type: str = "move", limit: int | None = None, t: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(before, after, truth at t) as (N, 3, H, W) float for the scenes of one change type."""
     from procap.data.synthetic import render_intermediate
 
@@ -48,9 +49,13 @@ def load_truth(root: str | Path, change_type: str = "move", limit: int | None = 
     return stack(0.0), stack(1.0), stack(t)
 
 
-def evaluate_interpolators(root: str | Path, interpolators: dict[str, Interpolator] | None = None,
-                           change_type: str = "move", limit: int | None = None,
-                           batch_size: int = 16) -> dict[str, dict[str, Any]]:
+def evaluate_interpolators(
+    root: str | Path,
+    interpolators: dict[str, Interpolator] | None = None,
+    change_type: str = "move",
+    limit: int | None = None,
+    batch_size: int = 16,
+) -> dict[str, dict[str, Any]]:
     """PSNR of each interpolator's midpoint against the rendered truth at t = 0.5.
 
     Args:
@@ -66,19 +71,30 @@ def evaluate_interpolators(root: str | Path, interpolators: dict[str, Interpolat
     """
     interpolators = interpolators or {"flow": FlowInterpolator(), "crossfade": CrossFade()}
     before, after, truth = load_truth(root, change_type, limit)
-    changed = ((before - after).abs().amax(1, keepdim=True) > 0.02) | ((before - truth).abs().amax(1, keepdim=True) > 0.02)
+    changed = ((before - after).abs().amax(1, keepdim=True) > 0.02) | (
+        (before - truth).abs().amax(1, keepdim=True) > 0.02
+    )
     results = {}
     for name, interp in interpolators.items():
         start = time.perf_counter()
         mids = torch.cat([interp(b, a).cpu() for b, a in zip(before.split(batch_size), after.split(batch_size))])
         elapsed = time.perf_counter() - start
-        results[name] = {"psnr": float(psnr(mids, truth).mean()), "psnr_changed": float(psnr(mids, truth, changed).mean()),
-                         "pairs": int(before.shape[0]), "ms_per_pair": 1000.0 * elapsed / before.shape[0]}
+        results[name] = {
+            "psnr": float(psnr(mids, truth).mean()),
+            "psnr_changed": float(psnr(mids, truth, changed).mean()),
+            "pairs": int(before.shape[0]),
+            "ms_per_pair": 1000.0 * elapsed / before.shape[0],
+        }
     return results
 
 
-def evaluate_procedures(root: str | Path, num_frames: int = 7, change_type: str = "move", limit: int | None = None,
-                        interpolators: dict[str, Interpolator] | None = None) -> dict[str, dict[str, Any]]:
+def evaluate_procedures(
+    root: str | Path,
+    num_frames: int = 7,
+    change_type: str = "move",
+    limit: int | None = None,
+    interpolators: dict[str, Interpolator] | None = None,
+) -> dict[str, dict[str, Any]]:
     """PSNR of whole procedures (all l frames at t = i / (l + 1)) against the rendered truth.
 
     Compares the paper's recursive midpoints with ``direct`` rendering from one flow, for every interpolator.
@@ -102,7 +118,10 @@ def evaluate_procedures(root: str | Path, num_frames: int = 7, change_type: str 
             frames = generate_procedure(before, after, interp, num_frames, direct=mode == "direct").cpu()
             elapsed = time.perf_counter() - start
             per_frame = [float(psnr(frames[:, i], truth[:, i]).mean()) for i in range(num_frames)]
-            results[f"{name}/{mode}"] = {"psnr": sum(per_frame) / num_frames, "per_frame": per_frame,
-                                         "pairs": int(before.shape[0]),
-                                         "ms_per_pair": 1000.0 * elapsed / before.shape[0]}
+            results[f"{name}/{mode}"] = {
+                "psnr": sum(per_frame) / num_frames,
+                "per_frame": per_frame,
+                "pairs": int(before.shape[0]),
+                "ms_per_pair": 1000.0 * elapsed / before.shape[0],
+            }
     return results

@@ -25,14 +25,17 @@ def confidence_weights(s_bef: torch.Tensor, s_aft: torch.Tensor) -> torch.Tensor
         (..., l) weights in [0, 1) for P_1..P_l (they sum to l - 1).
     """
     if s_bef.shape != s_aft.shape or s_bef.shape[-1] < 3:
-        raise ValueError(f"s_bef and s_aft must have the same shape (..., l + 2) with l >= 1, got "
-                         f"{tuple(s_bef.shape)} and {tuple(s_aft.shape)}")
+        raise ValueError(
+            f"s_bef and s_aft must have the same shape (..., l + 2) with l >= 1, got "
+            f"{tuple(s_bef.shape)} and {tuple(s_aft.shape)}"
+        )
     diff2 = (s_bef.float() - s_aft.float()) ** 2
     return 1.0 - torch.softmax(diff2[..., 1:-1], dim=-1)
 
 
-def sample_keyframes(weights: torch.Tensor, k: int, mode: str = "topk",
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_keyframes(
+    weights: torch.Tensor, k: int, mode: str = "topk", generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Pick k of the l intermediate frames and frame them by before and after.
 
     Args:

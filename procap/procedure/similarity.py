@@ -95,15 +95,22 @@ class DINOv2Similarity(EmbeddingSimilarity):
     MEAN = (0.485, 0.456, 0.406)
     STD = (0.229, 0.224, 0.225)
 
-    def __init__(self, weights: str | Path, image_size: int = 224, device: torch.device | str = "cpu",
-                 model_name: str = "vit_large_patch14_dinov2") -> None:
+    def __init__(
+        self,
+        weights: str | Path,
+        image_size: int = 224,
+        device: torch.device | str = "cpu",
+        model_name: str = "vit_large_patch14_dinov2",
+    ) -> None:
         if image_size % 14:
             raise ProCapError(f"the DINOv2 image size must be a multiple of 14, got {image_size}.")
         try:
             import timm
         except ImportError:
-            raise ProCapError("--similarity dinov2 needs timm, which is not installed; "
-                              "install the extra with `pip install procap[dinov2]`.") from None
+            raise ProCapError(
+                "--similarity dinov2 needs timm, which is not installed; "
+                "install the extra with `pip install procap[dinov2]`."
+            ) from None
         weights = Path(weights)
         if not weights.is_file():
             raise ProCapError(f"DINOv2 weights file {weights} does not exist.")
@@ -117,16 +124,19 @@ class DINOv2Similarity(EmbeddingSimilarity):
             pass
         missing, _unexpected = model.load_state_dict(state, strict=False)
         if missing:
-            raise ProCapError(f"DINOv2 weights {weights} do not match {model_name}: {len(missing)} missing keys "
-                              f"(first: {', '.join(missing[:3])}).")
+            raise ProCapError(
+                f"DINOv2 weights {weights} do not match {model_name}: {len(missing)} missing keys "
+                f"(first: {', '.join(missing[:3])})."
+            )
         self.model = model.eval().requires_grad_(False).to(device)
         self.device, self.image_size = torch.device(device), image_size
         self._mean = torch.tensor(self.MEAN, device=self.device).view(1, 3, 1, 1)
         self._std = torch.tensor(self.STD, device=self.device).view(1, 3, 1, 1)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(images.to(self.device).float(), size=(self.image_size, self.image_size),
-                          mode="bicubic", align_corners=False).clamp(0, 1)
+        x = F.interpolate(
+            images.to(self.device).float(), size=(self.image_size, self.image_size), mode="bicubic", align_corners=False
+        ).clamp(0, 1)
         return self.model((x - self._mean) / self._std)  # (N, 1024) pooled CLS with num_classes=0
 
 
@@ -180,16 +190,20 @@ class ScoreFileSimilarity:
         if "bef_inter_sim" not in entry:
             nested = f"{group}_sim_matrixes" if group else None
             if nested not in entry:
-                raise ProCapError(f"score file {self.path}: entry {vid!r} has neither bef_inter_sim nor "
-                                  f"{nested or 'a group (sc/nsc) to look under'}.")
+                raise ProCapError(
+                    f"score file {self.path}: entry {vid!r} has neither bef_inter_sim nor "
+                    f"{nested or 'a group (sc/nsc) to look under'}."
+                )
             entry = entry[nested]
         s_bef = torch.tensor(entry["bef_inter_sim"], dtype=torch.float32)
         s_aft = torch.tensor(entry["inter_aft_sim"], dtype=torch.float32)
         if s_bef.dim() == 2:  # (n_caps, T): average over captions, as the authors do
             s_bef, s_aft = s_bef.mean(0), s_aft.mean(0)
         if frames is not None and s_bef.shape[0] != frames.shape[-4]:
-            raise ProCapError(f"score file {self.path}: entry {vid!r} has {s_bef.shape[0]} scores per caption "
-                              f"but the procedure has {frames.shape[-4]} frames.")
+            raise ProCapError(
+                f"score file {self.path}: entry {vid!r} has {s_bef.shape[0]} scores per caption "
+                f"but the procedure has {frames.shape[-4]} frames."
+            )
         return s_bef, s_aft
 
 

@@ -23,10 +23,19 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     g.add_argument("--preset", default="tiny", help=f"model preset: {', '.join(sorted(PRESETS))} (default tiny)")
     g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
     g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
-    g.add_argument("--no-cache", dest="cache_images", action="store_false", default=None,
-                   help="do not keep decoded images in memory (large datasets)")
-    g.add_argument("--cache-features", action="store_true", default=None,
-                   help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU)")
+    g.add_argument(
+        "--no-cache",
+        dest="cache_images",
+        action="store_false",
+        default=None,
+        help="do not keep decoded images in memory (large datasets)",
+    )
+    g.add_argument(
+        "--cache-features",
+        action="store_true",
+        default=None,
+        help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU)",
+    )
     o = parser.add_argument_group("optimisation")
     o.add_argument("--steps", type=int, help="optimisation steps (wins over --epochs)")
     o.add_argument("--epochs", type=int, help="epochs over the training pairs")

@@ -54,10 +54,17 @@ def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any)
 
 
 @torch.no_grad()
-def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batch_size: int = 32,
-                  cache: ImageCache | None = None, device: torch.device | str = "cpu",
-                  amp: bool = False, max_len: int | None = None,
-                  remember: bool = False) -> tuple[dict[str, str], dict[str, float]]:
+def caption_pairs(
+    model: torch.nn.Module,
+    vocab: Any,
+    pairs: Sequence[Any],
+    batch_size: int = 32,
+    cache: ImageCache | None = None,
+    device: torch.device | str = "cpu",
+    amp: bool = False,
+    max_len: int | None = None,
+    remember: bool = False,
+) -> tuple[dict[str, str], dict[str, float]]:
     """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
 
     Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
@@ -72,7 +79,7 @@ def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batc
     tokens, seconds = 0, 0.0
     eos = vocab.eos_id
     for start in tqdm(range(0, len(pairs), batch_size), desc="caption", leave=False, disable=len(pairs) <= batch_size):
-        chunk = pairs[start:start + batch_size]
+        chunk = pairs[start : start + batch_size]
         before = torch.stack([cache(p.before_path) for p in chunk]).to(device)
         after = torch.stack([cache(p.after_path) for p in chunk]).to(device)
         if remember and hasattr(model.vqgan, "remember"):
@@ -88,22 +95,33 @@ def caption_pairs(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], batc
             predictions[pair.id] = vocab.decode(row.tolist())
             hit = (row == eos).nonzero()
             tokens += int(hit[0, 0]) + 1 if hit.numel() else row.numel()
-    rates = {"captions_per_s": len(pairs) / max(seconds, 1e-9), "tokens_per_s": tokens / max(seconds, 1e-9),
-             "seconds": seconds}
+    rates = {
+        "captions_per_s": len(pairs) / max(seconds, 1e-9),
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "seconds": seconds,
+    }
     return predictions, rates
 
 
 # Display name -> (procap.evaluate metric, its result key). Scores are reported x100, as in the papers.
-METRIC_KEYS = {"BLEU-4": ("bleu", "Bleu_4"), "METEOR": ("meteor", "METEOR"), "ROUGE-L": ("rouge", "ROUGE_L"),
-               "CIDEr": ("cider", "CIDEr")}
+METRIC_KEYS = {
+    "BLEU-4": ("bleu", "Bleu_4"),
+    "METEOR": ("meteor", "METEOR"),
+    "ROUGE-L": ("rouge", "ROUGE_L"),
+    "CIDEr": ("cider", "CIDEr"),
+}
 
 
 def _display(raw: dict[str, float], metrics: Sequence[str]) -> dict[str, float]:
     return {m: 100.0 * float(raw[METRIC_KEYS[m][1]]) for m in metrics}
 
 
-def score_captions(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str] = tuple(METRIC_KEYS),
-                   by_type: bool = False) -> dict[str, Any]:
+def score_captions(
+    predictions: dict[str, str],
+    pairs: Sequence[Any],
+    metrics: Sequence[str] = tuple(METRIC_KEYS),
+    by_type: bool = False,
+) -> dict[str, Any]:
     """Score ``predictions`` (id -> text) against the pairs' references with ``procap.evaluate.score``.
 
     Args:

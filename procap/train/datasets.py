@@ -77,8 +77,15 @@ class PairDataset(Dataset):
         cache: shared :class:`ImageCache`; a fresh caching one is made when ``None``.
     """
 
-    def __init__(self, pairs: Sequence[Any], vocab: Any, image_size: int, max_len: int = 24, seed: int = 0,
-                 cache: ImageCache | None = None) -> None:
+    def __init__(
+        self,
+        pairs: Sequence[Any],
+        vocab: Any,
+        image_size: int,
+        max_len: int = 24,
+        seed: int = 0,
+        cache: ImageCache | None = None,
+    ) -> None:
         self.pairs, self.vocab, self.max_len, self.seed = list(pairs), vocab, max_len, seed
         self.cache = cache if cache is not None else ImageCache(image_size)
         self.epoch = 0
@@ -95,8 +102,12 @@ class PairDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         pair = self.pairs[index]
-        return {"before": self.cache(pair.before_path), "after": self.cache(pair.after_path),
-                "caption": self.caption_tokens(index), "index": index}
+        return {
+            "before": self.cache(pair.before_path),
+            "after": self.cache(pair.after_path),
+            "caption": self.caption_tokens(index),
+            "index": index,
+        }
 
 
 class CrossFadeProcedures:
@@ -127,7 +138,9 @@ def make_procedure_source(spec: str, num_keyframes: int, root: str | None = None
     try:
         from procap.procedure import CachedProcedures  # provided by the procedure-generation issue
     except ImportError:
-        raise ProCapError(f"--procedures {spec}: procap.procedure is not available; use --procedures crossfade") from None
+        raise ProCapError(
+            f"--procedures {spec}: procap.procedure is not available; use --procedures crossfade"
+        ) from None
     if not Path(spec).exists():
         raise ProCapError(f"procedure cache {spec} does not exist; build it with `procap prepare`")
     return CachedProcedures(spec, num_keyframes=num_keyframes)
@@ -142,9 +155,17 @@ class ProcedureDataset(Dataset):
         codes: optional precomputed VQ indices, a (len(pairs), T*n) long tensor (MSM targets).
     """
 
-    def __init__(self, pairs: Sequence[Any], vocab: Any, image_size: int, procedure_source: ProcedureSource,
-                 max_len: int = 24, seed: int = 0, cache: ImageCache | None = None,
-                 codes: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        pairs: Sequence[Any],
+        vocab: Any,
+        image_size: int,
+        procedure_source: ProcedureSource,
+        max_len: int = 24,
+        seed: int = 0,
+        cache: ImageCache | None = None,
+        codes: torch.Tensor | None = None,
+    ) -> None:
         self.base = PairDataset(pairs, vocab, image_size, max_len, seed, cache)
         self.procedure_source, self.codes = procedure_source, codes
         if codes is not None and codes.shape[0] != len(self.base):
@@ -214,4 +235,4 @@ class EpochBatchSampler(Sampler[list[int]]):
         else:
             order = list(range(self.num_items))
         for b in range(self.start_batch, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield order[b * self.batch_size : (b + 1) * self.batch_size]

@@ -39,10 +39,18 @@ def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequen
     return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
 
 
-def evaluate_model(model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], metrics: Sequence[str] | None = None,
-                   batch_size: int = 32, device: torch.device | str = "cpu", cache: ImageCache | None = None,
-                   out: Path | str | None = None, extra: dict[str, Any] | None = None,
-                   truths: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate_model(
+    model: torch.nn.Module,
+    vocab: Any,
+    pairs: Sequence[Any],
+    metrics: Sequence[str] | None = None,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    cache: ImageCache | None = None,
+    out: Path | str | None = None,
+    extra: dict[str, Any] | None = None,
+    truths: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Caption ``pairs`` greedily and score them; writes ``results.json`` and ``metrics.json`` under ``out``.
 
     Args:

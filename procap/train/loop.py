@@ -89,10 +89,19 @@ class Trainer:
         items_fn: number of items (pairs/images) and tokens in a batch, for throughput.
     """
 
-    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn,
-                 make_optimizer: Callable[[int], tuple[torch.optim.Optimizer, StepSchedule]],
-                 save_weights: SaveFn, load_weights: LoadFn, validate: ValidateFn | None = None,
-                 metric: str | None = None, name: str = "train") -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: torch.nn.Module,
+        dataset: Dataset,
+        loss_fn: LossFn,
+        make_optimizer: Callable[[int], tuple[torch.optim.Optimizer, StepSchedule]],
+        save_weights: SaveFn,
+        load_weights: LoadFn,
+        validate: ValidateFn | None = None,
+        metric: str | None = None,
+        name: str = "train",
+    ) -> None:
         self.cfg, self.model, self.dataset, self.loss_fn = cfg, model, dataset, loss_fn
         self.save_weights, self.load_weights, self.validate, self.metric = save_weights, load_weights, validate, metric
         self.name, self.device = name, cfg.torch_device()
@@ -114,24 +123,36 @@ class Trainer:
 
     def save_last(self) -> None:
         self.save_weights(self.last_path, {"step": self.state.step, "stage": self.name})
-        scalars = {"step": self.state.step, "epoch": self.state.epoch, "batch_in_epoch": self.state.batch_in_epoch,
-                   "best_metric": self.state.best_metric if math.isfinite(self.state.best_metric) else None,
-                   "best_step": self.state.best_step, "schedule": self.schedule.state_dict(),
-                   "history": self.state.history, "total_steps": self.total}
+        scalars = {
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "batch_in_epoch": self.state.batch_in_epoch,
+            "best_metric": self.state.best_metric if math.isfinite(self.state.best_metric) else None,
+            "best_step": self.state.best_step,
+            "schedule": self.schedule.state_dict(),
+            "history": self.state.history,
+            "total_steps": self.total,
+        }
         save_training_state(self.last_path, self.optimizer, scalars)
 
     def resume(self) -> None:
         """Restore weights, optimizer, schedule, position and RNGs from ``<out>/last.*``."""
         if not self.last_path.is_file() or not state_paths(self.last_path)[1].is_file():
-            raise ProCapError(f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} "
-                              "and its .state files)")
+            raise ProCapError(
+                f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"
+            )
         self.load_weights(self.last_path)
         scalars = load_training_state(self.last_path, self.optimizer)
         self.schedule.load_state_dict(scalars["schedule"])
         best = scalars.get("best_metric")
-        self.state = LoopState(step=scalars["step"], epoch=scalars["epoch"], batch_in_epoch=scalars["batch_in_epoch"],
-                               best_metric=-math.inf if best is None else best, best_step=scalars["best_step"],
-                               history=scalars.get("history", []))
+        self.state = LoopState(
+            step=scalars["step"],
+            epoch=scalars["epoch"],
+            batch_in_epoch=scalars["batch_in_epoch"],
+            best_metric=-math.inf if best is None else best,
+            best_step=scalars["best_step"],
+            history=scalars.get("history", []),
+        )
 
     # ------------------------------------------------------------------ one step
     def _autocast(self):
@@ -177,8 +198,10 @@ class Trainer:
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step
-            self.save_weights(self.best_path, {"step": self.state.step, "stage": self.name,
-                                                "val": {k: float(v) for k, v in metrics.items()}})
+            self.save_weights(
+                self.best_path,
+                {"step": self.state.step, "stage": self.name, "val": {k: float(v) for k, v in metrics.items()}},
+            )
         return metrics
 
     # ------------------------------------------------------------------ the loop
@@ -186,9 +209,14 @@ class Trainer:
         self.dataset.set_epoch(self.state.epoch)
         self.sampler.set_epoch(self.state.epoch, self.state.batch_in_epoch)
         # A private generator: creating the iterator must not draw from the global RNG (resume determinism).
-        return DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.cfg.workers,
-                          generator=torch.Generator().manual_seed(self.cfg.seed + self.state.epoch),
-                          pin_memory=self.device.type == "cuda", persistent_workers=False)
+        return DataLoader(
+            self.dataset,
+            batch_sampler=self.sampler,
+            num_workers=self.cfg.workers,
+            generator=torch.Generator().manual_seed(self.cfg.seed + self.state.epoch),
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=False,
+        )
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0
@@ -201,8 +229,14 @@ class Trainer:
         atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(self.cfg.to_dict(), indent=1))
         if self.cfg.resume:
             self.resume()
-        bar = tqdm(total=self.total, initial=self.state.step, desc=self.name, disable=not self.cfg.progress,
-                   dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=self.total,
+            initial=self.state.step,
+            desc=self.name,
+            disable=not self.cfg.progress,
+            dynamic_ncols=True,
+            leave=False,
+        )
         validated_at = -1
         t0, items = time.perf_counter(), 0
         while self.state.step < self.total:
@@ -216,8 +250,15 @@ class Trainer:
                 if self._due(self.cfg.log_every) or self.state.step == self.total:
                     values = self.scalars(record)  # the only host sync of a training step
                     bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
-                    self.log.write({"step": self.state.step, "epoch": self.state.epoch,
-                                    "lr": self.schedule.lrs(), "items_per_s": rate, **values})
+                    self.log.write(
+                        {
+                            "step": self.state.step,
+                            "epoch": self.state.epoch,
+                            "lr": self.schedule.lrs(),
+                            "items_per_s": rate,
+                            **values,
+                        }
+                    )
                 if self._due(self.cfg.val_every):
                     self.run_validation()
                     validated_at = self.state.step

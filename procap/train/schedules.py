@@ -16,8 +16,9 @@ from procap.train.config import TrainConfig
 LrFn = Callable[[int], float]
 
 
-def warmup_lr(step: int, start: float, peak: float, warmup_steps: int, total_steps: int = 0,
-              decay: str = "none") -> float:
+def warmup_lr(
+    step: int, start: float, peak: float, warmup_steps: int, total_steps: int = 0, decay: str = "none"
+) -> float:
     """Linear warm-up ``start -> peak`` over ``warmup_steps``, then constant (paper) or decayed to 0.
 
     ``step`` counts optimisation steps already taken (the first update uses ``step = 0``, lr = ``start``).
@@ -70,8 +71,9 @@ def trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
 
-def stage1_optimizer(model: torch.nn.Module, cfg: TrainConfig, total_steps: int) -> tuple[torch.optim.Optimizer,
-                                                                                            StepSchedule]:
+def stage1_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, StepSchedule]:
     """AdamW over all trainable parameters, lr warm-up ``lr_start -> lr`` over ``warmup_steps`` (1e-6 -> 1e-4, 5k)."""
     params = [p for _, p in trainable(model)]
     optimizer = _adamw([{"params": params, "name": "all"}], cfg)
@@ -85,8 +87,9 @@ def is_decoder_param(name: str) -> bool:
     return name.startswith(("decoder.", "memory")) or ".memory" in name
 
 
-def stage2_optimizer(model: torch.nn.Module, cfg: TrainConfig, total_steps: int) -> tuple[torch.optim.Optimizer,
-                                                                                            StepSchedule]:
+def stage2_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, StepSchedule]:
     """Two groups: the (stage-1 initialised) encoder at a constant ``encoder_lr``, the decoder warmed up 0 -> lr.
 
     The paper: encoder 5e-5 (2e-5 on Spot-the-Diff); decoder lr linear warm-up from 0 to 5e-5 over the first

@@ -26,8 +26,9 @@ def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tupl
     if cfg.init:
         model, vocab, _ = load_checkpoint(cfg.init)
         if cfg.num_keyframes is not None and cfg.num_keyframes != model.config.num_keyframes:
-            raise ProCapError(f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} "
-                              f"of {cfg.init}")
+            raise ProCapError(
+                f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} of {cfg.init}"
+            )
         return model, vocab
     vocab = vocab if vocab is not None else build_vocab(pairs, cfg.dataset)
     overrides = {} if cfg.num_keyframes is None else {"num_keyframes": cfg.num_keyframes}
@@ -46,8 +47,9 @@ def weight_loader(model: torch.nn.Module):
     return load
 
 
-def pretrain(cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = None,
-             cache: ImageCache | None = None) -> Path:
+def pretrain(
+    cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = None, cache: ImageCache | None = None
+) -> Path:
     """Run stage 1 and return the final checkpoint ``<out>/stage1.safetensors``.
 
     Args:
@@ -75,9 +77,16 @@ def pretrain(cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = 
             cached.remember(batch["frames"].flatten(0, 1))
         return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"))
 
-    trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage1_optimizer(model, cfg, total),
-                      save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
-                      load_weights=weight_loader(model), name="stage1")
+    trainer = Trainer(
+        cfg,
+        model,
+        dataset,
+        loss_fn,
+        lambda total: stage1_optimizer(model, cfg, total),
+        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+        load_weights=weight_loader(model),
+        name="stage1",
+    )
     state = trainer.fit()
     final = Path(cfg.out) / "stage1.safetensors"
     save_checkpoint(final, model, vocab, {"stage": "stage1", "step": state.step, "procedures": cfg.procedures})

@@ -50,8 +50,15 @@ def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:
     return min(limit, max(lengths) + 2)
 
 
-def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: Sequence[Any], cache: ImageCache,
-                   max_len: int | None = None, truths: dict[str, Any] | None = None):
+def make_validator(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    vocab: Any,
+    pairs: Sequence[Any],
+    cache: ImageCache,
+    max_len: int | None = None,
+    truths: dict[str, Any] | None = None,
+):
     """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed).
 
     Besides the caption metrics it reports ``distinct`` (distinct captions / validation pairs) and, with
@@ -61,9 +68,17 @@ def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: 
     """
 
     def validate(step: int) -> dict[str, float]:
-        predictions, _ = caption_pairs(model, vocab, pairs, batch_size=max(cfg.batch_size, 32), cache=cache,
-                                       device=cfg.torch_device(), amp=cfg.amp, max_len=max_len,
-                                       remember=cfg.cache_features)
+        predictions, _ = caption_pairs(
+            model,
+            vocab,
+            pairs,
+            batch_size=max(cfg.batch_size, 32),
+            cache=cache,
+            device=cfg.torch_device(),
+            amp=cfg.amp,
+            max_len=max_len,
+            remember=cfg.cache_features,
+        )
         scores = score_captions(predictions, pairs, cfg.val_metrics)
         metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
         distinct = len(set(predictions.values()))
@@ -74,16 +89,25 @@ def make_validator(cfg: TrainConfig, model: torch.nn.Module, vocab: Any, pairs: 
             accuracy = caption_accuracy(predictions, truths)
             metrics.update({f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None})
         if len(predictions) >= 10 and distinct <= 2:
-            warnings.warn(f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
-                          f"{len(predictions)} validation pairs); the decoder memory may have collapsed "
-                          "(see memory_std in log.jsonl)", stacklevel=2)
+            warnings.warn(
+                f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
+                f"{len(predictions)} validation pairs); the decoder memory may have collapsed "
+                "(see memory_std in log.jsonl)",
+                stacklevel=2,
+            )
         return metrics
 
     return validate
 
 
-def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Sequence[Any] | None = None,
-          vocab: Any = None, cache: ImageCache | None = None, truths: dict[str, Any] | None = None) -> Path:
+def train(
+    cfg: TrainConfig,
+    pairs: Sequence[Any] | None = None,
+    val_pairs: Sequence[Any] | None = None,
+    vocab: Any = None,
+    cache: ImageCache | None = None,
+    truths: dict[str, Any] | None = None,
+) -> Path:
     """Run stage 2 and return the best checkpoint by validation CIDEr (``<out>/best.safetensors``).
 
     Args:
@@ -118,10 +142,17 @@ def train(cfg: TrainConfig, pairs: Sequence[Any] | None = None, val_pairs: Seque
             cached.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
         return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
 
-    trainer = Trainer(cfg, model, dataset, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
-                      save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
-                      load_weights=weight_loader(model),
-                      validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
-                      metric=SELECT_METRIC, name="stage2")
+    trainer = Trainer(
+        cfg,
+        model,
+        dataset,
+        loss_fn,
+        lambda total: stage2_optimizer(model, cfg, total),
+        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+        load_weights=weight_loader(model),
+        validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
+        metric=SELECT_METRIC,
+        name="stage2",
+    )
     trainer.fit()
     return trainer.best_path if trainer.best_path.exists() else trainer.last_path

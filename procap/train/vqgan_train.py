@@ -26,8 +26,9 @@ VQGAN_FORMAT = "procap-vqgan"
 
 def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:
     """VQGAN weights in safetensors with its :class:`VQGANConfig` in the metadata."""
-    return save_module(path, vqgan, {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(vqgan.config),
-                                     "extra": extra or {}})
+    return save_module(
+        path, vqgan, {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(vqgan.config), "extra": extra or {}}
+    )
 
 
 def load_vqgan(path: Path | str) -> torch.nn.Module:
@@ -104,8 +105,12 @@ def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
             keeper.record(indices)
         recon = vqgan.decode(quant)
         l1 = (2.0 * (recon - images)).abs().mean()  # L1 on taming's [-1, 1] scale
-        return {"loss": l1 + vq_loss, "l1": l1, "vq": vq_loss,
-                "codes_used": torch.tensor(float(indices.unique().numel()))}
+        return {
+            "loss": l1 + vq_loss,
+            "l1": l1,
+            "vq": vq_loss,
+            "codes_used": torch.tensor(float(indices.unique().numel())),
+        }
 
     return loss_fn
 
@@ -137,8 +142,16 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         state, _ = load_module_state(path, "VQGAN weights")
         load_weights(vqgan, state, path)
 
-    trainer = Trainer(cfg, vqgan, dataset, vqgan_loss(vqgan, keeper), make_optimizer,
-                      save_weights=lambda path, extra: save_vqgan(path, vqgan, extra), load_weights=load, name="vqgan")
+    trainer = Trainer(
+        cfg,
+        vqgan,
+        dataset,
+        vqgan_loss(vqgan, keeper),
+        make_optimizer,
+        save_weights=lambda path, extra: save_vqgan(path, vqgan, extra),
+        load_weights=load,
+        name="vqgan",
+    )
     trainer.fit()
     final = Path(cfg.out) / "vqgan.safetensors"
     save_vqgan(final, vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})

@@ -17,9 +17,11 @@ def write_image(path: Path, seed: int, size: int = 24, fmt: str | None = None) -
 
 def make_spot(root: Path) -> Path:
     entries = {
-        "train": [{"img_id": "1", "sentences": ["the car is gone", ""]},
-                  {"img_id": "2", "sentences": [""]},
-                  {"img_id": "1", "sentences": ["a person appeared"]}],
+        "train": [
+            {"img_id": "1", "sentences": ["the car is gone", ""]},
+            {"img_id": "2", "sentences": [""]},
+            {"img_id": "1", "sentences": ["a person appeared"]},
+        ],
         "val": [{"img_id": "7", "sentences": ["nothing"]}],
         "test": [{"img_id": "9", "sentences": ["the truck moved", "a truck left"]}],
     }
@@ -32,8 +34,9 @@ def make_spot(root: Path) -> Path:
 def make_edit(root: Path) -> Path:
     entries = {
         "train": [{"img0": "a.jpg", "img1": "b.PNG", "sents": ["Make it brighter."], "uid": "Reddit_1"}],
-        "valid": [{"img0": "c.gif", "img1": "d.jpeg", "sents": ["remove the dog", "delete dog", "no dog"],
-                   "uid": "Zhopped_2"}],
+        "valid": [
+            {"img0": "c.gif", "img1": "d.jpeg", "sents": ["remove the dog", "delete dog", "no dog"], "uid": "Zhopped_2"}
+        ],
         "test": [{"img0": "a.jpg", "img1": "e.JPG", "sents": ["crop", "Crop it", "crop the edges"], "uid": "Reddit_3"}],
     }
     root.mkdir(parents=True, exist_ok=True)

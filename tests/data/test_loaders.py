@@ -24,8 +24,9 @@ def test_edit_reads_valid_json_as_val_and_keeps_extensions(tmp_path):
     root = make_edit(tmp_path / "edit")
     val = load_split("image-editing-request", root, "val")
     assert val == load_split("image-editing-request", root, "valid")
-    assert val[0] == ChangePair("Zhopped_2", root / "c.gif", root / "d.jpeg",
-                                ["remove the dog", "delete dog", "no dog"], None)
+    assert val[0] == ChangePair(
+        "Zhopped_2", root / "c.gif", root / "d.jpeg", ["remove the dog", "delete dog", "no dog"], None
+    )
     assert load_split("image-editing-request", root, "test")[0].after_path.suffix == ".JPG"
 
 
@@ -50,11 +51,14 @@ def test_synthetic_layout_round_trips_with_every_type_in_every_split(tmp_path):
         assert kinds == {"color", "material", "add", "drop", "move", "no_change"}, split
 
 
-@pytest.mark.parametrize("name,split,message", [
-    ("clevr-change", "train", "does not exist"),
-    ("nope", "train", "unknown dataset"),
-    ("spot-the-diff", "dev", "unknown split"),
-])
+@pytest.mark.parametrize(
+    "name,split,message",
+    [
+        ("clevr-change", "train", "does not exist"),
+        ("nope", "train", "unknown dataset"),
+        ("spot-the-diff", "dev", "unknown split"),
+    ],
+)
 def test_bad_arguments_get_one_sentence(tmp_path, name, split, message):
     with pytest.raises(ProCapError, match=message):
         load_split(name, tmp_path / "missing", split)

@@ -89,8 +89,10 @@ def test_workers_do_not_change_the_output(tmp_path):
     generate(tmp_path / "two", scenes=30, size=16, seed=1, workers=2, progress=False)
     for name in ("scenes.json", "change_captions.json", "splits.json"):
         assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
-    assert np.array_equal(_read(tmp_path / "one/sc_images/CLEVR_semantic_000029.png"),
-                          _read(tmp_path / "two/sc_images/CLEVR_semantic_000029.png"))
+    assert np.array_equal(
+        _read(tmp_path / "one/sc_images/CLEVR_semantic_000029.png"),
+        _read(tmp_path / "two/sc_images/CLEVR_semantic_000029.png"),
+    )
 
 
 def test_render_intermediate_rejects_bad_input(tmp_path):

@@ -25,9 +25,15 @@ TRAIN_PAIRS = 24
 def tiny_config():
     """The ``tiny`` preset shrunk further: 32 px images (4x4 latents), one encoder layer, 16-token captions."""
     vqgan = dataclasses.asdict(get_preset("tiny").vqgan) | {"resolution": 32}
-    return get_preset("tiny", image_size=32, vqgan=vqgan, enc_layers=1, vocab_size=VOCAB_SIZE,
-                      max_caption_len=CAPTION_LEN, dropout=0.0)
-
+    return get_preset(
+        "tiny",
+        image_size=32,
+        vqgan=vqgan,
+        enc_layers=1,
+        vocab_size=VOCAB_SIZE,
+        max_caption_len=CAPTION_LEN,
+        dropout=0.0,
+    )
 
 
 def _random_captions(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -35,7 +41,7 @@ def _random_captions(n: int, gen: torch.Generator) -> torch.Tensor:
     for i in range(n):
         length = int(torch.randint(3, CAPTION_LEN - 4, (1,), generator=gen))
         caps[i, 0] = BOS_ID
-        caps[i, 1:length + 1] = torch.randint(8, VOCAB_SIZE, (length,), generator=gen)
+        caps[i, 1 : length + 1] = torch.randint(8, VOCAB_SIZE, (length,), generator=gen)
         caps[i, length + 1] = EOS_ID
     return caps
 
@@ -69,7 +75,7 @@ def vocab():
     from procap.data import Vocabulary
 
     words = [f"word{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(VOCAB_SIZE - 8)]
-    vocab = Vocabulary.build([" ".join(words[i:i + 4]) for i in range(0, len(words), 4)], min_count=1)
+    vocab = Vocabulary.build([" ".join(words[i : i + 4]) for i in range(0, len(words), 4)], min_count=1)
     assert len(vocab) == VOCAB_SIZE
     return vocab
 

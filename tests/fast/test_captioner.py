@@ -29,8 +29,9 @@ def test_fp32_tokens_equal_generate(trained, pairs, batch, pad_to_bucket):
     model, _, _ = trained
     before, after = pairs[0][:batch], pairs[1][:batch]
     # Buckets (1, 4, 8): 3 pads up to 4, 12 is split into chunks of 8 + 4.
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8),
-                          pad_to_bucket=pad_to_bucket)
+    captioner = Captioner(
+        model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), pad_to_bucket=pad_to_bucket
+    )
     expected = model.generate(before, after, max_len=16)
     got = captioner.generate(before, after)
     assert torch.equal(got, expected)
@@ -51,7 +52,7 @@ def test_shorter_max_len_and_reuse(trained, pairs):
     model, _, _ = trained
     captioner = Captioner(model, _IdVocab(), device="cpu", max_len=6, batch_sizes=(4,), pad_to_bucket=True)
     for start in (0, 4, 8):  # the same static state serves every batch
-        before, after = pairs[0][start:start + 4], pairs[1][start:start + 4]
+        before, after = pairs[0][start : start + 4], pairs[1][start : start + 4]
         assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=6))
 
 
@@ -127,8 +128,13 @@ def test_vocabulary_decodes_captions(trained, pairs, vocab):
 @pytest.mark.parametrize("max_len", [16, 9])
 def test_graph_replay_equals_eager(trained, pairs, max_len):
     model, _, _ = trained
-    kwargs = {"device": "cuda", "dtype": torch.bfloat16, "max_len": max_len, "batch_sizes": (1, 4, 8, 16),
-              "pad_to_bucket": True}
+    kwargs = {
+        "device": "cuda",
+        "dtype": torch.bfloat16,
+        "max_len": max_len,
+        "batch_sizes": (1, 4, 8, 16),
+        "pad_to_bucket": True,
+    }
     graphed = Captioner(model, _IdVocab(), use_graphs=True, **kwargs)
     eager = Captioner(model, _IdVocab(), use_graphs=False, **kwargs)
     whole = Captioner(model, _IdVocab(), use_graphs=True, capture_memory=True, **kwargs)
@@ -171,5 +177,7 @@ def test_to_drops_cached_states(trained, pairs):
     captioner.to("cpu", torch.float64)
     assert not captioner._states and captioner.model.decoder.embed.weight.dtype == torch.float64
     oracle = copy.deepcopy(model).double()
-    assert torch.equal(captioner.generate(pairs[0][:2], pairs[1][:2]),
-                       oracle.generate(pairs[0][:2].double(), pairs[1][:2].double(), max_len=8))
+    assert torch.equal(
+        captioner.generate(pairs[0][:2], pairs[1][:2]),
+        oracle.generate(pairs[0][:2].double(), pairs[1][:2].double(), max_len=8),
+    )

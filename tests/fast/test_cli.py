@@ -53,12 +53,23 @@ def test_caption_json(checkpoint, image_files, trained, vocab, capsys):
     assert out == [{"before": paths[0], "after": paths[1], "caption": _expected(trained, vocab, before, after)[0]}]
 
 
-@pytest.mark.parametrize("case,message", [("odd", "odd number of paths"), ("missing", "does not exist"),
-                                          ("ckpt", "does not exist"), ("device", "no CUDA device")])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("odd", "odd number of paths"),
+        ("missing", "does not exist"),
+        ("ckpt", "does not exist"),
+        ("device", "no CUDA device"),
+    ],
+)
 def test_caption_bad_input_exits_2(checkpoint, image_files, tmp_path, capsys, case, message):
     paths = image_files[0]
-    args = {"odd": [*paths[:3]], "missing": [paths[0], str(tmp_path / "nope.png")],
-            "ckpt": paths[:2], "device": paths[:2]}[case]
+    args = {
+        "odd": [*paths[:3]],
+        "missing": [paths[0], str(tmp_path / "nope.png")],
+        "ckpt": paths[:2],
+        "device": paths[:2],
+    }[case]
     ckpt = str(tmp_path / "missing.safetensors") if case == "ckpt" else str(checkpoint)
     extra = ["--device", "cuda"] if case == "device" else []
     if case == "device" and torch.cuda.is_available():
@@ -70,8 +81,24 @@ def test_caption_bad_input_exits_2(checkpoint, image_files, tmp_path, capsys, ca
 
 def test_profile_writes_trace_and_prints_nsight_commands(checkpoint, tmp_path, capsys):
     out_dir = tmp_path / "prof"
-    assert main(["profile", "--ckpt", str(checkpoint), "--batch-size", "2", "--steps", "1", "--out", str(out_dir),
-                 "--max-len", "6"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--ckpt",
+                str(checkpoint),
+                "--batch-size",
+                "2",
+                "--steps",
+                "1",
+                "--out",
+                str(out_dir),
+                "--max-len",
+                "6",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     traces = list(out_dir.glob("procap_trace_*.json"))
     assert len(traces) == 1 and not list(out_dir.glob(".*tmp"))

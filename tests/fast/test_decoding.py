@@ -10,8 +10,9 @@ from procap.model.decoder import BOS_ID, greedy_decode, suppress_specials
 
 
 def test_kv_cache_update_and_visibility():
-    cache = StaticKVCache(layers=2, batch=3, heads=2, max_steps=5, head_dim=4, dtype=torch.float32,
-                          device=torch.device("cpu"))
+    cache = StaticKVCache(
+        layers=2, batch=3, heads=2, max_steps=5, head_dim=4, dtype=torch.float32, device=torch.device("cpu")
+    )
     k_new, v_new = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
     k, v = cache.update(1, torch.tensor([2]), k_new, v_new)
     assert torch.equal(k[:, :, 2:3], k_new) and torch.equal(v[:, :, 2:3], v_new)
@@ -24,8 +25,15 @@ def test_cached_step_logits_match_full_recompute(trained, pairs):
     before, after = pairs
     with torch.no_grad():
         memory = model.memory(before, after)
-    state = DecodeState(model.decoder, batch=memory.shape[0], memory_tokens=memory.shape[1], max_len=12,
-                        dtype=torch.float32, device=torch.device("cpu"), backend="math")
+    state = DecodeState(
+        model.decoder,
+        batch=memory.shape[0],
+        memory_tokens=memory.shape[1],
+        max_len=12,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        backend="math",
+    )
     state.prefill(memory)
     prefix = torch.full((memory.shape[0], 1), BOS_ID, dtype=torch.long)
     for _ in range(state.steps):

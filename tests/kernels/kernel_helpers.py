@@ -39,8 +39,10 @@ def _cuda_ext_skip(op: str) -> str | None:
 def impl_params(ext_op: str) -> list:
     """pytest params over the implementations of one op, each skipped with its reason when it cannot run."""
     skips = {"reference": None, "triton": _triton_skip(), "cpp": _cpp_skip(), "cuda": _cuda_ext_skip(ext_op)}
-    return [pytest.param(impl, marks=pytest.mark.skipif(reason is not None, reason=reason or ""), id=impl)
-            for impl, reason in skips.items()]
+    return [
+        pytest.param(impl, marks=pytest.mark.skipif(reason is not None, reason=reason or ""), id=impl)
+        for impl, reason in skips.items()
+    ]
 
 
 def impl_device(impl: str) -> torch.device:

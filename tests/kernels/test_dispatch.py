@@ -97,17 +97,26 @@ def test_opcheck_masking():
     for t in (x, em, pf, pr, pc):
         t.requires_grad_(True)
     args = (x, params.scheme, params.patch_prob, params.uniform, params.block, em, pf, pr, pc)
-    torch.library.opcheck(torch.ops.procap.masking_fwd.default, args,
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.procap.masking_fwd.default,
+        args,
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
     mask = torch.rand(2, 12) < 0.5
-    torch.library.opcheck(torch.ops.procap.masking_bwd.default, (torch.randn(2, 12, 8), mask, 2, 2, 3, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.procap.masking_bwd.default,
+        (torch.randn(2, 12, 8), mask, 2, 2, 3, True),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 @requires_ext
 def test_opcheck_vq_and_meta_shapes():
-    torch.library.opcheck(torch.ops.procap.vq_nearest.default, (torch.randn(9, 5), torch.randn(7, 5)),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.procap.vq_nearest.default,
+        (torch.randn(9, 5), torch.randn(7, 5)),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     out = torch.ops.procap.vq_nearest(torch.empty(11, 5, device="meta"), torch.empty(7, 5, device="meta"))
     assert out.shape == (11,) and out.dtype == torch.int64
 
@@ -116,4 +125,6 @@ def test_opcheck_vq_and_meta_shapes():
 def test_every_impl_is_reachable(impl):
     # Sanity for the parametrisation itself: a runnable impl really runs (cpu inputs unless it needs CUDA).
     device = "cuda" if impl == "cuda" or (impl == "triton" and torch.cuda.is_available()) else "cpu"
-    assert kernels.vq_nearest(torch.randn(3, 4, device=device), torch.randn(5, 4, device=device), impl=impl).shape == (3,)
+    assert kernels.vq_nearest(torch.randn(3, 4, device=device), torch.randn(5, 4, device=device), impl=impl).shape == (
+        3,
+    )

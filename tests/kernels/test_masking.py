@@ -57,8 +57,13 @@ def _exact_grads(x, params, g, tables):
     mask = masking_ref(x.detach(), params, torch.zeros(x.shape[-1], device=x.device), *[t.detach() for t in tables])[1]
     g64 = g.double()
     grid = g64.sum(0).view(frames, grid_h, grid_w, -1)
-    return [g64 * ~mask[..., None], (g64 * mask[..., None]).sum((0, 1)), grid.sum((1, 2)), grid.sum((0, 2)),
-            grid.sum((0, 1))]
+    return [
+        g64 * ~mask[..., None],
+        (g64 * mask[..., None]).sum((0, 1)),
+        grid.sum((1, 2)),
+        grid.sum((0, 2)),
+        grid.sum((0, 1)),
+    ]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -94,8 +99,15 @@ def _geometry(draw):
     batch, frames = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     grid_h, grid_w, dim = draw(st.integers(1, 6)), draw(st.integers(1, 6)), draw(st.integers(1, 40))
     # Arbitrary rectangles, including empty ones and ones reaching past the grid: the kernels must still agree.
-    block = [[draw(st.integers(-1, grid_h)), draw(st.integers(-1, grid_w)), draw(st.integers(0, grid_h + 1)),
-              draw(st.integers(0, grid_w + 1))] for _ in range(batch)]
+    block = [
+        [
+            draw(st.integers(-1, grid_h)),
+            draw(st.integers(-1, grid_w)),
+            draw(st.integers(0, grid_h + 1)),
+            draw(st.integers(0, grid_w + 1)),
+        ]
+        for _ in range(batch)
+    ]
     scheme = [draw(st.integers(0, 3)) for _ in range(batch)]
     return batch, frames, grid_h, grid_w, dim, block, scheme
 
@@ -104,8 +116,12 @@ def _check_geometry(impl, geometry, seed):
     batch, frames, grid_h, grid_w, dim, block, scheme = geometry
     gen = torch.Generator().manual_seed(seed)
     n_pos = frames * grid_h * grid_w
-    params = MaskParams(scheme=torch.tensor(scheme), patch_prob=torch.rand(batch, generator=gen),
-                        uniform=torch.rand(batch, n_pos, generator=gen), block=torch.tensor(block))
+    params = MaskParams(
+        scheme=torch.tensor(scheme),
+        patch_prob=torch.rand(batch, generator=gen),
+        uniform=torch.rand(batch, n_pos, generator=gen),
+        block=torch.tensor(block),
+    )
     device = impl_device(impl)
     params = params.to(device)
     x = torch.randn(batch, n_pos, dim, generator=gen).to(device)

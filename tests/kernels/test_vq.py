@@ -117,7 +117,8 @@ def test_cpp_portable_scan_matches():
         "print(torch.equal(kernels.vq_nearest(z, book, impl='cpp'), vq_nearest_ref(z, book)))\n"
     )
     env = {**os.environ, "PROCAP_DISABLE_AVX2": "1"}
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"

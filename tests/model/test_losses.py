@@ -14,8 +14,7 @@ def _ce(logits: list[float], target: int) -> float:
 
 
 def test_msm_loss_is_ce_over_masked_positions_only():
-    logits = torch.tensor([[[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]],
-                           [[1.0, 1.0, 1.0], [-2.0, 4.0, 0.0]]])  # (B=2, N=2, K=3)
+    logits = torch.tensor([[[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], [[1.0, 1.0, 1.0], [-2.0, 4.0, 0.0]]])  # (B=2, N=2, K=3)
     targets = torch.tensor([[0, 1], [2, 1]])
     mask = torch.tensor([[True, False], [True, True]])
     loss, accuracy = msm_loss(logits, targets, mask)

@@ -82,8 +82,7 @@ def test_affine_warps_exactly_one_frame():
 
 def test_identity_affine_matrix_keeps_the_image():
     image = torch.rand(1, 3, 8, 8)
-    grid = torch.nn.functional.affine_grid(affine_matrix(0.0, (0.0, 0.0), 1.0)[None], [1, 3, 8, 8],
-                                           align_corners=False)
+    grid = torch.nn.functional.affine_grid(affine_matrix(0.0, (0.0, 0.0), 1.0)[None], [1, 3, 8, 8], align_corners=False)
     out = torch.nn.functional.grid_sample(image, grid, padding_mode="reflection", align_corners=False)
     torch.testing.assert_close(out, image)
 

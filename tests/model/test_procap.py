@@ -67,7 +67,7 @@ def test_stage1_msm_reads_the_positive_rows(model, config):
     # The same computation by hand, with only the positive sequences (rows do not interact).
     visual, mask = model.apply_masking(model.embed_frames(frames), params)
     seq = model.encoder.stage1_sequence(model.encoder.embed_caption(captions), visual)
-    logits = model.encoder.msm_head(model.encoder(seq)[:, 6 + 2:])
+    logits = model.encoder.msm_head(model.encoder(seq)[:, 6 + 2 :])
     expected, _ = msm_loss(logits, model.frame_codes(frames), mask)
     torch.testing.assert_close(out["msm"], expected)
     torch.testing.assert_close(out["masked_fraction"], mask.float().mean())
@@ -77,8 +77,13 @@ def test_stage1_precomputed_codes_give_the_same_loss(model, config):
     frames, captions = _frames(2, config), random_captions(2, 8, config.vocab_size)
     params = _fixed_masks(model, 2, RANDOM_PATCH)
     a = model.stage1_loss(frames, captions, mask_params=params, generator=torch.Generator().manual_seed(1))
-    b = model.stage1_loss(frames, captions, codes=model.frame_codes(frames), mask_params=params,
-                          generator=torch.Generator().manual_seed(1))
+    b = model.stage1_loss(
+        frames,
+        captions,
+        codes=model.frame_codes(frames),
+        mask_params=params,
+        generator=torch.Generator().manual_seed(1),
+    )
     torch.testing.assert_close(a["loss"], b["loss"])
 
 
@@ -100,13 +105,26 @@ def test_stage1_duplicate_captions_are_no_align_negatives(model, config):
 
 
 def test_stage1_gradients_reach_encoder_not_vqgan_or_decoder(model, config):
-    out = model.stage1_loss(_frames(2, config), random_captions(2, 8, config.vocab_size),
-                            mask_params=_fixed_masks(model, 2, RANDOM_PATCH, patch_prob=0.5))
+    out = model.stage1_loss(
+        _frames(2, config),
+        random_captions(2, 8, config.vocab_size),
+        mask_params=_fixed_masks(model, 2, RANDOM_PATCH, patch_prob=0.5),
+    )
     out["loss"].backward()
-    for name in ("mask_embedding", "pos_frame", "pos_row", "pos_col", "encoder.visual_proj.weight",
-                 "encoder.text_embed.weight", "encoder.align_token", "encoder.csy_token",
-                 "encoder.layers.0.attn.q_proj.weight", "encoder.msm_head.1.weight", "encoder.align_head.1.weight",
-                 "encoder.csy_head.1.weight"):
+    for name in (
+        "mask_embedding",
+        "pos_frame",
+        "pos_row",
+        "pos_col",
+        "encoder.visual_proj.weight",
+        "encoder.text_embed.weight",
+        "encoder.align_token",
+        "encoder.csy_token",
+        "encoder.layers.0.attn.q_proj.weight",
+        "encoder.msm_head.1.weight",
+        "encoder.align_head.1.weight",
+        "encoder.csy_head.1.weight",
+    ):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     assert all(p.grad is None for p in model.vqgan.parameters())
@@ -196,8 +214,15 @@ def test_stage2_loss_is_teacher_forced_cross_entropy(model, config):
     model.train()
     out = model.stage2_loss(frames[:, 0], frames[:, -1], captions)
     out["loss"].backward()
-    for name in ("decoder.embed.weight", "decoder.layers.0.cross_attn.k_proj.weight", "memory_mlp.0.weight",
-                 "encoder.layers.0.mlp.fc1.weight", "mask_embedding", "pos_frame", "encoder.visual_proj.weight"):
+    for name in (
+        "decoder.embed.weight",
+        "decoder.layers.0.cross_attn.k_proj.weight",
+        "memory_mlp.0.weight",
+        "encoder.layers.0.mlp.fc1.weight",
+        "mask_embedding",
+        "pos_frame",
+        "encoder.visual_proj.weight",
+    ):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     for name in ("encoder.msm_head.1.weight", "encoder.text_embed.weight", "encoder.align_token"):
@@ -245,9 +270,11 @@ def test_generate_is_greedy_without_specials_and_pads_after_eos(config):
 
 def test_paper_geometry_224px_gives_196_tokens_per_frame():
     # The paper's f16 layout at reduced width: 224 px -> 14x14 = 196 tokens per frame, (k + 2) * 196 memory rows.
-    config = small_config(image_size=224, num_keyframes=2,
-                          vqgan=small_vqgan_config(resolution=224, ch_mult=(1, 1, 2, 2, 4), attn_resolutions=(16,),
-                                                   z_channels=32))
+    config = small_config(
+        image_size=224,
+        num_keyframes=2,
+        vqgan=small_vqgan_config(resolution=224, ch_mult=(1, 1, 2, 2, 4), attn_resolutions=(16,), z_channels=32),
+    )
     model = ProCap(config)
     assert config.tokens_per_frame == 196 and model.pos_row.shape[0] == 14
     image = torch.rand(1, 3, 224, 224)

@@ -56,9 +56,15 @@ def test_paper_key_layout_matches_taming_f16():
     }
     for key, shape in expected.items():
         assert shapes.get(key) == shape, key
-    absent = ["encoder.down.4.downsample.conv.weight", "decoder.up.0.upsample.conv.weight",
-              "encoder.down.0.block.0.nin_shortcut.weight", "encoder.down.4.attn.0.q.weight",
-              "decoder.up.4.attn.0.q.weight", "encoder.down.0.block.2.conv1.weight", "decoder.up.0.block.3.conv1.weight"]
+    absent = [
+        "encoder.down.4.downsample.conv.weight",
+        "decoder.up.0.upsample.conv.weight",
+        "encoder.down.0.block.0.nin_shortcut.weight",
+        "encoder.down.4.attn.0.q.weight",
+        "decoder.up.4.attn.0.q.weight",
+        "encoder.down.0.block.2.conv1.weight",
+        "decoder.up.0.block.3.conv1.weight",
+    ]
     for key in absent:
         assert key not in shapes, key
     assert not any(".temb" in k for k in shapes)
@@ -124,8 +130,13 @@ def test_reconstruction_training_step_reaches_every_part():
     losses = vqgan.reconstruction_loss(torch.rand(2, 3, 16, 16))
     torch.testing.assert_close(losses["loss"], losses["l1"] + losses["vq"])
     losses["loss"].backward()
-    for name in ("encoder.conv_in.weight", "decoder.conv_out.weight", "quantize.embedding.weight",
-                 "quant_conv.weight", "post_quant_conv.weight"):
+    for name in (
+        "encoder.conv_in.weight",
+        "decoder.conv_out.weight",
+        "quantize.embedding.weight",
+        "quant_conv.weight",
+        "post_quant_conv.weight",
+    ):
         grad = dict(vqgan.named_parameters())[name].grad
         assert grad is not None and grad.abs().sum() > 0, name
 
@@ -154,11 +165,14 @@ def test_taming_checkpoint_round_trip(tmp_path):
     assert torch.equal(loaded.codes(images), source.codes(images))
 
 
-@pytest.mark.parametrize("corruption, phrase", [
-    ("missing", "1 missing: encoder.conv_out.bias"),
-    ("shape", "wrong shape (file vs model): quantize.embedding.weight (32, 16) vs (64, 16)"),
-    ("unexpected", "1 unexpected: decoder.extra.weight"),
-])
+@pytest.mark.parametrize(
+    "corruption, phrase",
+    [
+        ("missing", "1 missing: encoder.conv_out.bias"),
+        ("shape", "wrong shape (file vs model): quantize.embedding.weight (32, 16) vs (64, 16)"),
+        ("unexpected", "1 unexpected: decoder.extra.weight"),
+    ],
+)
 def test_taming_checkpoint_mismatch_names_the_key(tmp_path, corruption, phrase):
     state = _taming_state(VQGAN(small_vqgan_config()))
     if corruption == "missing":

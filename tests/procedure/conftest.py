@@ -9,7 +9,6 @@ from procedure_helpers import save_png, square_image
 
 
 @pytest.fixture
-
 def clevr_pairs(tmp_path):
     """Six CLEVR-named pairs (three scenes x change/distractor) of moving squares, as PNG files."""
     pairs = []

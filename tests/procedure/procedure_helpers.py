@@ -24,11 +24,15 @@ def square_image(cx: float, cy: float, size: int = SIZE, half: int = 4) -> torch
 def textured(shift_x: int, shift_y: int, size: int = 48) -> torch.Tensor:
     """A smooth multi-scale random texture seen through a window moved by (shift_x, shift_y) pixels."""
     gen = torch.Generator().manual_seed(0)
-    octaves = [weight * torch.nn.functional.interpolate(torch.rand(1, 3, cells, cells, generator=gen), size=(80, 80),
-                                                        mode="bicubic", align_corners=False)
-               for cells, weight in ((4, 0.5), (8, 0.3), (16, 0.2))]
+    octaves = [
+        weight
+        * torch.nn.functional.interpolate(
+            torch.rand(1, 3, cells, cells, generator=gen), size=(80, 80), mode="bicubic", align_corners=False
+        )
+        for cells, weight in ((4, 0.5), (8, 0.3), (16, 0.2))
+    ]
     big = sum(octaves).clamp(0, 1)[0]
-    return big[:, 12 + shift_y:12 + shift_y + size, 12 + shift_x:12 + shift_x + size].contiguous()
+    return big[:, 12 + shift_y : 12 + shift_y + size, 12 + shift_x : 12 + shift_x + size].contiguous()
 
 
 def save_png(image: torch.Tensor, path: Path) -> None:

@@ -64,8 +64,14 @@ def test_cached_procedures_on_authors_files_with_score_json(tmp_path):
     frames = _frames(s=16)
     with h5py.File(tmp_path / "video" / "sc_videos.h5", "w") as f:
         f.create_dataset("000007.png", data=frames)
-    sims = {"000007.png": {"sc_sim_matrixes": {"bef_inter_sim": [[1, .9, .8, .7, .6, .5, .4, .3, .2]] * 2,
-                                               "inter_aft_sim": [[.2, .3, .4, .5, .6, .7, .8, .9, 1]] * 2}}}
+    sims = {
+        "000007.png": {
+            "sc_sim_matrixes": {
+                "bef_inter_sim": [[1, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]] * 2,
+                "inter_aft_sim": [[0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]] * 2,
+            }
+        }
+    }
     (tmp_path / "scores.json").write_text(json.dumps(sims))
     source = CachedProcedures(tmp_path, 2, scores_file=tmp_path / "scores.json")
     # s_bef - s_aft is 0 at frame 4 and +-0.2 at frames 3 and 5 (a tie: the earlier one wins)
@@ -99,7 +105,8 @@ def test_authors_score_file_is_found_beside_their_videos(tmp_path):
     with h5py.File(tmp_path / "video" / "spot_videos.h5", "w") as f:
         f.create_dataset("12", data=_frames())
     ramp = np.linspace(1, 0, 9).tolist()
-    (tmp_path / "spot_similarity_scores.json").write_text(json.dumps(
-        {"12": {"bef_inter_sim": [ramp], "inter_aft_sim": [ramp[::-1]]}}))
+    (tmp_path / "spot_similarity_scores.json").write_text(
+        json.dumps({"12": {"bef_inter_sim": [ramp], "inter_aft_sim": [ramp[::-1]]}})
+    )
     source = CachedProcedures(tmp_path, 2)  # as `--procedures DIR` builds it: no scores_file argument
     assert source.indices("12")[2].tolist() == [0, 3, 4, 8]  # frame 4 is the exact middle; 3 and 5 tie

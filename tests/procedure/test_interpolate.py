@@ -87,8 +87,10 @@ def test_shape_mismatch_rejected():
 
 def test_direct_procedure_matches_recursive_for_crossfade_and_runs_for_flow():
     before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
-    torch.testing.assert_close(generate_procedure(before, after, CrossFade(), 7, direct=True),
-                               generate_procedure(before, after, CrossFade(), 7))
+    torch.testing.assert_close(
+        generate_procedure(before, after, CrossFade(), 7, direct=True),
+        generate_procedure(before, after, CrossFade(), 7),
+    )
     frames = generate_procedure(square_image(7, 8), square_image(23, 20), FlowInterpolator(), 3, direct=True)
     truth = square_image(15, 14)
     assert float(psnr(frames[1][None], truth[None])) > 25.0

@@ -34,10 +34,18 @@ def score_file(path: Path, pairs, frames: int = 5) -> Path:
 
 
 def options(tmp_path, pairs, **kw):
-    base = {"dataset": "clevr-change", "root": str(tmp_path), "out": str(tmp_path / "cache"), "num_frames": 3,
-                "image_size": 32, "similarity": "scores", "scores_file": str(score_file(tmp_path / "s.json", pairs)), "direct": False,
-            "score_batch": 1,
-                "progress": False}
+    base = {
+        "dataset": "clevr-change",
+        "root": str(tmp_path),
+        "out": str(tmp_path / "cache"),
+        "num_frames": 3,
+        "image_size": 32,
+        "similarity": "scores",
+        "scores_file": str(score_file(tmp_path / "s.json", pairs)),
+        "direct": False,
+        "score_batch": 1,
+        "progress": False,
+    }
     return PrepareOptions(**{**base, **kw})
 
 
@@ -59,8 +67,14 @@ def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
     from procap.train.vqgan_train import save_vqgan
 
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
-    opts = options(tmp_path, clevr_pairs[:2], similarity="vqgan", scores_file=None,
-                   vqgan=str(tmp_path / "vq.safetensors"), direct=True)
+    opts = options(
+        tmp_path,
+        clevr_pairs[:2],
+        similarity="vqgan",
+        scores_file=None,
+        vqgan=str(tmp_path / "vq.safetensors"),
+        direct=True,
+    )
     assert prepare(opts, clevr_pairs[:2]) == {"written": 2, "skipped": 0, "total": 2}
     validate(tmp_path / "cache", clevr_pairs[:2])
     source = CachedProcedures(tmp_path / "cache", 1)
@@ -127,13 +141,22 @@ def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
     """
     pairs = clevr_pairs
     opts = options(tmp_path, pairs, score_batch=batch)
-    (tmp_path / "pairs.json").write_text(json.dumps([{"id": p.id, "before_path": str(p.before_path),
-                                                       "after_path": str(p.after_path)} for p in pairs]))
+    (tmp_path / "pairs.json").write_text(
+        json.dumps([{"id": p.id, "before_path": str(p.before_path), "after_path": str(p.after_path)} for p in pairs])
+    )
     (tmp_path / "opts.json").write_text(json.dumps({**vars(opts), "splits": list(opts.splits)}))
     (tmp_path / "runner.py").write_text(RUNNER.format(here=str(Path(__file__).parent)))
     log = tmp_path / "calls.log"
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "pairs.json"),
-                             str(tmp_path / "opts.json"), str(log)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(tmp_path / "runner.py"),
+            str(tmp_path / "pairs.json"),
+            str(tmp_path / "opts.json"),
+            str(log),
+        ],
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 60
     # l = 3 takes 2 midpoint calls per pair: after the 6th call two pairs are written and the third is in flight
     while time.time() < deadline and proc.poll() is None and (not log.exists() or len(log.read_text().split()) < 6):
@@ -204,8 +227,22 @@ def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
 
     generate(tmp_path / "synth", 5, size=32, seed=0, progress=False)
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
-    args = ["prepare", "--dataset", "clevr-change", "--root", str(tmp_path / "synth"), "--out", str(tmp_path / "c"),
-            "--size", "32", "--frames", "3", "--vqgan", str(tmp_path / "vq.safetensors"), "--no-progress"]
+    args = [
+        "prepare",
+        "--dataset",
+        "clevr-change",
+        "--root",
+        str(tmp_path / "synth"),
+        "--out",
+        str(tmp_path / "c"),
+        "--size",
+        "32",
+        "--frames",
+        "3",
+        "--vqgan",
+        str(tmp_path / "vq.safetensors"),
+        "--no-progress",
+    ]
     assert main(args) == 0
     pairs = load_split("clevr-change", tmp_path / "synth", "train")
     assert f"{len(pairs)} pairs written" in capsys.readouterr().out

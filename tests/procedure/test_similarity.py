@@ -15,8 +15,16 @@ from procap.procedure.similarity import DINOv2Similarity, ScoreFileSimilarity, V
 def tiny_vqgan():
     from procap.model.vqgan import VQGAN
 
-    config = VQGANConfig(resolution=32, ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(),
-                         z_channels=32, embed_dim=32, n_embed=64)
+    config = VQGANConfig(
+        resolution=32,
+        ch=32,
+        ch_mult=(1, 2),
+        num_res_blocks=1,
+        attn_resolutions=(),
+        z_channels=32,
+        embed_dim=32,
+        n_embed=64,
+    )
     return VQGAN(config)
 
 
@@ -33,8 +41,10 @@ def test_vqgan_similarity_self_is_one_and_batched_matches():
 
 def test_score_file_clevr_nested_and_flat(tmp_path):
     scores = {
-        "000001.png": {"sc_sim_matrixes": {"bef_inter_sim": [[1, 2, 3], [3, 4, 5]], "inter_aft_sim": [[0, 0, 0], [2, 2, 2]]},
-                       "nsc_sim_matrixes": {"bef_inter_sim": [[9, 9, 9]], "inter_aft_sim": [[1, 1, 1]]}},
+        "000001.png": {
+            "sc_sim_matrixes": {"bef_inter_sim": [[1, 2, 3], [3, 4, 5]], "inter_aft_sim": [[0, 0, 0], [2, 2, 2]]},
+            "nsc_sim_matrixes": {"bef_inter_sim": [[9, 9, 9]], "inter_aft_sim": [[1, 1, 1]]},
+        },
         "77": {"bef_inter_sim": [[1, 1, 1]], "inter_aft_sim": [[0, 1, 0]]},
     }
     path = tmp_path / "scores.json"
@@ -68,6 +78,7 @@ def test_dinov2_without_timm_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_dinov2_wiring_with_a_stand_in_timm(monkeypatch, tmp_path):
     """Weights are loaded from the user's file, images normalised and resized, CLS embedding compared."""
+
     class FakeViT(torch.nn.Module):
         def __init__(self):
             super().__init__()

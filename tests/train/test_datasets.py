@@ -19,7 +19,9 @@ def test_crossfade_frames():
     frames = CrossFadeProcedures(2)(None, before, after)
     assert frames.shape == (4, 3, 4, 4)
     assert torch.equal(frames[0], before) and torch.equal(frames[-1], after)
-    assert torch.allclose(frames[1], torch.full((3, 4, 4), 1 / 3)) and torch.allclose(frames[2], torch.full((3, 4, 4), 2 / 3))
+    assert torch.allclose(frames[1], torch.full((3, 4, 4), 1 / 3)) and torch.allclose(
+        frames[2], torch.full((3, 4, 4), 2 / 3)
+    )
     assert CrossFadeProcedures(0)(None, before, after).shape == (2, 3, 4, 4)
 
 
@@ -28,7 +30,9 @@ def test_pair_dataset_items(train_pairs, vocab):
     item = data[0]
     assert item["before"].shape == item["after"].shape == (3, 16, 16)
     assert item["caption"].shape == (12,) and item["caption"][0] == vocab.bos_id
-    assert vocab.decode(item["caption"].tolist()) in [vocab.decode(vocab.encode(c, 12)) for c in train_pairs[0].captions]
+    assert vocab.decode(item["caption"].tolist()) in [
+        vocab.decode(vocab.encode(c, 12)) for c in train_pairs[0].captions
+    ]
     assert data.cache(train_pairs[0].before_path) is data.cache(train_pairs[0].before_path)  # decoded once
 
 
@@ -44,8 +48,9 @@ def test_procedure_dataset(train_pairs, vocab):
     assert item["frames"].shape == (3, 3, 16, 16) and "codes" not in item
     assert torch.equal(item["frames"][0], data.base.cache(train_pairs[1].before_path))
     codes = torch.arange(len(train_pairs) * 48).view(len(train_pairs), 48)
-    assert torch.equal(ProcedureDataset(train_pairs, vocab, 16, CrossFadeProcedures(1), codes=codes)[2]["codes"],
-                       codes[2])
+    assert torch.equal(
+        ProcedureDataset(train_pairs, vocab, 16, CrossFadeProcedures(1), codes=codes)[2]["codes"], codes[2]
+    )
 
 
 def test_batch_sampler_resumes_mid_epoch():

@@ -29,16 +29,24 @@ def small_model(monkeypatch):
 
 
 def test_one_step_reduces_loss(tmp_path, model, vocab, train_pairs):
-    cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=8, lr=3e-3, warmup_frac=0.0,
-                      progress=False).resolved()
+    cfg = TrainConfig(
+        stage="train", out=str(tmp_path), steps=1, batch_size=8, lr=3e-3, warmup_frac=0.0, progress=False
+    ).resolved()
     data = PairDataset(train_pairs, vocab, 16, 12)
     batch = {k: torch.stack([data[i][k] for i in range(8)]) for k in ("before", "after", "caption")}
 
     def loss_fn(b):
         return model.stage2_loss(b["before"], b["after"], b["caption"])
 
-    trainer = Trainer(cfg, model, data, loss_fn, lambda total: stage2_optimizer(model, cfg, total),
-                      save_weights=lambda p, e: None, load_weights=lambda p: None)
+    trainer = Trainer(
+        cfg,
+        model,
+        data,
+        loss_fn,
+        lambda total: stage2_optimizer(model, cfg, total),
+        save_weights=lambda p, e: None,
+        load_weights=lambda p: None,
+    )
     with torch.no_grad():
         before = loss_fn(batch)["loss"].item()
     record = trainer.train_step(batch)
@@ -49,8 +57,19 @@ def test_one_step_reduces_loss(tmp_path, model, vocab, train_pairs):
 
 
 def _stage1_config(out, **kw):
-    return TrainConfig(stage="pretrain", out=str(out), steps=6, batch_size=4, lr=1e-3, warmup_steps=2,
-                       save_every=3, log_every=1, progress=False, seed=5, **kw)
+    return TrainConfig(
+        stage="pretrain",
+        out=str(out),
+        steps=6,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=2,
+        save_every=3,
+        log_every=1,
+        progress=False,
+        seed=5,
+        **kw,
+    )
 
 
 def _losses(out) -> dict[int, float]:
@@ -100,10 +119,24 @@ def test_stage2_keeps_best_by_validation_cider(tmp_path, small_model, clevr_root
     from procap.train.stage1 import pretrain
     from procap.train.stage2 import train
 
-    init = pretrain(TrainConfig(stage="pretrain", out=str(tmp_path / "s1"), steps=2, batch_size=4, progress=False),
-                    pairs=train_pairs, vocab=vocab)
-    cfg = TrainConfig(stage="train", data=str(clevr_root), out=str(tmp_path / "s2"), init=str(init), steps=4,
-                      batch_size=4, lr=1e-3, val_every=2, val_pairs=6, progress=False, cache_features=True)
+    init = pretrain(
+        TrainConfig(stage="pretrain", out=str(tmp_path / "s1"), steps=2, batch_size=4, progress=False),
+        pairs=train_pairs,
+        vocab=vocab,
+    )
+    cfg = TrainConfig(
+        stage="train",
+        data=str(clevr_root),
+        out=str(tmp_path / "s2"),
+        init=str(init),
+        steps=4,
+        batch_size=4,
+        lr=1e-3,
+        val_every=2,
+        val_pairs=6,
+        progress=False,
+        cache_features=True,
+    )
     best = train(cfg, pairs=train_pairs)
     records = JsonlLog(tmp_path / "s2" / "log.jsonl").records()
     vals = [r for r in records if "val/CIDEr" in r]
@@ -120,8 +153,22 @@ def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, cap
     from procap.cli import main
 
     ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
-    code = main(["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--split", "test",
-                 "--metrics", "BLEU-4", "CIDEr", "--out", str(tmp_path / "eval")])
+    code = main(
+        [
+            "evaluate",
+            "--ckpt",
+            str(ckpt),
+            "--data",
+            str(clevr_root),
+            "--split",
+            "test",
+            "--metrics",
+            "BLEU-4",
+            "CIDEr",
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert set(report["metrics"]) >= {"BLEU-4", "CIDEr"} and "total" in report["by_type"]
@@ -147,8 +194,9 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
     from .conftest import small_config as small
 
     monkeypatch.setattr(vt, "get_preset", lambda name: small(30) if name == "tiny" else get_preset(name))
-    cfg = TrainConfig(stage="vqgan", out=str(tmp_path), steps=12, batch_size=8, lr=2e-3, warmup_steps=1,
-                      log_every=1, progress=False)
+    cfg = TrainConfig(
+        stage="vqgan", out=str(tmp_path), steps=12, batch_size=8, lr=2e-3, warmup_steps=1, log_every=1, progress=False
+    )
     path = vt.train_vqgan(cfg, pairs=train_pairs)
     losses = [r["l1"] for r in JsonlLog(tmp_path / "log.jsonl").records()]
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
