@@ -30,11 +30,12 @@ from torch import nn
 from procap import kernels
 from procap.config import ProCapConfig
 from procap.errors import ProCapError
+from procap.kernels.masking import MaskParams, axial_positions
 from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
-from procap.model.masking import MaskParams, axial_positions, sample_mask_params
+from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
 from procap.model.vqgan import VQGAN
 

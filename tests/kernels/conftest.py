@@ -1,7 +1,7 @@
 """Kernel tests: Triton runs through its interpreter on CPU-only machines.
 
-triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when ``procap.kernels.masking_triton`` /
-``vq_triton`` are first imported, so it is set here, before any test module of this folder imports them.
+triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when ``procap.kernels`` is first imported, so it is
+set here (and in the root conftest), before any test module of this folder imports it.
 """
 
 from __future__ import annotations

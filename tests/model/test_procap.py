@@ -7,9 +7,9 @@ import torch
 
 from procap.config import MaskingConfig, get_preset
 from procap.errors import ProCapError
+from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, axial_positions
 from procap.model.decoder import EOS_ID, PAD_ID, SUPPRESSED_IDS, suppress_specials
 from procap.model.losses import caption_loss, msm_loss
-from procap.model.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, axial_positions
 from procap.model.procap import ProCap, count_parameters
 
 from .model_helpers import random_captions, small_config, small_vqgan_config
