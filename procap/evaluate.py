@@ -15,9 +15,10 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from procap.data.records import read_json, write_json_atomic
+from procap.data.records import read_json
 from procap.data.vocab import tokenize
 from procap.errors import ProCapError
+from procap.files import atomic_write_json
 
 METRICS = ("bleu", "meteor", "rouge", "cider")
 METRIC_NAMES = {"bleu": "Bleu_4", "meteor": "METEOR", "rouge": "ROUGE_L", "cider": "CIDEr"}
@@ -172,7 +173,7 @@ def score(
 
 def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:
     """COCO-style result file: ``[{"image_id": id, "caption": text}, ...]``, written atomically."""
-    write_json_atomic(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])
+    atomic_write_json(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])
 
 
 def read_predictions(path: str | os.PathLike) -> dict[str, str]:

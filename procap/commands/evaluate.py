@@ -8,11 +8,11 @@ HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per chang
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.train.cli_args import DATASETS
+    from procap.data.datasets import DATASETS, DEFAULT_DATASET
 
     parser.add_argument("--ckpt", required=True, help="checkpoint (.safetensors) from `procap train`")
     parser.add_argument("--data", required=True, help="dataset root folder")
-    parser.add_argument("--dataset", choices=DATASETS, default="clevr-change", help="dataset format")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
     parser.add_argument("--out", help="folder for results.json and metrics.json (default: next to the checkpoint)")
     parser.add_argument(

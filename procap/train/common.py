@@ -13,9 +13,6 @@ from procap.errors import ProCapError
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache
 
-# Authors' vocabulary thresholds: every word on CLEVR-Change, words seen >= 4 times on Spot-the-Diff.
-MIN_COUNT = {"clevr-change": 1, "spot-the-diff": 4, "image-editing-request": 1}
-
 
 def load_pairs(cfg: TrainConfig, split: str) -> list:
     """``load_split(cfg.dataset, cfg.data, split)``, truncated to ``max_pairs`` for training when set."""
@@ -32,9 +29,10 @@ def load_pairs(cfg: TrainConfig, split: str) -> list:
 
 
 def build_vocab(pairs: Sequence[Any], dataset: str) -> Any:
-    from procap.data import Vocabulary
+    """The vocabulary of the pairs' captions with the dataset's ``min_count`` (:mod:`procap.data.datasets`)."""
+    from procap.data import Vocabulary, get_dataset
 
-    return Vocabulary.build([c for p in pairs for c in p.captions], min_count=MIN_COUNT.get(dataset, 1))
+    return Vocabulary.build([c for p in pairs for c in p.captions], min_count=get_dataset(dataset).min_count)
 
 
 def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any) -> torch.nn.Module:
@@ -148,8 +146,7 @@ def score_captions(
 
 
 def write_json(path: Path, obj: Any) -> None:
-    import json
+    """``obj`` as indented JSON at ``path``, atomically (:func:`procap.files.atomic_write_json`)."""
+    from procap.files import atomic_write_json
 
-    from procap.checkpoint import atomic_write_text
-
-    atomic_write_text(path, json.dumps(obj, indent=1))
+    atomic_write_json(path, obj, indent=1)
