@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         nargs="+",
-        help="subset of BLEU-4 METEOR ROUGE-L CIDEr (default: all; METEOR is skipped with a note when Java is missing)",
+        help="subset of BLEU-4 METEOR ROUGE-L CIDEr, any spelling (default: all; METEOR is skipped with a note "
+        "when Java is missing)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
@@ -33,12 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
-    from procap.train.evaluation import ALL_METRICS, evaluate_model
+    from procap.evaluate import metric_names
+    from procap.train.evaluation import evaluate_model
 
-    if args.metrics and set(args.metrics) - set(ALL_METRICS):
-        raise ProCapError(
-            f"--metrics: unknown {sorted(set(args.metrics) - set(ALL_METRICS))}; choose from {' '.join(ALL_METRICS)}"
-        )
+    try:
+        metrics = metric_names(args.metrics) if args.metrics else None
+    except ProCapError as exc:
+        raise ProCapError(f"--metrics: {exc}") from None
     device = torch.device(
         "cuda"
         if args.device == "auto" and torch.cuda.is_available()
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         vocab,
         pairs,
-        args.metrics,
+        metrics,
         args.batch_size,
         device,
         out=out,

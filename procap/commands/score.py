@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default="bleu,meteor,rouge,cider",
-        help="comma-separated subset of bleu,meteor,rouge,cider (METEOR needs Java)",
+        help="comma-separated subset of BLEU-4,METEOR,ROUGE-L,CIDEr, any spelling (METEOR needs Java)",
     )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 

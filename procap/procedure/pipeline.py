@@ -194,17 +194,9 @@ def _init_worker_inline(
 
 def load_vqgan(path: str, device: torch.device) -> torch.nn.Module:
     """A frozen VQGAN from ``procap vqgan`` output (.safetensors) or a taming checkpoint (.ckpt)."""
-    if not Path(path).is_file():
-        raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
-    if str(path).endswith(".safetensors"):
-        from procap.train.vqgan_train import load_vqgan as load_ours
+    from procap.model.vqgan import VQGAN
 
-        model = load_ours(path)
-    else:
-        from procap.model.vqgan import VQGAN
-
-        model = VQGAN.from_taming_checkpoint(path)
-    return model.eval().requires_grad_(False).to(device)
+    return VQGAN.load(path).requires_grad_(False).to(device)
 
 
 def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device: torch.device):

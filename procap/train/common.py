@@ -101,48 +101,36 @@ def caption_pairs(
     return predictions, rates
 
 
-# Display name -> (procap.evaluate metric, its result key). Scores are reported x100, as in the papers.
-METRIC_KEYS = {
-    "BLEU-4": ("bleu", "Bleu_4"),
-    "METEOR": ("meteor", "METEOR"),
-    "ROUGE-L": ("rouge", "ROUGE_L"),
-    "CIDEr": ("cider", "CIDEr"),
-}
-
-
-def _display(raw: dict[str, float], metrics: Sequence[str]) -> dict[str, float]:
-    return {m: 100.0 * float(raw[METRIC_KEYS[m][1]]) for m in metrics}
-
-
 def score_captions(
     predictions: dict[str, str],
     pairs: Sequence[Any],
-    metrics: Sequence[str] = tuple(METRIC_KEYS),
+    metrics: Sequence[str] = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr"),
     by_type: bool = False,
 ) -> dict[str, Any]:
     """Score ``predictions`` (id -> text) against the pairs' references with ``procap.evaluate.score``.
 
     Args:
-        metrics: display names, a subset of ``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``.
+        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (``procap.evaluate.metric_name``).
         by_type: return ``{group: {metric: value}}`` for total / change / no_change / each change type
             (CLEVR-Change) instead of one ``{metric: value}``.
 
     Returns:
-        Scores x100 keyed by display name.
+        Scores x100 (as in the papers) keyed by the table's names (``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``).
     """
-    from procap.evaluate import score
+    from procap.evaluate import METRIC_TABLE, metric_names, score
 
-    unknown = [m for m in metrics if m not in METRIC_KEYS]
-    if unknown:
-        raise ProCapError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRIC_KEYS)}")
+    names = metric_names(metrics)
+
+    def display(raw: dict[str, float]) -> dict[str, float]:
+        return {m: 100.0 * float(raw[METRIC_TABLE[m][1]]) for m in names}
+
     references = {p.id: list(p.captions) for p in pairs}
-    chosen = [METRIC_KEYS[m][0] for m in metrics]
     predictions = {p.id: predictions[p.id] for p in pairs}
     if not by_type:
-        return _display(score(predictions, references, metrics=chosen), metrics)
-    result = score(predictions, references, metrics=chosen, change_types={p.id: p.change_type for p in pairs})
+        return display(score(predictions, references, metrics=names))
+    result = score(predictions, references, metrics=names, change_types={p.id: p.change_type for p in pairs})
     groups = result.get("by_type", result)  # {group: {metric: value}}
-    return {name: _display(values, metrics) for name, values in groups.items() if isinstance(values, dict)}
+    return {name: display(values) for name, values in groups.items() if isinstance(values, dict)}
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
+from procap.errors import ProCapError
+from procap.evaluate import metric_names
 
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
 # Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's
@@ -74,7 +76,10 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
         if self.decay not in ("none", "cosine", "linear"):
             raise ValueError(f"decay must be none, cosine or linear, got {self.decay!r}")
-        self.val_metrics = tuple(self.val_metrics)
+        try:
+            self.val_metrics = tuple(metric_names(self.val_metrics))
+        except ProCapError as exc:
+            raise ValueError(str(exc)) from None
 
     def resolved(self) -> TrainConfig:
         """A copy with every ``None`` hyper-parameter filled from the stage's paper defaults."""

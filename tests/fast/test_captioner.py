@@ -7,13 +7,12 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda
 from PIL import Image
 
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
-
-requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
 
 class _IdVocab:

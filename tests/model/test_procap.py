@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 from procap.config import MaskingConfig, get_preset
 from procap.errors import ProCapError
@@ -281,7 +282,7 @@ def test_paper_geometry_224px_gives_196_tokens_per_frame():
     assert model.memory(image, image).shape == (1, 4 * 196, 32)
 
 
-@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+@requires_cuda
 def test_cuda_bf16_autocast_both_stages(config):
     model = ProCap(config).cuda()
     frames = _frames(2, config).cuda()

@@ -62,7 +62,7 @@ def validate(cache_dir: Path, pairs) -> None:
 
 
 def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
-    from test_similarity import tiny_vqgan
+    from .test_similarity import tiny_vqgan
 
     from procap.train.vqgan_train import save_vqgan
 
@@ -218,7 +218,7 @@ def test_cli_reports_bad_workers(capsys):
 
 def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
     """`procap synth` output through load_split into `procap prepare`, then read back for stage 1."""
-    from test_similarity import tiny_vqgan
+    from .test_similarity import tiny_vqgan
 
     from procap.cli import main
     from procap.data import load_split
