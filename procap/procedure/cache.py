@@ -4,10 +4,9 @@ Layout of a cache directory written by ``procap prepare``::
 
     CACHE/
       procap_cache.json   manifest: dataset, splits, l, image size, similarity, VQGAN, format version
-      sc_videos.h5        CLEVR-Change change pairs      (one file per group, named as the authors do)
-      nsc_videos.h5       CLEVR-Change distractor pairs
-      spot_videos.h5      Spot-the-Diff
-      edit_videos.h5      Image-Editing-Request
+      <group>.h5          one file per cache group of the dataset, named as the authors name them
+                          (``DatasetSpec.cache_groups`` in procap/data/datasets.py; CLEVR-Change has two:
+                          change pairs and distractors)
       scores.json         the similarities in the authors' score-file shape (written when prepare finishes)
 
 Each file holds one dataset per image id at its root, uint8 [T = l + 2, 3, H, W], frame 0 = before and
