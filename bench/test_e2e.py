@@ -24,11 +24,11 @@ import resource
 import pytest
 import torch
 from conftest import device_info, synchronize
+from telemetry import PAPER_A40_TPS, GPUTelemetry, count_flops, mfu, peak_flops
 
 from procap.attention import select_backend, use_backend
 from procap.config import get_preset
 from procap.fast import Captioner
-from procap.fast.telemetry import PAPER_A40_TPS, GPUTelemetry, count_flops, mfu, peak_flops
 from procap.model.decoder import PAD_ID
 from procap.model.procap import ProCap
 

@@ -1,6 +1,6 @@
 // Multi-granularity masking with axial positional embeddings on the CPU (ATen + at::parallel_for / OpenMP).
 //
-// Same contract as procap.model.masking.masking_ref: the mask bit uses the reference's comparisons and the
+// Same contract as masking_ref in kernels/masking.py: the mask bit uses the reference's comparisons and the
 // output the reference's fp32 additions in the same order, so the forward is bit-identical. The backward keeps
 // per-position fp32 sums over the batch (one writer per position: deterministic, no atomics) and reduces them to
 // the positional-table gradients with ATen sums.
@@ -21,7 +21,8 @@ namespace {
 // Elements per parallel task, ATen's own default (at::internal::GRAIN_SIZE, not exported by these headers).
 constexpr int64_t kGrainSize = 32768;
 
-// Scheme indices, in procap.config.MASKING_SCHEMES order; any other value masks every position ("entire").
+// Scheme indices: must equal ENTIRE..OUT_OF_BLOCK in kernels/masking.py (procap.config.MASKING_SCHEMES order;
+// tests compare every scheme with the reference). Any other value masks every position ("entire").
 constexpr int64_t kRandomPatch = 1;
 constexpr int64_t kInBlock = 2;
 constexpr int64_t kOutOfBlock = 3;

@@ -28,37 +28,19 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from procap.errors import ProCapError
+from procap.files import atomic_write, atomic_write_json
 
 FORMAT = "procap"
 FORMAT_VERSION = "1"
 
 
 # ----------------------------------------------------------------------------------------------- atomic I/O
-def _atomic_write(path: Path, writer) -> None:
-    """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it succeeded."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        writer(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder, then ``os.replace``)."""
-    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
 def atomic_save_tensors(
     path: Path | str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
     """``safetensors.torch.save_file`` through a temporary file; tensors are made contiguous on the CPU."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -318,7 +300,7 @@ def save_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer
     token = f"{scalars.get('step', 0)}-{os.urandom(8).hex()}"  # os.urandom: must not advance the RNGs saved above
     atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors}, {"token": token})
     payload = {"format": FORMAT, "token": token, "optimizer": optim_skeleton, "rng": rng_scalars, **scalars}
-    atomic_write_text(json_path, json.dumps(payload, indent=1))
+    atomic_write_json(json_path, payload, indent=1)
 
 
 def load_training_state(

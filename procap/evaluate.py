@@ -15,12 +15,42 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from procap.data.records import read_json, write_json_atomic
+from procap.data.records import read_json
 from procap.data.vocab import tokenize
 from procap.errors import ProCapError
+from procap.files import atomic_write_json
 
-METRICS = ("bleu", "meteor", "rouge", "cider")
-METRIC_NAMES = {"bleu": "Bleu_4", "meteor": "METEOR", "rouge": "ROUGE_L", "cider": "CIDEr"}
+# The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
+# (BLEU-4, bleu, Bleu_4, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, ...) resolves through metric_name().
+METRIC_TABLE: dict[str, tuple[str, str]] = {
+    "BLEU-4": ("bleu", "Bleu_4"),
+    "METEOR": ("meteor", "METEOR"),
+    "ROUGE-L": ("rouge", "ROUGE_L"),
+    "CIDEr": ("cider", "CIDEr"),
+}
+METRICS = tuple(METRIC_TABLE)
+_SPELLINGS = {"bleu": "BLEU-4", "bleu4": "BLEU-4", "meteor": "METEOR", "rouge": "ROUGE-L", "rougel": "ROUGE-L"}
+_SPELLINGS |= {"cider": "CIDEr", "ciderd": "CIDEr"}
+
+
+def metric_name(name: str) -> str:
+    """The :data:`METRIC_TABLE` name of any common spelling (case, ``-``, ``_`` and spaces ignored).
+
+    Raises:
+        ProCapError: the name is not one of BLEU-4, METEOR, ROUGE-L, CIDEr in any spelling.
+    """
+    key = "".join(ch for ch in str(name).lower() if ch not in "-_ ")
+    if key not in _SPELLINGS:
+        raise ProCapError(f"unknown metric {name!r}; choose from: {', '.join(METRIC_TABLE)}.")
+    return _SPELLINGS[key]
+
+
+_RESULT_KEYS = dict(METRIC_TABLE.values())  # scorer -> result key
+
+
+def metric_names(names: Iterable[str]) -> list[str]:
+    """:func:`metric_name` of each, duplicates dropped, order kept."""
+    return list(dict.fromkeys(metric_name(n) for n in names))
 
 
 def java_available() -> bool:
@@ -67,22 +97,13 @@ def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
     return {k: [" ".join(tokenize(c)) for c in v] for k, v in texts.items()}
 
 
-_ALIASES = {"bleu_4": "bleu", "bleu4": "bleu", "rouge_l": "rouge", "cider-d": "cider", "cider_d": "cider"}
-
-
-def _metric_key(name: str) -> str:
-    """Accept 'bleu' as well as the result names 'Bleu_4', 'ROUGE_L', 'CIDEr', 'METEOR'."""
-    key = name.strip().lower()
-    return _ALIASES.get(key, key)
-
-
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
 
     scorers = []
-    for metric in dict.fromkeys(_metric_key(m) for m in metrics):
+    for metric in (METRIC_TABLE[name][0] for name in metric_names(metrics)):
         if metric == "bleu":
             scorers.append((metric, Bleu(4)))
         elif metric == "rouge":
@@ -98,8 +119,6 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
             from pycocoevalcap.meteor.meteor import Meteor
 
             scorers.append((metric, Meteor()))
-        else:
-            raise ProCapError(f"unknown metric {metric!r}; choose from: {', '.join(METRICS)}.")
     return scorers
 
 
@@ -114,7 +133,7 @@ def _score_tokenized(
             for n, bleu_n in enumerate(value, start=1):
                 results[f"Bleu_{n}"] = float(bleu_n)
         else:
-            results[METRIC_NAMES[metric]] = float(value)
+            results[_RESULT_KEYS[metric]] = float(value)
     return results
 
 
@@ -129,7 +148,7 @@ def score(
     Args:
         predictions: id -> predicted caption.
         references: id -> reference captions (ids not in ``predictions`` are ignored).
-        metrics: subset of ``("bleu", "meteor", "rouge", "cider")``; all by default.
+        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (:func:`metric_name`); all by default.
         change_types: id -> change type (CLEVR-Change; ``"no_change"`` for distractors). When given, the result
             also holds ``"by_type"``: one score dict per type and for ``change`` / ``no_change`` / ``total``.
 
@@ -172,7 +191,7 @@ def score(
 
 def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:
     """COCO-style result file: ``[{"image_id": id, "caption": text}, ...]``, written atomically."""
-    write_json_atomic(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])
+    atomic_write_json(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])
 
 
 def read_predictions(path: str | os.PathLike) -> dict[str, str]:

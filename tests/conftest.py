@@ -33,7 +33,9 @@ def _seed_everything():
     yield
 
 
-# A string condition is evaluated lazily, so collection never initialises CUDA.
+# The one CUDA skip marker; test modules import it (``from conftest import requires_cuda``). A string condition is
+# evaluated lazily, so collection never initialises CUDA. (No other test folder has a package-less conftest.py, so
+# ``conftest`` always names this file.)
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
 os.environ.setdefault("PROCAP_TEST", "1")

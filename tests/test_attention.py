@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 from procap import attention as attn_mod
 from procap.attention import (
@@ -21,9 +22,7 @@ from procap.attention import (
 
 DEVICES = [
     "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
-    ),
+    pytest.param("cuda", marks=requires_cuda),
 ]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (B, H, Lq, Lk, Dh): odd lengths, a single decoding query, Lq > Lk would be meaningless with causal.
@@ -123,7 +122,7 @@ def test_unknown_backend_raises():
         attention(q, q, q, backend="fastest")
 
 
-@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+@requires_cuda
 def test_flash_rejects_mask():
     if unavailable_reason("flash", "cuda", torch.bfloat16):
         pytest.skip("flash-attn is not installed or not supported on this GPU")

@@ -70,3 +70,23 @@ def test_fallback_tokenizer_matches_ptb_on_simple_captions(monkeypatch):
     assert ours == {"x": ["the red cube is n't there", "gon na move ok"]}
     if java is not None:
         assert java == ours
+
+
+@pytest.mark.parametrize(
+    "spellings,name",
+    [
+        (["BLEU-4", "bleu", "Bleu_4", "bleu4", "BLEU 4"], "BLEU-4"),
+        (["ROUGE-L", "rouge", "ROUGE_L", "rouge-l"], "ROUGE-L"),
+        (["CIDEr", "cider", "CIDEr-D", "CIDER_D"], "CIDEr"),
+        (["METEOR", "meteor"], "METEOR"),
+    ],
+)
+def test_metric_name_spellings(spellings, name):
+    assert {evaluate.metric_name(s) for s in spellings} == {name}
+    assert name in evaluate.METRIC_TABLE
+
+
+def test_metric_names_drop_duplicates_and_reject_unknown():
+    assert evaluate.metric_names(["cider", "CIDEr-D", "bleu"]) == ["CIDEr", "BLEU-4"]
+    with pytest.raises(ProCapError, match="unknown metric 'spice'"):
+        evaluate.metric_names(["spice"])

@@ -8,17 +8,18 @@ HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per chang
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.train.cli_args import DATASETS
+    from procap.data.datasets import DATASETS, DEFAULT_DATASET
 
     parser.add_argument("--ckpt", required=True, help="checkpoint (.safetensors) from `procap train`")
     parser.add_argument("--data", required=True, help="dataset root folder")
-    parser.add_argument("--dataset", choices=DATASETS, default="clevr-change", help="dataset format")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
     parser.add_argument("--out", help="folder for results.json and metrics.json (default: next to the checkpoint)")
     parser.add_argument(
         "--metrics",
         nargs="+",
-        help="subset of BLEU-4 METEOR ROUGE-L CIDEr (default: all; METEOR is skipped with a note when Java is missing)",
+        help="subset of BLEU-4 METEOR ROUGE-L CIDEr, any spelling (default: all; METEOR is skipped with a note "
+        "when Java is missing)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
@@ -33,12 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
-    from procap.train.evaluation import ALL_METRICS, evaluate_model
+    from procap.evaluate import metric_names
+    from procap.train.evaluation import evaluate_model
 
-    if args.metrics and set(args.metrics) - set(ALL_METRICS):
-        raise ProCapError(
-            f"--metrics: unknown {sorted(set(args.metrics) - set(ALL_METRICS))}; choose from {' '.join(ALL_METRICS)}"
-        )
+    try:
+        metrics = metric_names(args.metrics) if args.metrics else None
+    except ProCapError as exc:
+        raise ProCapError(f"--metrics: {exc}") from None
     device = torch.device(
         "cuda"
         if args.device == "auto" and torch.cuda.is_available()
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         vocab,
         pairs,
-        args.metrics,
+        metrics,
         args.batch_size,
         device,
         out=out,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ codes in HDF5."
+from procap.data.datasets import DATASETS
 
-DATASETS = ("clevr-change", "spot-the-diff", "image-editing-request")
+HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ codes in HDF5."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=DATASETS, help="dataset layout under --root")
+    parser.add_argument("--dataset", required=True, choices=sorted(DATASETS), help="dataset layout under --root")
     parser.add_argument("--root", required=True, help="dataset directory")
     parser.add_argument("--out", required=True, help="cache directory (created; an existing one is resumed)")
     parser.add_argument(

@@ -8,13 +8,13 @@ HELP = "Stage 1: pre-train the procedure encoder on explicit procedures (L_PRO).
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.train.cli_args import add_common_arguments
+    from procap.commands.cli_args import add_common_arguments
 
     add_common_arguments(parser, "pretrain")
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.train.cli_args import config_from_args
+    from procap.commands.cli_args import config_from_args
     from procap.train.stage1 import pretrain
 
     path = pretrain(config_from_args("pretrain", args))

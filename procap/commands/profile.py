@@ -9,10 +9,8 @@ torch.profiler out of their way).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,17 +68,9 @@ def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
 
 def _export_trace(prof, out_dir: Path) -> Path:
     """Write the Chrome trace through a temporary file in ``out_dir`` and move it into place."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    fd, tmp = tempfile.mkstemp(prefix=".procap_trace.", suffix=".json.tmp", dir=out_dir)
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return final
+    from procap.files import atomic_write
+
+    return atomic_write(out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json", prof.export_chrome_trace)
 
 
 def run(args: argparse.Namespace) -> int:

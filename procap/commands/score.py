@@ -17,14 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default="bleu,meteor,rouge,cider",
-        help="comma-separated subset of bleu,meteor,rouge,cider (METEOR needs Java)",
+        help="comma-separated subset of BLEU-4,METEOR,ROUGE-L,CIDEr, any spelling (METEOR needs Java)",
     )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.data.records import read_json, write_json_atomic
+    from procap.data.records import read_json
     from procap.evaluate import format_table, read_predictions, read_references, score
+    from procap.files import atomic_write_json
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     types = read_json(args.types, "change-type file") if args.types else None
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     results = score(read_predictions(args.pred), read_references(args.refs), metrics, types)
     print(format_table(results))
     if args.out:
-        write_json_atomic(args.out, results, indent=2)
+        atomic_write_json(args.out, results, indent=2)
     else:
         print(json.dumps({k: v for k, v in results.items() if k != "by_type"}))
     return 0

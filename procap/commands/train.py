@@ -8,13 +8,13 @@ HELP = "Stage 2: train the captioner (procedure queries + decoder); keeps the be
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.train.cli_args import add_common_arguments
+    from procap.commands.cli_args import add_common_arguments
 
     add_common_arguments(parser, "train")
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.train.cli_args import config_from_args
+    from procap.commands.cli_args import config_from_args
     from procap.train.stage2 import train
 
     path = train(config_from_args("train", args))

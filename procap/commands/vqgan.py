@@ -8,13 +8,13 @@ HELP = "Train the VQGAN tokenizer on a dataset's training images (reconstruction
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.train.cli_args import add_common_arguments
+    from procap.commands.cli_args import add_common_arguments
 
     add_common_arguments(parser, "vqgan")
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.train.cli_args import config_from_args
+    from procap.commands.cli_args import config_from_args
     from procap.train.vqgan_train import train_vqgan
 
     path = train_vqgan(config_from_args("vqgan", args))

@@ -1,5 +1,8 @@
 """Loaders for the three real benchmarks (DESIGN.md section 5); each returns a list of ``ChangePair``.
 
+They are registered with their other facts in :data:`procap.data.datasets.DATASETS`; call them through
+:func:`procap.data.load_split`.
+
 * CLEVR-Change: two pairs per scene, (default, semantic) with a change caption and (default, nonsemantic),
   the distractor, with a no-change caption. Change types come from ``type_mapping.json``.
 * Spot-the-Diff: ``annotations/<split>.json``; repeated ``img_id`` entries are merged, empty sentences dropped.
@@ -10,15 +13,11 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from procap.data.records import ChangePair, read_json
 from procap.errors import ProCapError
-
-SPLITS = ("train", "val", "test")
-CLEVR_TYPES = ("color", "material", "add", "drop", "move")
 
 
 def _require_dir(path: Path, what: str) -> Path:
@@ -150,29 +149,3 @@ def load_image_editing_request(root: str | os.PathLike, split: str) -> list[Chan
         if sentences:
             pairs.append(ChangePair(str(entry["uid"]), images / entry["img0"], images / entry["img1"], sentences, None))
     return pairs
-
-
-LOADERS: dict[str, Callable[[str | os.PathLike, str], list[ChangePair]]] = {
-    "clevr-change": load_clevr_change,
-    "spot-the-diff": load_spot_the_diff,
-    "image-editing-request": load_image_editing_request,
-}
-
-
-def load_split(name: str, root: str | os.PathLike, split: str) -> list[ChangePair]:
-    """Load one split of a benchmark.
-
-    Args:
-        name: ``clevr-change``, ``spot-the-diff`` or ``image-editing-request``.
-        root: the dataset's root folder (the layout of DESIGN.md section 5).
-        split: ``train``, ``val`` or ``test`` (``valid`` is accepted as ``val``).
-
-    Returns:
-        The split's pairs in file order.
-    """
-    if name not in LOADERS:
-        raise ProCapError(f"unknown dataset {name!r}; choose one of: {', '.join(LOADERS)}.")
-    split = "val" if split == "valid" else split
-    if split not in SPLITS:
-        raise ProCapError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}.")
-    return LOADERS[name](root, split)

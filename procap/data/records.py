@@ -1,10 +1,9 @@
-"""The common record every loader returns, and the JSON helpers all data files go through."""
+"""The common record every loader returns, and the JSON reader all data files go through (writes: procap.files)."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +41,3 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
             return json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProCapError(f"{what} {path} is not valid JSON ({exc}).") from None
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = None) -> None:
-    """Write JSON through a temporary file in the same directory and os.replace, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=indent)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -28,11 +28,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
 
-CHANGE_TYPES = ("color", "material", "add", "drop", "move")
-TYPE_MAPPING_ORDER = ("color", "material", "move", "drop", "add")  # key order of the real type_mapping.json
+CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
+# Key order of the real type_mapping.json (a permutation of CHANGE_TYPES), so our files read like theirs.
+TYPE_MAPPING_ORDER = tuple(CHANGE_TYPES[i] for i in (0, 1, 4, 3, 2))
 
 DEFAULT_NAME = "CLEVR_default_%06d.png"
 SEMANTIC_NAME = "CLEVR_semantic_%06d.png"
@@ -341,7 +343,7 @@ def generate(
     """
     from tqdm import tqdm
 
-    from procap.data.records import write_json_atomic
+    from procap.files import atomic_write_json
 
     if scenes < 1 or size < 16:
         raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
@@ -367,12 +369,12 @@ def generate(
             bar.update(len(part))
     bar.close()
     specs = [r[0] for r in results]
-    write_json_atomic(root / "change_captions.json", {DEFAULT_NAME % s["index"]: c for s, c, _ in results})
-    write_json_atomic(root / "no_change_captions.json", {DEFAULT_NAME % s["index"]: n for s, _, n in results})
+    atomic_write_json(root / "change_captions.json", {DEFAULT_NAME % s["index"]: c for s, c, _ in results})
+    atomic_write_json(root / "no_change_captions.json", {DEFAULT_NAME % s["index"]: n for s, _, n in results})
     types = [s["change"]["type"] for s in specs]
     splits = split_indices(types, seed)
-    write_json_atomic(root / "splits.json", splits)
+    atomic_write_json(root / "splits.json", splits)
     mapping = {k: [f"{i:06d}.png" for i, t in enumerate(types) if t == k] for k in TYPE_MAPPING_ORDER}
-    write_json_atomic(root / "type_mapping.json", mapping)
-    write_json_atomic(root / "scenes.json", {"version": 1, "size": size, "seed": seed, "scenes": specs})
+    atomic_write_json(root / "type_mapping.json", mapping)
+    atomic_write_json(root / "scenes.json", {"version": 1, "size": size, "seed": seed, "scenes": specs})
     return splits

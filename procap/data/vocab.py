@@ -7,8 +7,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from procap.data.records import read_json, write_json_atomic
+from procap.data.records import read_json
 from procap.errors import ProCapError
+from procap.files import atomic_write_json
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
 PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))
@@ -130,7 +131,7 @@ class Vocabulary:
         return cls(ordered[len(SPECIALS) :])
 
     def save(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict(), indent=0)
+        atomic_write_json(path, self.to_dict(), indent=0)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocabulary:

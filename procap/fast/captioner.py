@@ -2,29 +2,33 @@
 
 What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where the same code runs):
 
-- bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last with ``cudnn.benchmark``;
-- the procedure encoder through the fastest ``procap.attention`` backend;
-- the memory's cross-attention keys/values computed once per caption batch ("prefill");
-- a static KV cache for decoder self-attention (fixed shapes, the position as a device tensor);
-- the whole decoding step captured in a CUDA graph per batch bucket (the batch is padded up to the
-  bucket) and replayed ``max_len - 1`` times with no host synchronisation; one copy out at the end.
+- bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last (``cudnn_benchmark`` lets cuDNN pick
+  its convolution algorithms while the Captioner runs);
+- the procedure encoder and decoder through the attention backend given at construction;
+- the model decoder's own cached decoding (:meth:`~procap.model.decoder.CaptionDecoder.setup_caches`,
+  ``prefill``, ``decode_step``): the memory's cross-attention keys/values once per batch, a static KV cache for
+  self-attention, the position as a device tensor;
+- that decoding step captured in a CUDA graph per batch bucket (the batch is padded up to the bucket) and
+  replayed ``max_len - 1`` times with no host synchronisation; one copy out at the end.
 
+Everything kept per bucket (decoding state, static inputs, graphs) lives in one :class:`~procap.fast.bucket.Bucket`.
+Process-wide switches (``cudnn.benchmark``, TF32) are options, set only while the Captioner runs and restored after.
 The oracle is ``ProCap.generate``: in fp32 the tokens are equal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from procap.attention import select_backend
+from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
-from procap.fast.decoding import DecodeState
-from procap.fast.graphs import CapturedStep, GraphCache
+from procap.fast.bucket import Bucket
 from procap.fast.inputs import to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
 
@@ -77,8 +81,12 @@ class Captioner:
         capture_memory: also run VQGAN + encoder + prefill from static input buffers, captured in one CUDA graph
             per bucket when ``use_graphs`` (cuts launch overhead at small batches; implies bucket padding, and
             the VQGAN / encoder NVTX ranges then appear once at capture, replays show as ``procap.memory``).
-        attention_backend: ``procap.attention`` backend for encoder and decoder (default: fastest available).
+        attention_backend: ``procap.attention`` backend for encoder and decoder, set on the model once here
+            (``auto``: the fastest available for the device and dtype).
         copy_model: deep-copy ``model`` before casting it (False for a model nobody else holds).
+        cudnn_benchmark: let cuDNN time its convolution algorithms (VQGAN) while the Captioner runs on CUDA;
+            the process's setting is restored after every call.
+        allow_tf32: TF32 matmuls/convolutions while the Captioner runs (None: leave the process's settings).
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -99,6 +107,8 @@ class Captioner:
         attention_backend: str = "auto",
         copy_model: bool = True,
         capture_memory: bool = False,
+        cudnn_benchmark: bool = True,
+        allow_tf32: bool | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
@@ -110,13 +120,14 @@ class Captioner:
             raise ProCapError(f"batch_sizes must be positive integers, got {tuple(batch_sizes)}")
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
-        self.capture_memory = capture_memory
-        self._requested = (use_graphs, pad_to_bucket, attention_backend)
+        if attention_backend not in BACKENDS:
+            raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
+        self.attention_backend = attention_backend
+        self._requested = (use_graphs, pad_to_bucket)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
-        self._states: dict[tuple[int, int], DecodeState] = {}
-        self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._graphs = GraphCache(self.device, self.dtype)
+        self._buckets: dict[int, Bucket] = {}
 
     @classmethod
     def from_checkpoint(
@@ -146,24 +157,23 @@ class Captioner:
     # -- set-up -------------------------------------------------------------------------------------------------
     def _configure(self) -> None:
         """Resolve graphs / padding / attention backend for the current device and dtype."""
-        use_graphs, pad_to_bucket, backend = self._requested
+        use_graphs, pad_to_bucket = self._requested
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
         self.pad_to_bucket = (self.use_graphs or self.capture_memory) if pad_to_bucket is None else pad_to_bucket
         if self.capture_memory and not self.pad_to_bucket:
             raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
+        # What ``auto`` resolves to here (for logs and benchmarks); the model keeps the requested name.
+        backend = self.attention_backend
         self.backend = backend if backend != "auto" else select_backend(self.device, self.dtype)
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         model.eval().requires_grad_(False)
         model.to(device=self.device, dtype=self.dtype)
-        for module in model.modules():
-            if hasattr(module, "backend") and hasattr(module, "q_proj"):
-                module.backend = self.backend
+        model.set_attention_backend(self.attention_backend)
         if self.device.type == "cuda":
-            # cuDNN picks its convolution algorithms for channels-last bf16 once per shape.
-            torch.backends.cudnn.benchmark = True
             model.vqgan.to(memory_format=torch.channels_last)
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
@@ -175,70 +185,52 @@ class Captioner:
             )
         return model
 
+    @contextlib.contextmanager
+    def _process_flags(self) -> Iterator[None]:
+        """Apply ``cudnn_benchmark`` / ``allow_tf32`` for the duration of a call and restore the previous values."""
+        if self.device.type != "cuda":
+            yield
+            return
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+        cudnn.benchmark = self.cudnn_benchmark
+        if self.allow_tf32 is not None:
+            cudnn.allow_tf32 = matmul.allow_tf32 = self.allow_tf32
+        try:
+            yield
+        finally:
+            cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Captioner:
-        """Move to another device/dtype; cached decoding states and CUDA graphs are dropped."""
+        """Move to another device/dtype; the per-bucket states and CUDA graphs are dropped."""
         self.device = torch.device(device) if device is not None else self.device
         self.dtype = _parse_dtype(dtype, self.device) if dtype is not None else self.dtype
         for hook in self._hooks:
             hook.remove()
         if self._requested[0] and self.device.type != "cuda":
-            self._requested = (None, *self._requested[1:])  # graphs were asked for on CUDA; the CPU has none
+            self._requested = (None, self._requested[1])  # graphs were asked for on CUDA; the CPU has none
+        self._buckets.clear()  # captured graphs hold pointers to the old buffers
         self._configure()
         self.model = self._prepare(self.model)
-        self._states.clear()
-        self._inputs.clear()
-        self._graphs.retarget(self.device, self.dtype)
         return self
 
-    # -- buckets, states and graphs -------------------------------------------------------------------------
+    # -- buckets ----------------------------------------------------------------------------------------------------
     def bucket(self, batch: int) -> int:
         """Rows allocated for a chunk of ``batch`` rows (batch <= the largest bucket)."""
         if not self.pad_to_bucket:
             return batch
         return next(b for b in self.batch_sizes if b >= batch)
 
-    def _state(self, bucket: int) -> DecodeState:
-        key = (bucket, self.max_len)
-        if key not in self._states:
-            n = self.config.num_frames * self.config.tokens_per_frame
-            self._states[key] = DecodeState(
-                self.model.decoder, bucket, n, self.max_len, self.dtype, self.device, self.backend
-            )
-        return self._states[key]
-
-    def _graph(self, state: DecodeState) -> CapturedStep:
-        def build() -> CapturedStep:
-            graph = CapturedStep(state.step, self.device, pool=self._graphs.pool)
-            state.reset()  # warm-up steps advanced the state
-            return graph
-
-        return self._graphs.get((state.batch, self.max_len), build)
-
-    def _static_inputs(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if bucket not in self._inputs:
-            s = self.config.image_size
-            self._inputs[bucket] = tuple(
-                torch.zeros(bucket, 3, s, s, device=self.device, dtype=self.dtype) for _ in range(2)
-            )
-        return self._inputs[bucket]
-
-    def _encode_step(self, state: DecodeState) -> Callable[[], None]:
-        """VQGAN + encoder + prefill reading the bucket's static input buffers, as one replayable step."""
-        before, after = self._static_inputs(state.batch)
-        return lambda: state.prefill(self.model.memory(before, after))
-
-    def _memory_graph(self, state: DecodeState) -> CapturedStep:
-        def build() -> CapturedStep:
-            graph = CapturedStep(self._encode_step(state), self.device, pool=self._graphs.pool)
-            state.reset()
-            return graph
-
-        return self._graphs.get(("memory", state.batch, self.max_len), build)
+    def _bucket(self, batch: int) -> Bucket:
+        rows = self.bucket(batch)
+        if rows not in self._buckets:
+            self._buckets[rows] = Bucket(self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool)
+        return self._buckets[rows]
 
     @property
-    def graphs(self) -> GraphCache:
-        """The captured graphs, keyed by (batch bucket, max_len)."""
-        return self._graphs
+    def graphs(self) -> frozenset[tuple]:
+        """Keys of the captured graphs: ``(bucket, max_len)`` per decoding step, ``("memory", bucket, max_len)``."""
+        return frozenset(key for bucket in self._buckets.values() for key in bucket.graph_keys())
 
     # -- captioning ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -246,37 +238,40 @@ class Captioner:
         """Decoder memory (B, N, dec_dim) of [0, 1] image batches (B, 3, S, S) (VQGAN + encoder + MLP)."""
         before = before.to(self.device, self.dtype, non_blocking=True)
         after = after.to(self.device, self.dtype, non_blocking=True)
-        return self.model.memory(before, after)
+        with self._process_flags():
+            return self.model.memory(before, after)
 
     @torch.no_grad()
     def decode(self, memory: torch.Tensor) -> torch.Tensor:
         """Greedy tokens from a memory (b, N, D), b <= the largest bucket -> (b, max_len - 1) on the device."""
         b = memory.shape[0]
-        state = self._state(self.bucket(b))
-        graph = self._graph(state) if self.use_graphs else None
-        with nvtx_range("procap.prefill", self.device):
-            state.prefill(memory)
-        with nvtx_range("procap.decode", self.device):
-            for _ in range(state.steps):
-                graph.replay() if graph is not None else state.step()
-        return state.out[:b].clone()  # clone out: the next batch overwrites the static buffer
+        bucket = self._bucket(b)
+        step = bucket.step_replay() if self.use_graphs else bucket.step
+        with self._process_flags():
+            with nvtx_range("procap.prefill", self.device):
+                bucket.prefill(memory)
+            with nvtx_range("procap.decode", self.device):
+                for _ in range(bucket.decoding.steps):
+                    step()
+        return bucket.decoding.out[:b].clone()  # clone out: the next batch overwrites the static buffer
 
     @torch.no_grad()
     def _generate_static(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         """``capture_memory`` path: copy in -> (replay) encode -> (replay) decode steps -> clone out."""
         b = before.shape[0]
-        state = self._state(self.bucket(b))
-        static_before, static_after = self._static_inputs(state.batch)
+        bucket = self._bucket(b)
+        static_before, static_after = bucket.static_inputs()
         static_before[:b].copy_(before, non_blocking=True)
         static_after[:b].copy_(after, non_blocking=True)
-        encode = self._memory_graph(state).replay if self.use_graphs else self._encode_step(state)
-        step = self._graph(state).replay if self.use_graphs else state.step
-        with nvtx_range("procap.memory", self.device):
-            encode()
-        with nvtx_range("procap.decode", self.device):
-            for _ in range(state.steps):
-                step()
-        return state.out[:b].clone()
+        with self._process_flags():
+            encode = bucket.encode_replay() if self.use_graphs else bucket.encode
+            step = bucket.step_replay() if self.use_graphs else bucket.step
+            with nvtx_range("procap.memory", self.device):
+                encode()
+            with nvtx_range("procap.decode", self.device):
+                for _ in range(bucket.decoding.steps):
+                    step()
+        return bucket.decoding.out[:b].clone()
 
     @torch.no_grad()
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:

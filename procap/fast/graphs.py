@@ -8,7 +8,7 @@ before replaying and outputs cloned out afterwards by the caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 import torch
 
@@ -39,38 +39,3 @@ class CapturedStep:
     def replay(self) -> None:
         """Launch the captured kernels on the current stream; returns without waiting for them."""
         self.graph.replay()
-
-
-class GraphCache:
-    """Graphs keyed by (batch bucket, max_len), dropped when the device or dtype changes.
-
-    Args:
-        device: the device every cached graph was captured on.
-        dtype: the weights' dtype.
-    """
-
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.device, self.dtype = device, dtype
-        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-        self._graphs: dict[Hashable, CapturedStep] = {}
-
-    def retarget(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Forget every graph if the placement changed (captured kernels hold pointers to the old buffers)."""
-        if (device, dtype) != (self.device, self.dtype):
-            self.clear()
-            self.device, self.dtype = device, dtype
-            self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-
-    def get(self, key: Hashable, build: Callable[[], CapturedStep]) -> CapturedStep:
-        if key not in self._graphs:
-            self._graphs[key] = build()
-        return self._graphs[key]
-
-    def clear(self) -> None:
-        self._graphs.clear()
-
-    def __len__(self) -> int:
-        return len(self._graphs)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._graphs

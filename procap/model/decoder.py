@@ -9,9 +9,14 @@ Layer order (pre-LN), for every layer::
 then a final ``norm`` and logits ``x @ embed.weight.T`` (input and output embeddings tied, no output bias).
 Token input: ``embed(ids) + pos_embed[:L]`` (learned positions), then dropout.
 
-``self_attn`` and ``cross_attn`` each hold ``q_proj`` / ``k_proj`` / ``v_proj`` / ``out_proj`` so that
-``procap.fast`` can build a static KV cache from these exact weights (the cross-attention K/V of the memory are
-computed once per caption).
+Two ways to decode greedily, one set of layers and one greedy pick (:func:`greedy_pick`):
+
+- :func:`greedy_decode`, the readable oracle: the full prefix is recomputed every step (no cache);
+- the cached loop: :meth:`CaptionDecoder.setup_caches` allocates a :class:`DecodingState` (KV caches, tokens,
+  position, finished flags, output) for a batch, :meth:`CaptionDecoder.prefill` projects the memory into the
+  cross-attention caches, and every :meth:`CaptionDecoder.decode_step` runs one position through the same
+  :class:`DecoderLayer` s with the caches, reading and writing only the state's buffers (no host sync), so
+  ``procap.fast`` captures exactly this step in a CUDA graph.
 
 Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK] = 0..7.
 """
@@ -22,6 +27,7 @@ import torch
 from torch import nn
 
 from procap.config import ProCapConfig
+from procap.model.kv_cache import DecoderCache, KVCache
 from procap.model.layers import FeedForward, MultiHeadAttention
 
 PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(8)
@@ -42,11 +48,51 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn, dropout)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
-        """(B, L, D), memory (B, N, D) -> (B, L, D)."""
-        x = x + self.self_attn(self.norm1(x), causal=True)
-        x = x + self.cross_attn(self.norm2(x), context=memory)
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        input_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, L, D), memory (B, N, D) -> (B, L, D).
+
+        While decoding with caches, ``x`` holds the positions ``input_pos`` only, ``self_cache`` the earlier
+        positions' keys/values and ``cross_cache`` the memory's (``memory`` is then unused and may be None).
+        """
+        x = x + self.self_attn(self.norm1(x), causal=True, kv_cache=self_cache, input_pos=input_pos)
+        x = x + self.cross_attn(self.norm2(x), context=memory, kv_cache=cross_cache)
         return x + self.ffn(self.norm3(x))
+
+
+class DecodingState:
+    """Every buffer one cached greedy decode touches, for ``batch`` rows and captions of ``max_len`` tokens.
+
+    Built by :meth:`CaptionDecoder.setup_caches`. Shapes never change, so the step can be captured in a CUDA graph.
+
+    Attributes:
+        cache: the per-layer self- and cross-attention :class:`~procap.model.kv_cache.KVCache` s.
+        tokens: (B,) ids fed to the next step; ``pos``: (1,) int64 device tensor, its position.
+        finished: (B,) rows that produced EOS; ``out``: (B, max_len - 1) produced tokens (PAD after EOS).
+        logits: (B, V) fp32 logits of the last step after suppression (for agreement checks).
+        steps: ``max_len - 1``, the number of :meth:`CaptionDecoder.decode_step` calls of one caption.
+    """
+
+    def __init__(self, cache: DecoderCache, batch: int, max_len: int, vocab: int, device: torch.device | str) -> None:
+        self.cache, self.batch, self.steps = cache, batch, max_len - 1
+        self.tokens = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.out = torch.full((batch, self.steps), PAD_ID, dtype=torch.long, device=device)
+        self.logits = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
+
+    def reset(self) -> None:
+        """Back to "BOS at position 0, nothing finished", in place (captured graphs keep these buffers)."""
+        self.tokens.fill_(BOS_ID)
+        self.pos.zero_()
+        self.finished.zero_()
+        self.out.fill_(PAD_ID)
 
 
 class CaptionDecoder(nn.Module):
@@ -68,7 +114,11 @@ class CaptionDecoder(nn.Module):
             [DecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
         )
         self.norm = nn.LayerNorm(d)
+        self.memory_len = config.num_frames * config.tokens_per_frame
         nn.init.normal_(self.pos_embed, std=0.02)
+        # True on SUPPRESSED_IDS. A bool buffer (never cast by .to(dtype)) rather than an index list, so the pick
+        # needs no host-to-device copy inside a CUDA graph; not persistent: checkpoints do not carry it.
+        self.register_buffer("suppressed", suppressed_mask(config.vocab_size), persistent=False)
 
     def forward(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """Next-token logits for every prefix position.
@@ -87,9 +137,103 @@ class CaptionDecoder(nn.Module):
             x = layer(x, memory)
         return self.norm(x) @ self.embed.weight.t()
 
+    # -- cached decoding -------------------------------------------------------------------------------------------
+    def setup_caches(
+        self,
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        memory_len: int | None = None,
+    ) -> DecodingState:
+        """Allocate the buffers of a cached greedy decode.
+
+        Args:
+            batch: rows B.
+            max_len: caption length including BOS, at most ``max_caption_len``; ``max_len - 1`` steps.
+            dtype, device: the decoder weights' dtype and device.
+            memory_len: N, memory tokens (default ``num_frames * tokens_per_frame`` of the config).
+
+        Returns:
+            A fresh :class:`DecodingState`; call :meth:`prefill` before decoding.
+        """
+        if not 2 <= max_len <= self.pos_embed.shape[0]:
+            raise ValueError(f"max_len must be in [2, {self.pos_embed.shape[0]}], got {max_len}")
+        heads = self.layers[0].self_attn.heads
+        head_dim = self.embed.weight.shape[1] // heads
+        n = self.memory_len if memory_len is None else memory_len
+        cache = DecoderCache(
+            [KVCache(batch, heads, max_len - 1, head_dim, dtype, device) for _ in self.layers],
+            [KVCache(batch, heads, n, head_dim, dtype, device) for _ in self.layers],
+        )
+        return DecodingState(cache, batch, max_len, self.embed.weight.shape[0], device)
+
+    @torch.no_grad()
+    def prefill(self, memory: torch.Tensor, state: DecodingState) -> None:
+        """Project the memory (b, N, D), b <= state.batch, into every layer's cross-attention cache; reset ``state``.
+
+        Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
+        """
+        for layer, cache in zip(self.layers, state.cache.cross_attn):
+            cache.fill(*layer.cross_attn.project_kv(memory))
+        state.reset()
+
+    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """Logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
+        x = (self.embed(tokens) + self.pos_embed.index_select(0, input_pos))[:, None]  # (B, 1, D)
+        for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
+            x = layer(x, None, self_cache, cross_cache, input_pos)
+        return self.norm(x[:, 0]) @ self.embed.weight.t()
+
+    @torch.no_grad()
+    def decode_step(self, state: DecodingState) -> None:
+        """Decode position ``state.pos``: logits, greedy pick, EOS bookkeeping; advances ``state.pos``."""
+        logits = self.forward_step(state.tokens, state.pos, state.cache)
+        next_token, finished, scores = greedy_pick(logits, state.finished, self.suppressed)
+        state.logits.copy_(scores)
+        state.finished.copy_(finished)
+        state.out.index_copy_(1, state.pos, next_token[:, None])
+        state.tokens.copy_(next_token)
+        state.pos += 1
+
+    @torch.no_grad()
+    def generate_cached(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Greedy tokens with KV caches, eagerly: (B, N, D) -> (B, max_len - 1), equal to :func:`greedy_decode`."""
+        state = self.setup_caches(memory.shape[0], max_len, memory.dtype, memory.device, memory.shape[1])
+        self.prefill(memory, state)
+        for _ in range(state.steps):
+            self.decode_step(state)
+        return state.out
+
+
+def suppressed_mask(vocab_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(V,) bool, True on :data:`SUPPRESSED_IDS`: the ids greedy decoding never produces."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[list(SUPPRESSED_IDS)] = True
+    return mask
+
+
+def greedy_pick(
+    logits: torch.Tensor, finished: torch.Tensor, suppressed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The greedy choice of one step, shared by :func:`greedy_decode` and the cached loop; no host sync.
+
+    Args:
+        logits: (B, V) next-token logits of any float dtype.
+        finished: (B,) bool, rows that already produced EOS.
+        suppressed: (V,) bool from :func:`suppressed_mask`.
+
+    Returns:
+        ``(next_token, finished, scores)``: (B,) int64 argmax of ``scores`` (PAD for finished rows), the updated
+        (B,) flags, and the (B, V) fp32 logits with the suppressed ids at -inf.
+    """
+    scores = logits.float().masked_fill(suppressed, float("-inf"))
+    next_token = scores.argmax(dim=-1).masked_fill(finished, PAD_ID)
+    return next_token, finished | (next_token == EOS_ID), scores
+
 
 def suppress_specials(logits: torch.Tensor) -> torch.Tensor:
-    """Set the logits of :data:`SUPPRESSED_IDS` to -inf: (..., V) -> (..., V)."""
+    """Set the logits of :data:`SUPPRESSED_IDS` to -inf: (..., V) -> (..., V) (as :func:`greedy_pick` does)."""
     out = logits.clone()
     out[..., list(SUPPRESSED_IDS)] = float("-inf")
     return out
@@ -111,10 +255,10 @@ def greedy_decode(decoder: CaptionDecoder, memory: torch.Tensor, max_len: int) -
     batch = memory.shape[0]
     tokens = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=memory.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=memory.device)
+    suppressed = None
     for _ in range(max_len - 1):
-        logits = suppress_specials(decoder(tokens, memory)[:, -1].float())
-        next_token = logits.argmax(dim=-1)
-        next_token = torch.where(finished, torch.full_like(next_token, PAD_ID), next_token)
-        finished |= next_token == EOS_ID
+        logits = decoder(tokens, memory)[:, -1]
+        suppressed = suppressed_mask(logits.shape[-1], memory.device) if suppressed is None else suppressed
+        next_token, finished, _ = greedy_pick(logits, finished, suppressed)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
     return tokens[:, 1:]

@@ -1,8 +1,13 @@
 """Transformer pieces shared by the procedure encoder and the caption decoder.
 
-Attention weights are separate ``q_proj`` / ``k_proj`` / ``v_proj`` / ``out_proj`` Linear layers (no fused QKV)
-so that ``procap.fast`` can pack them however its kernels like without re-deriving a split. Every attention call
-goes through :func:`procap.attention.attention`, the single place that picks a backend.
+Attention weights are separate ``q_proj`` / ``k_proj`` / ``v_proj`` / ``out_proj`` Linear layers (taming- and
+checkpoint-compatible names). Every attention call goes through :func:`procap.attention.attention`, the single place
+that runs a backend; each :class:`MultiHeadAttention` holds the backend name it was built with (timm's
+``fused_attn`` habit), changed for a whole model with ``ProCap.set_attention_backend``.
+
+Cached decoding (:mod:`procap.model.kv_cache`) goes through the same ``forward``: with a self-attention cache and
+``input_pos`` the new keys/values are written at those positions and each query sees the keys up to its own;
+with a cross-attention cache the keys/values prefilled from the memory are read as they are.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from procap.attention import attention
+from procap.attention import BACKENDS, attention
+from procap.model.kv_cache import KVCache
 
 
 class MultiHeadAttention(nn.Module):
@@ -20,9 +26,10 @@ class MultiHeadAttention(nn.Module):
         dim: model width D.
         heads: number of heads; D must be divisible by it.
         dropout: dropout on the output projection.
+        backend: :data:`procap.attention.BACKENDS` name; ``auto`` picks the fastest for each device and dtype.
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, backend: str = "auto") -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
@@ -32,7 +39,17 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
         self.dropout = nn.Dropout(dropout)
-        self.backend = "auto"  # procap.attention backend; tests set "math" to compare against the reference
+        self.set_backend(backend)
+
+    def set_backend(self, backend: str) -> None:
+        """Use ``backend`` (one of :data:`procap.attention.BACKENDS`) for every later call."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        self.backend = backend
+
+    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh): what a cross-attention cache stores."""
+        return self._split(self.k_proj(context)), self._split(self.v_proj(context))
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
@@ -44,20 +61,32 @@ class MultiHeadAttention(nn.Module):
         context: torch.Tensor | None = None,
         causal: bool = False,
         attn_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend from ``x`` to ``context`` (``x`` itself when None).
+        """Attend from ``x`` to ``context`` (``x`` itself when None), or to a cache while decoding.
 
         Args:
             x: (B, Lq, D) queries.
-            context: (B, Lk, D) keys/values source, or None for self-attention.
+            context: (B, Lk, D) keys/values source, or None for self-attention (unused with ``kv_cache``).
             causal: query i only sees keys <= i (self-attention over a prefix).
             attn_mask: optional bool (B, 1, Lq, Lk) mask, True = may attend.
+            kv_cache: decoding only. With ``input_pos``, a self-attention cache: this call's keys/values are
+                written at ``input_pos`` and query i sees cached keys 0..input_pos[i] (``causal`` and
+                ``attn_mask`` are replaced by that mask). Without, keys/values prefilled by :meth:`project_kv`.
+            input_pos: (Lq,) int64 device tensor, the positions of the queries being decoded.
 
         Returns:
             (B, Lq, D).
         """
-        context = x if context is None else context
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(context)), self._split(self.v_proj(context))
+        q = self._split(self.q_proj(x))
+        if kv_cache is None:
+            k, v = self.project_kv(x if context is None else context)
+        elif input_pos is not None:
+            k, v = kv_cache.update(input_pos, *self.project_kv(x))
+            causal, attn_mask = False, kv_cache.visible(input_pos)
+        else:
+            k, v = kv_cache.k, kv_cache.v
         out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=self.backend)  # (B, H, Lq, Dh)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.dropout(self.out_proj(out))

@@ -30,11 +30,12 @@ from torch import nn
 from procap import kernels
 from procap.config import ProCapConfig
 from procap.errors import ProCapError
+from procap.kernels.masking import MaskParams, axial_positions
 from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.encoder import ProcedureEncoder
-from procap.model.layers import init_transformer_weights
+from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
-from procap.model.masking import MaskParams, axial_positions, sample_mask_params
+from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
 from procap.model.vqgan import VQGAN
 
@@ -49,9 +50,14 @@ class ProCap(nn.Module):
         decoder: :class:`CaptionDecoder`.
         mask_embedding: (enc_dim,) e_m, also the procedure query of stage 2.
         pos_frame, pos_row, pos_col: (T, enc_dim), (H, enc_dim), (W, enc_dim) axial positions.
+
+    Args:
+        config: the architecture.
+        attention_backend: :data:`procap.attention.BACKENDS` name used by the encoder and the decoder
+            (default ``auto``: the fastest available per device and dtype); see :meth:`set_attention_backend`.
     """
 
-    def __init__(self, config: ProCapConfig) -> None:
+    def __init__(self, config: ProCapConfig, attention_backend: str = "auto") -> None:
         super().__init__()
         self.config = config
         d, grid = config.enc_dim, config.grid_size
@@ -80,6 +86,14 @@ class ProCap(nn.Module):
             nn.init.normal_(p, std=0.02)
         self.vqgan.requires_grad_(False)
         self.vqgan.eval()
+        self.set_attention_backend(attention_backend)
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Run every encoder and decoder attention layer with ``backend`` from now on (``auto``, ``math``, ...)."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.set_backend(backend)
+        self.attention_backend = backend
 
     def train(self, mode: bool = True) -> ProCap:
         """Set train/eval mode; the VQGAN stays in eval mode (it is a frozen tokenizer)."""

@@ -31,6 +31,7 @@ from procap.config import VQGANConfig
 from procap.errors import ProCapError
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, swish
 
+VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
 TAMING_PREFIXES = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.", "quantize.")
 
 
@@ -200,7 +201,44 @@ class VQGAN(nn.Module):
         l1 = (2.0 * (recon - images)).abs().mean()  # x2: the same value as L1 between [-1, 1] images
         return {"loss": l1 + vq_loss, "l1": l1, "vq": vq_loss}
 
-    # -- loading ----------------------------------------------------------------------------------------------
+    # -- saving and loading ------------------------------------------------------------------------------------
+    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+        """Weights in safetensors with this :class:`VQGANConfig` (and ``extra``) in the metadata; no pickle."""
+        import dataclasses
+
+        from procap.checkpoint import save_module
+
+        meta = {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(self.config), "extra": extra or {}}
+        return save_module(path, self, meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> VQGAN:
+        """A VQGAN from :meth:`save` output (``.safetensors``) or a taming-transformers ``.ckpt``, in eval mode.
+
+        Raises:
+            ProCapError: the file is missing, is neither format, or does not fit the architecture.
+        """
+        if not Path(path).is_file():
+            raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+        if not str(path).endswith(".safetensors"):
+            return cls.from_taming_checkpoint(path).eval()
+        state, meta = cls.read_saved(path)
+        model = cls(VQGANConfig(**meta["vqgan_config"]))
+        from procap.checkpoint import load_weights
+
+        load_weights(model, state, path)
+        return model.eval()
+
+    @staticmethod
+    def read_saved(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+        """``(state_dict, metadata)`` of a file written by :meth:`save`, checked to be one."""
+        from procap.checkpoint import load_module_state
+
+        state, meta = load_module_state(path, "VQGAN weights")
+        if meta.get("format") != VQGAN_FORMAT:
+            raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+        return state, meta
+
     @classmethod
     def from_taming_checkpoint(cls, path: str | Path, config: VQGANConfig | None = None) -> VQGAN:
         """Load a taming-transformers checkpoint (``torch.load(path)["state_dict"]``) with strict checks.

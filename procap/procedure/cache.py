@@ -4,10 +4,9 @@ Layout of a cache directory written by ``procap prepare``::
 
     CACHE/
       procap_cache.json   manifest: dataset, splits, l, image size, similarity, VQGAN, format version
-      sc_videos.h5        CLEVR-Change change pairs      (one file per group, named as the authors do)
-      nsc_videos.h5       CLEVR-Change distractor pairs
-      spot_videos.h5      Spot-the-Diff
-      edit_videos.h5      Image-Editing-Request
+      <group>.h5          one file per cache group of the dataset, named as the authors name them
+                          (``DatasetSpec.cache_groups`` in procap/data/datasets.py; CLEVR-Change has two:
+                          change pairs and distractors)
       scores.json         the similarities in the authors' score-file shape (written when prepare finishes)
 
 Each file holds one dataset per image id at its root, uint8 [T = l + 2, 3, H, W], frame 0 = before and
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,35 +28,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
+from procap.files import atomic_write_json
 from procap.procedure.sampling import confidence_weights, sample_keyframes
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
 CACHE_FORMAT = "procap-procedures"
 CACHE_VERSION = 1
-GROUP_FILES = {
-    "clevr-change": ("sc_videos", "nsc_videos"),
-    "spot-the-diff": ("spot_videos",),
-    "image-editing-request": ("edit_videos",),
-}
-_CLEVR_ID = re.compile(r"^CLEVR_(semantic|nonsemantic)_(\d+)\.png$")
 
 
 def authors_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:
-    """Map one of our pair ids to the authors' (file stem, key).
-
-    ``CLEVR_semantic_000123.png`` -> (``sc_videos``, ``000123.png``), ``CLEVR_nonsemantic_...`` -> ``nsc_videos``;
-    Spot-the-Diff ids -> ``spot_videos``; Image-Editing-Request uids -> ``edit_videos``; other datasets ->
-    ``videos``. Keys are used as HDF5 names, so they may not contain ``/``.
-    """
-    match = _CLEVR_ID.match(pair_id)
-    if match:
-        return ("sc_videos" if match.group(1) == "semantic" else "nsc_videos"), f"{match.group(2)}.png"
-    if "/" in pair_id:
-        raise ProCapError(f"pair id {pair_id!r} contains '/', which cannot be an HDF5 dataset name.")
-    groups = GROUP_FILES.get(dataset or "", ())
-    return (groups[0] if len(groups) == 1 else "videos"), pair_id
+    """Map one of our pair ids to the authors' (file stem, key): :func:`procap.data.datasets.cache_key`."""
+    return cache_key(pair_id, dataset)
 
 
 # ------------------------------------------------------------------------------------------------ writing
@@ -141,7 +124,7 @@ class CacheWriter:
     def export_scores(self, groups: list[str]) -> Path:
         """Write ``scores.json`` in the authors' shape from the stored ``s_bef``/``s_aft`` attributes."""
         out: dict[str, Any] = {}
-        nested = len(groups) > 1 or groups[0] in ("sc_videos", "nsc_videos")
+        nested = len(groups) > 1 or score_subkey(groups[0]) is not None
         for group in groups:
             if not (self.root / f"{group}.h5").exists():
                 continue
@@ -152,11 +135,11 @@ class CacheWriter:
                     continue
                 entry = {"bef_inter_sim": [attrs["s_bef"].tolist()], "inter_aft_sim": [attrs["s_aft"].tolist()]}
                 if nested:
-                    out.setdefault(key, {})[f"{group.split('_')[0]}_sim_matrixes"] = entry
+                    out.setdefault(key, {})[f"{score_subkey(group) or group.split('_')[0]}_sim_matrixes"] = entry
                 else:
                     out[key] = entry
         path = self.root / SCORES_JSON
-        write_json_atomic(path, out)
+        atomic_write_json(path, out)
         return path
 
     def close(self) -> None:
@@ -170,12 +153,6 @@ class CacheWriter:
         self._files.clear()
         if errors:
             raise ProCapError(f"closing the procedure cache in {self.root} failed ({errors[0]}).")
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_manifest(root: str | Path) -> dict[str, Any] | None:
@@ -273,8 +250,7 @@ class ProcedureCache:
             raise ProCapError(
                 f"{self.paths[group]} stores no scores for {key}; pass the authors' score file (scores_file=...)."
             )
-        sub = group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None
-        return self.score_file(None, (sub, key))
+        return self.score_file(None, (score_subkey(group), key))
 
     def codes(self, group: str, key: str) -> np.ndarray | None:
         attrs = self._open(group)[key].attrs

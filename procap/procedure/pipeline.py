@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from procap.data.datasets import score_subkey
 from procap.errors import ProCapError
+from procap.files import atomic_write_json
 from procap.procedure.cache import (
     CACHE_FORMAT,
     CACHE_VERSION,
@@ -28,7 +30,6 @@ from procap.procedure.cache import (
     CacheWriter,
     authors_key,
     read_manifest,
-    write_json_atomic,
 )
 from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure, levels_for
 
@@ -193,17 +194,9 @@ def _init_worker_inline(
 
 def load_vqgan(path: str, device: torch.device) -> torch.nn.Module:
     """A frozen VQGAN from ``procap vqgan`` output (.safetensors) or a taming checkpoint (.ckpt)."""
-    if not Path(path).is_file():
-        raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
-    if str(path).endswith(".safetensors"):
-        from procap.train.vqgan_train import load_vqgan as load_ours
+    from procap.model.vqgan import VQGAN
 
-        model = load_ours(path)
-    else:
-        from procap.model.vqgan import VQGAN
-
-        model = VQGAN.from_taming_checkpoint(path)
-    return model.eval().requires_grad_(False).to(device)
+    return VQGAN.load(path).requires_grad_(False).to(device)
 
 
 def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device: torch.device):
@@ -256,7 +249,7 @@ def _check_manifest(opts: PrepareOptions) -> None:
     wanted = opts.content_key()
     if existing is None:
         out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
+        atomic_write_json(
             out / MANIFEST, {"format": CACHE_FORMAT, "version": CACHE_VERSION, **wanted, "splits": list(opts.splits)}
         )
         return
@@ -270,7 +263,7 @@ def _check_manifest(opts: PrepareOptions) -> None:
             f"rerun with the same settings or choose a new --out."
         )
     splits = sorted(set(existing.get("splits", [])) | set(opts.splits))
-    write_json_atomic(out / MANIFEST, {**existing, "splits": splits})
+    atomic_write_json(out / MANIFEST, {**existing, "splits": splits})
 
 
 class _Terminate(Exception):
@@ -368,7 +361,7 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
 def _score_key(group_key: tuple[str, str]) -> tuple[str | None, str]:
     """(file stem, key) -> the score-file key: CLEVR groups look under sc_/nsc_sim_matrixes."""
     group, key = group_key
-    return (group.split("_")[0] if group in ("sc_videos", "nsc_videos") else None), key
+    return score_subkey(group), key
 
 
 def _load_pairs(opts: PrepareOptions) -> list[Any]:

@@ -13,9 +13,6 @@ from procap.errors import ProCapError
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache
 
-# Authors' vocabulary thresholds: every word on CLEVR-Change, words seen >= 4 times on Spot-the-Diff.
-MIN_COUNT = {"clevr-change": 1, "spot-the-diff": 4, "image-editing-request": 1}
-
 
 def load_pairs(cfg: TrainConfig, split: str) -> list:
     """``load_split(cfg.dataset, cfg.data, split)``, truncated to ``max_pairs`` for training when set."""
@@ -32,9 +29,10 @@ def load_pairs(cfg: TrainConfig, split: str) -> list:
 
 
 def build_vocab(pairs: Sequence[Any], dataset: str) -> Any:
-    from procap.data import Vocabulary
+    """The vocabulary of the pairs' captions with the dataset's ``min_count`` (:mod:`procap.data.datasets`)."""
+    from procap.data import Vocabulary, get_dataset
 
-    return Vocabulary.build([c for p in pairs for c in p.captions], min_count=MIN_COUNT.get(dataset, 1))
+    return Vocabulary.build([c for p in pairs for c in p.captions], min_count=get_dataset(dataset).min_count)
 
 
 def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any) -> torch.nn.Module:
@@ -103,53 +101,40 @@ def caption_pairs(
     return predictions, rates
 
 
-# Display name -> (procap.evaluate metric, its result key). Scores are reported x100, as in the papers.
-METRIC_KEYS = {
-    "BLEU-4": ("bleu", "Bleu_4"),
-    "METEOR": ("meteor", "METEOR"),
-    "ROUGE-L": ("rouge", "ROUGE_L"),
-    "CIDEr": ("cider", "CIDEr"),
-}
-
-
-def _display(raw: dict[str, float], metrics: Sequence[str]) -> dict[str, float]:
-    return {m: 100.0 * float(raw[METRIC_KEYS[m][1]]) for m in metrics}
-
-
 def score_captions(
     predictions: dict[str, str],
     pairs: Sequence[Any],
-    metrics: Sequence[str] = tuple(METRIC_KEYS),
+    metrics: Sequence[str] = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr"),
     by_type: bool = False,
 ) -> dict[str, Any]:
     """Score ``predictions`` (id -> text) against the pairs' references with ``procap.evaluate.score``.
 
     Args:
-        metrics: display names, a subset of ``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``.
+        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (``procap.evaluate.metric_name``).
         by_type: return ``{group: {metric: value}}`` for total / change / no_change / each change type
             (CLEVR-Change) instead of one ``{metric: value}``.
 
     Returns:
-        Scores x100 keyed by display name.
+        Scores x100 (as in the papers) keyed by the table's names (``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``).
     """
-    from procap.evaluate import score
+    from procap.evaluate import METRIC_TABLE, metric_names, score
 
-    unknown = [m for m in metrics if m not in METRIC_KEYS]
-    if unknown:
-        raise ProCapError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRIC_KEYS)}")
+    names = metric_names(metrics)
+
+    def display(raw: dict[str, float]) -> dict[str, float]:
+        return {m: 100.0 * float(raw[METRIC_TABLE[m][1]]) for m in names}
+
     references = {p.id: list(p.captions) for p in pairs}
-    chosen = [METRIC_KEYS[m][0] for m in metrics]
     predictions = {p.id: predictions[p.id] for p in pairs}
     if not by_type:
-        return _display(score(predictions, references, metrics=chosen), metrics)
-    result = score(predictions, references, metrics=chosen, change_types={p.id: p.change_type for p in pairs})
+        return display(score(predictions, references, metrics=names))
+    result = score(predictions, references, metrics=names, change_types={p.id: p.change_type for p in pairs})
     groups = result.get("by_type", result)  # {group: {metric: value}}
-    return {name: _display(values, metrics) for name, values in groups.items() if isinstance(values, dict)}
+    return {name: display(values) for name, values in groups.items() if isinstance(values, dict)}
 
 
 def write_json(path: Path, obj: Any) -> None:
-    import json
+    """``obj`` as indented JSON at ``path``, atomically (:func:`procap.files.atomic_write_json`)."""
+    from procap.files import atomic_write_json
 
-    from procap.checkpoint import atomic_write_text
-
-    atomic_write_text(path, json.dumps(obj, indent=1))
+    atomic_write_json(path, obj, indent=1)

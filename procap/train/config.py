@@ -12,14 +12,18 @@ from typing import Any
 
 import torch
 
+from procap.data.datasets import DATASETS, DEFAULT_DATASET
+from procap.errors import ProCapError
+from procap.evaluate import metric_names
+
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
-# Stage 2: 40 epochs, batch 16, encoder lr 5e-5 (2e-5 on Spot-the-Diff), decoder lr warm-up 0 -> 5e-5 over 10%.
+# Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's
+# (procap.data.datasets: DatasetSpec.encoder_lr).
 STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"steps": 200_000, "batch_size": 8, "lr": 1e-4, "lr_start": 1e-6, "warmup_steps": 5_000},
-    "train": {"epochs": 40, "batch_size": 16, "encoder_lr": 5e-5, "decoder_lr": 5e-5, "warmup_frac": 0.1},
+    "train": {"epochs": 40, "batch_size": 16, "decoder_lr": 5e-5, "warmup_frac": 0.1},
     "vqgan": {"steps": 20_000, "batch_size": 16, "lr": 2e-4, "lr_start": 0.0, "warmup_steps": 500},
 }
-SPOT_ENCODER_LR = 2e-5
 
 
 @dataclass
@@ -32,7 +36,7 @@ class TrainConfig:
     stage: str = "train"
     preset: str = "tiny"
     data: str | None = None
-    dataset: str = "clevr-change"
+    dataset: str = DEFAULT_DATASET
     out: str = "runs/procap"
     steps: int | None = None
     epochs: int | None = None
@@ -68,16 +72,21 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stage not in STAGE_DEFAULTS:
             raise ValueError(f"stage must be one of {sorted(STAGE_DEFAULTS)}, got {self.stage!r}")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
         if self.decay not in ("none", "cosine", "linear"):
             raise ValueError(f"decay must be none, cosine or linear, got {self.decay!r}")
-        self.val_metrics = tuple(self.val_metrics)
+        try:
+            self.val_metrics = tuple(metric_names(self.val_metrics))
+        except ProCapError as exc:
+            raise ValueError(str(exc)) from None
 
     def resolved(self) -> TrainConfig:
         """A copy with every ``None`` hyper-parameter filled from the stage's paper defaults."""
         values = dataclasses.asdict(self)
         defaults = dict(STAGE_DEFAULTS[self.stage])
-        if self.stage == "train" and self.dataset == "spot-the-diff":
-            defaults["encoder_lr"] = SPOT_ENCODER_LR
+        if self.stage == "train":
+            defaults["encoder_lr"] = DATASETS[self.dataset].encoder_lr
         if self.stage == "train" and self.lr is not None:
             defaults.update(encoder_lr=self.lr, decoder_lr=self.lr)
         for key, value in defaults.items():

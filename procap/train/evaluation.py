@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from procap.evaluate import METRICS
 from procap.train.common import caption_pairs, score_captions, write_json
 from procap.train.datasets import ImageCache
 
-ALL_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+ALL_METRICS = METRICS  # the names of procap.evaluate.METRIC_TABLE
 
 
 def default_metrics() -> tuple[tuple[str, ...], str | None]:

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from procap.checkpoint import atomic_write_text, load_training_state, save_training_state, state_paths
+from procap.checkpoint import load_training_state, save_training_state, state_paths
 from procap.errors import ProCapError
+from procap.files import atomic_write_text
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.schedules import StepSchedule

@@ -7,47 +7,34 @@ the first batch, and codes unused over the last ``restart_every`` steps are re-s
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from procap.checkpoint import load_module_state, load_weights, save_module
+from procap.checkpoint import load_module_state, load_weights
 from procap.config import VQGANConfig, get_preset
 from procap.errors import ProCapError
+from procap.model.vqgan import VQGAN
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, ImageDataset
 from procap.train.loop import Trainer
 from procap.train.schedules import StepSchedule, warmup_lr
 
-VQGAN_FORMAT = "procap-vqgan"
-
 
 def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:
-    """VQGAN weights in safetensors with its :class:`VQGANConfig` in the metadata."""
-    return save_module(
-        path, vqgan, {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(vqgan.config), "extra": extra or {}}
-    )
+    """VQGAN weights in safetensors with its :class:`VQGANConfig` in the metadata (:meth:`VQGAN.save`)."""
+    return vqgan.save(path, extra)
 
 
 def load_vqgan(path: Path | str) -> torch.nn.Module:
-    """Rebuild a VQGAN saved by :func:`save_vqgan` (no pickle)."""
-    from procap.model.vqgan import VQGAN
-
-    state, meta = load_module_state(path, "VQGAN weights")
-    if meta.get("format") != VQGAN_FORMAT:
-        raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
-    vqgan = VQGAN(VQGANConfig(**meta["vqgan_config"]))
-    load_weights(vqgan, state, path)
-    return vqgan
+    """Rebuild a VQGAN saved by :func:`save_vqgan` (no pickle): :meth:`VQGAN.load`."""
+    return VQGAN.load(path)
 
 
 def load_vqgan_into(model: torch.nn.Module, path: Path | str) -> None:
     """Copy VQGAN weights from ``path`` into ``model.vqgan`` after checking the architectures agree."""
-    state, meta = load_module_state(path, "VQGAN weights")
-    if meta.get("format") != VQGAN_FORMAT:
-        raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+    state, meta = VQGAN.read_saved(path)
     if VQGANConfig(**meta["vqgan_config"]) != model.vqgan.config:
         raise ProCapError(f"the VQGAN in {path} has a different architecture than the model's preset")
     load_weights(model.vqgan, state, path)

@@ -7,13 +7,12 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda
 from PIL import Image
 
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
-
-requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
 
 class _IdVocab:
@@ -173,9 +172,9 @@ def test_to_drops_cached_states(trained, pairs):
     model, _, _ = trained
     captioner = Captioner(model, _IdVocab(), device="cpu", max_len=8)
     captioner.generate(pairs[0][:2], pairs[1][:2])
-    assert captioner._states
+    assert captioner._buckets
     captioner.to("cpu", torch.float64)
-    assert not captioner._states and captioner.model.decoder.embed.weight.dtype == torch.float64
+    assert not captioner._buckets and captioner.model.decoder.embed.weight.dtype == torch.float64
     oracle = copy.deepcopy(model).double()
     assert torch.equal(
         captioner.generate(pairs[0][:2], pairs[1][:2]),

@@ -10,15 +10,8 @@ from kernel_helpers import DTYPES, impl_device, impl_params, max_abs_err
 
 from procap import kernels
 from procap.config import MaskingConfig
-from procap.model.masking import (
-    ENTIRE,
-    IN_BLOCK,
-    OUT_OF_BLOCK,
-    RANDOM_PATCH,
-    MaskParams,
-    masking_ref,
-    sample_mask_params,
-)
+from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, masking_ref
+from procap.model.masking import sample_mask_params
 
 IMPLS = impl_params("masking_fwd")
 # (B, T, H, W, D): odd sizes so rows and D are never multiples of the kernels' blocks.

@@ -12,7 +12,7 @@ from kernel_helpers import DTYPES, impl_device, impl_params
 
 from procap import kernels
 from procap.kernels import _ext
-from procap.model.quantize import vq_distances_ref, vq_nearest_ref
+from procap.kernels.vq import vq_distances_ref, vq_nearest_ref
 
 IMPLS = impl_params("vq_nearest")
 # (N, K, D): N and K off the block sizes, K not a power of two, D odd; one with several D tiles.
@@ -110,7 +110,7 @@ def test_cpp_portable_scan_matches():
     code = (
         "import torch\n"
         "from procap import kernels\n"
-        "from procap.model.quantize import vq_nearest_ref\n"
+        "from procap.kernels.vq import vq_nearest_ref\n"
         "torch.manual_seed(0)\n"
         "book = torch.randint(-3, 4, (1003, 16)).float(); book[[70, 999]] = book[5].clone()\n"
         "z = torch.cat([book[[70, 999, 5]], torch.randint(-3, 4, (200, 16)).float()])\n"

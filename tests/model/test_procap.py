@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 from procap.config import MaskingConfig, get_preset
 from procap.errors import ProCapError
+from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, axial_positions
 from procap.model.decoder import EOS_ID, PAD_ID, SUPPRESSED_IDS, suppress_specials
 from procap.model.losses import caption_loss, msm_loss
-from procap.model.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, axial_positions
 from procap.model.procap import ProCap, count_parameters
 
 from .model_helpers import random_captions, small_config, small_vqgan_config
@@ -281,7 +282,7 @@ def test_paper_geometry_224px_gives_196_tokens_per_frame():
     assert model.memory(image, image).shape == (1, 4 * 196, 32)
 
 
-@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+@requires_cuda
 def test_cuda_bf16_autocast_both_stages(config):
     model = ProCap(config).cuda()
     frames = _frames(2, config).cuda()

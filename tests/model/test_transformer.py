@@ -33,7 +33,7 @@ def test_attention_matches_torch_multihead_attention():
     torch.testing.assert_close(mha(x, context), ref(x, context, context, need_weights=False)[0])
     causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch: True = blocked
     torch.testing.assert_close(mha(x, causal=True), ref(x, x, x, attn_mask=causal, need_weights=False)[0])
-    mha.backend = "math"
+    mha.set_backend("math")
     torch.testing.assert_close(mha(x, causal=True), ref(x, x, x, attn_mask=causal, need_weights=False)[0])
 
 

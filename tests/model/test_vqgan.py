@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from procap.config import VQGANConfig, get_preset
 from procap.errors import ProCapError
-from procap.model.quantize import vq_nearest_ref
+from procap.kernels.vq import vq_nearest_ref
 from procap.model.vqgan import VQGAN, VectorQuantizer, attention_levels
 
 from .model_helpers import small_vqgan_config

@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from procedure_helpers import save_png, square_image
+
+from .procedure_helpers import save_png, square_image
 
 
 @pytest.fixture

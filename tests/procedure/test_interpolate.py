@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from procedure_helpers import square_image, textured
+from conftest import requires_cuda
 
 from procap.procedure.interpolate import (
     CrossFade,
@@ -13,6 +13,8 @@ from procap.procedure.interpolate import (
     levels_for,
 )
 from procap.procedure.quality import psnr
+
+from .procedure_helpers import square_image, textured
 
 
 def test_backward_warp_integer_shift_matches_roll():
@@ -101,7 +103,7 @@ def test_direct_needs_frames_at():
         generate_procedure(torch.zeros(3, 8, 8), torch.ones(3, 8, 8), lambda b, a: (b + a) / 2, 3, direct=True)
 
 
-@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+@requires_cuda
 def test_warping_on_cuda_matches_cpu():
     before, after = square_image(7, 8)[None], square_image(23, 20)[None]
     cpu = FlowInterpolator()(before, after)

@@ -62,9 +62,9 @@ def validate(cache_dir: Path, pairs) -> None:
 
 
 def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
-    from test_similarity import tiny_vqgan
-
     from procap.train.vqgan_train import save_vqgan
+
+    from .test_similarity import tiny_vqgan
 
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
     opts = options(
@@ -218,12 +218,12 @@ def test_cli_reports_bad_workers(capsys):
 
 def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
     """`procap synth` output through load_split into `procap prepare`, then read back for stage 1."""
-    from test_similarity import tiny_vqgan
-
     from procap.cli import main
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.train.vqgan_train import save_vqgan
+
+    from .test_similarity import tiny_vqgan
 
     generate(tmp_path / "synth", 5, size=32, seed=0, progress=False)
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())

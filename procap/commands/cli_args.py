@@ -8,17 +8,21 @@ from __future__ import annotations
 import argparse
 
 from procap.config import PRESETS
+from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
-
-DATASETS = ("clevr-change", "spot-the-diff", "image-editing-request")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     """Flags for one training stage (``vqgan``, ``pretrain`` or ``train``)."""
     g = parser.add_argument_group("data and output")
     g.add_argument("--data", help="dataset root folder")
-    g.add_argument("--dataset", choices=DATASETS, default="clevr-change", help="dataset format (default clevr-change)")
+    g.add_argument(
+        "--dataset",
+        choices=sorted(DATASETS),
+        default=DEFAULT_DATASET,
+        help=f"dataset format (default {DEFAULT_DATASET})",
+    )
     g.add_argument("--out", required=True, help="run folder for checkpoints and the log")
     g.add_argument("--preset", default="tiny", help=f"model preset: {', '.join(sorted(PRESETS))} (default tiny)")
     g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
@@ -63,7 +67,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         m.add_argument("--procedures", help="stage-1 frames: 'crossfade' (stand-in) or a procedure cache path")
     if stage == "train":
         m.add_argument("--init", help="stage-1 checkpoint (omit for the static-pair baseline from scratch)")
-        o.add_argument("--encoder-lr", type=float, help="encoder lr (paper 5e-5; 2e-5 on Spot-the-Diff)")
+        o.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
         o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
         o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
         v = parser.add_argument_group("validation")

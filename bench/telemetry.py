@@ -1,4 +1,4 @@
-"""Measurement helpers for the end-to-end benchmark: model FLOPs, peak-throughput table, MFU, GPU telemetry.
+"""Benchmark-only measurement helpers (bench/test_e2e.py): model FLOPs, peak-throughput table, MFU, GPU telemetry.
 
 GPU telemetry (power, clocks, memory, temperature, utilisation) comes from NVIDIA's NVML through the optional
 ``nvidia-ml-py`` package (``import pynvml``); without it, or off CUDA, telemetry is reported as ``None``.

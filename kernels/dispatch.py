@@ -1,0 +1,170 @@
+"""One small dispatch for every fused op: an op is named with its implementations, chosen once per input kind.
+
+A :class:`FusedOp` names the plain PyTorch reference (the truth, runs anywhere), the Triton implementation
+(CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``), the compiled implementation (``torch.ops.procap.*``
+from csrc/, C++ on CPU and CUDA when built) and the dtypes the fused versions take. :func:`run` picks one:
+
+* an explicit ``impl=`` ("reference", "triton", "cpp", "cuda") is checked and used, or raises ``ValueError``;
+* otherwise the choice is made once per (op, device type, dtype, requires grad) and remembered: on CUDA the
+  Triton kernel (the compiled CUDA op first only for ops registered with ``prefer_cuda_ext``), on CPU the compiled
+  C++ op, else the reference, with one ``RuntimeWarning`` per op and device when falling back;
+* ``PROCAP_KERNELS=reference`` forces the references everywhere; ``PROCAP_KERNELS=triton|cpp|cuda`` prefers that one
+  where it can run (call :func:`reset_dispatch` after changing it).
+
+This module also owns the optional Triton import (:data:`triton`, :data:`tl`, :func:`triton_jit`): triton reads
+``TRITON_INTERPRET`` when kernels are decorated, i.e. when ``procap.kernels`` is first imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from procap.kernels import _ext
+
+try:
+    import triton
+    import triton.language as tl
+
+    triton_jit = triton.jit
+    INTERPRETED = bool(triton.knobs.runtime.interpret)
+except ImportError:  # e.g. macOS/Windows wheels: the Triton implementations report themselves unavailable
+    triton = tl = None
+    INTERPRETED = False
+
+    def triton_jit(fn: Callable) -> Callable:
+        return fn
+
+
+IMPLS = ("reference", "triton", "cpp", "cuda")
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One fused op and its implementations (all with the reference's arguments and outputs).
+
+    Attributes:
+        name: the dispatch name (``procap.kernels.<name>``).
+        reference: the plain PyTorch implementation.
+        triton: the Triton implementation.
+        compiled: the implementation calling ``torch.ops.procap.<compiled_name>`` (CPU and CUDA).
+        compiled_name: the op whose per-device kernels decide whether ``cpp`` / ``cuda`` can run.
+        dtypes: input dtypes the fused implementations take; others use the reference.
+        prefer_cuda_ext: on CUDA try the compiled op before Triton (only once a GPU benchmark shows it ahead).
+    """
+
+    name: str
+    reference: Callable[..., Any]
+    triton: Callable[..., Any]
+    compiled: Callable[..., Any]
+    compiled_name: str
+    dtypes: tuple[torch.dtype, ...] = FUSED_DTYPES
+    prefer_cuda_ext: bool = False
+
+
+_OPS: dict[str, FusedOp] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def register(op: FusedOp) -> FusedOp:
+    """Make ``op`` known to :func:`run` and :func:`chosen_impl` under ``op.name``."""
+    _OPS[op.name] = op
+    return op
+
+
+def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype) -> str | None:
+    """None if ``impl`` can run ``op`` on such inputs, else the reason in a few words."""
+    if impl == "reference":
+        return None
+    if dtype not in op.dtypes:
+        return f"{dtype} is not one of the fused dtypes ({', '.join(str(d).replace('torch.', '') for d in op.dtypes)})"
+    if impl == "triton":
+        if triton is None:
+            return "triton is not installed"
+        if device_type != "cuda" and not INTERPRETED:
+            return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+        return None
+    want = "cpu" if impl == "cpp" else "cuda"
+    if device_type != want:
+        return f"impl={impl!r} runs on {want} tensors, got {device_type}"
+    if not _ext.has_kernel(op.compiled_name, want):
+        error = _ext.LOAD_ERROR
+        return f"the compiled extension has no {want} kernel for {op.name}" + (f" ({error})" if error else "")
+    return None
+
+
+def _preference(op: FusedOp, device_type: str) -> list[str]:
+    forced = os.environ.get("PROCAP_KERNELS", "").strip().lower()
+    if forced == "reference":
+        return ["reference"]
+    if device_type == "cuda":
+        order = ["cuda", "triton"] if op.prefer_cuda_ext else ["triton", "cuda"]
+    elif device_type == "cpu":
+        order = ["cpp"]
+    else:
+        order = []
+    if forced in IMPLS:
+        order = [forced] + [impl for impl in order if impl != forced]
+    return order + ["reference"]
+
+
+@functools.cache
+def _choose(name: str, device_type: str, dtype: torch.dtype, requires_grad: bool) -> str:
+    """The implementation for this key; decided once (forgotten by :func:`reset_dispatch`)."""
+    # Every implementation of today's ops has a backward, so requires_grad does not change the order; it is part of
+    # the key so that a forward-only kernel can be added without touching the callers.
+    op, reasons = _OPS[name], []
+    for impl in _preference(op, device_type):
+        reason = why_not(op, impl, device_type, dtype)
+        if reason is None:
+            if impl == "reference" and reasons and (name, device_type) not in _warned:
+                _warned.add((name, device_type))
+                warnings.warn(
+                    f"procap.kernels.{name}: falling back to the PyTorch reference on {device_type} "
+                    f"({'; '.join(reasons)})",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+            return impl
+        reasons.append(f"{impl}: {reason}")
+    raise AssertionError("unreachable: the reference always runs")
+
+
+def resolve(name: str, impl: str | None, device: torch.device, dtype: torch.dtype, requires_grad: bool) -> str:
+    """The implementation to run: ``impl`` after checking it can run here, or the remembered automatic choice."""
+    if impl is None:
+        return _choose(name, device.type, dtype, requires_grad)
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS} or None, got {impl!r}")
+    reason = why_not(_OPS[name], impl, device.type, dtype)
+    if reason is not None:
+        raise ValueError(f"procap.kernels.{name}: impl={impl!r} cannot run here: {reason}")
+    return impl
+
+
+def run(name: str, impl: str | None, like: torch.Tensor, requires_grad: bool, *args: Any) -> Any:
+    """Call op ``name`` with ``args`` through the implementation chosen for tensors like ``like``."""
+    chosen = resolve(name, impl, like.device, like.dtype, requires_grad)
+    op = _OPS[name]
+    fn = {"reference": op.reference, "triton": op.triton}.get(chosen, op.compiled)
+    return fn(*args)
+
+
+def chosen_impl(name: str, device: torch.device | str, dtype: torch.dtype, requires_grad: bool = False) -> str:
+    """Which implementation the automatic choice uses for such inputs (for logs and benchmarks)."""
+    if name not in _OPS:
+        raise ValueError(f"unknown fused op {name!r}; known: {', '.join(sorted(_OPS))}")
+    return _choose(name, torch.device(device).type, dtype, requires_grad)
+
+
+def reset_dispatch() -> None:
+    """Forget the remembered choices and warnings (after changing ``PROCAP_KERNELS``, in tests)."""
+    _choose.cache_clear()
+    _warned.clear()

@@ -1,0 +1,92 @@
+"""Everything ``procap.fast.Captioner`` keeps for one batch bucket, in one object.
+
+A bucket owns the model decoder's :class:`~procap.model.decoder.DecodingState` (KV caches, tokens, position,
+finished flags, output), the static image buffers of the ``capture_memory`` path and the CUDA graphs captured
+over them. All of it is sized for ``rows`` and dropped together when the Captioner changes device or dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from procap.fast.graphs import CapturedStep
+from procap.model.decoder import DecodingState
+
+
+class Bucket:
+    """Static decoding state, input buffers and graphs for batches of up to ``rows`` pairs.
+
+    Args:
+        model: the Captioner's (cast, eval-mode) ProCap.
+        rows: batch rows B of every buffer (real rows first, padding rows after).
+        max_len: caption length including BOS.
+        dtype, device: where the buffers live (the model's placement).
+        graph_pool: the Captioner's CUDA memory pool shared by every captured graph (None off CUDA).
+
+    Attributes:
+        decoding: the decoder's cached-decoding buffers.
+        before, after: (B, 3, S, S) static image buffers, allocated on first use by :meth:`static_inputs`.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, rows: int, max_len: int, dtype: torch.dtype, device: torch.device, graph_pool
+    ) -> None:
+        self.model, self.rows, self.max_len = model, rows, max_len
+        self.dtype, self.device, self.graph_pool = dtype, device, graph_pool
+        self.decoding: DecodingState = model.decoder.setup_caches(rows, max_len, dtype, device)
+        self.before: torch.Tensor | None = None
+        self.after: torch.Tensor | None = None
+        self.step_graph: CapturedStep | None = None
+        self.memory_graph: CapturedStep | None = None
+
+    # -- eager steps (what the graphs capture) ---------------------------------------------------------------------
+    def prefill(self, memory: torch.Tensor) -> None:
+        """Cross-attention keys/values of a memory (b, N, D), b <= rows, and a fresh decoding state."""
+        self.model.decoder.prefill(memory, self.decoding)
+
+    def step(self) -> None:
+        """One cached decoding step of the model's decoder."""
+        self.model.decoder.decode_step(self.decoding)
+
+    def encode(self) -> None:
+        """VQGAN + encoder + prefill from the static image buffers (the ``capture_memory`` path)."""
+        before, after = self.static_inputs()
+        self.prefill(self.model.memory(before, after))
+
+    def static_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (rows, 3, S, S) before/after buffers that ``encode`` reads."""
+        if self.before is None:
+            s = self.model.config.image_size
+            self.before, self.after = (
+                torch.zeros(self.rows, 3, s, s, device=self.device, dtype=self.dtype) for _ in range(2)
+            )
+        return self.before, self.after
+
+    # -- graphs ----------------------------------------------------------------------------------------------------
+    def _capture(self, fn: Callable[[], None]) -> CapturedStep:
+        graph = CapturedStep(fn, self.device, pool=self.graph_pool)
+        self.decoding.reset()  # the warm-up calls advanced the state
+        return graph
+
+    def step_replay(self) -> Callable[[], None]:
+        """``replay`` of the decoding step's graph, captured on first use."""
+        if self.step_graph is None:
+            self.step_graph = self._capture(self.step)
+        return self.step_graph.replay
+
+    def encode_replay(self) -> Callable[[], None]:
+        """``replay`` of the VQGAN + encoder + prefill graph, captured on first use."""
+        if self.memory_graph is None:
+            self.memory_graph = self._capture(self.encode)
+        return self.memory_graph.replay
+
+    def graph_keys(self) -> list[tuple]:
+        """``(rows, max_len)`` when the step is captured, ``("memory", rows, max_len)`` when the encoder is."""
+        keys: list[tuple] = []
+        if self.step_graph is not None:
+            keys.append((self.rows, self.max_len))
+        if self.memory_graph is not None:
+            keys.append(("memory", self.rows, self.max_len))
+        return keys

@@ -1,0 +1,47 @@
+"""Atomic file writes: the one helper every writer of results, vocabularies, caches and checkpoints goes through.
+
+A file is written to a temporary name in its own folder and moved into place with ``os.replace`` only when the
+write succeeded, so a reader never sees half a file and an interrupted run leaves the old file (or none) behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Path:
+    """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it returned without raising.
+
+    Args:
+        path: the final file; its parent folders are created.
+        writer: writes the complete file at the temporary path it is given.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = None) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (serialised before the file is opened)."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent))

@@ -1,0 +1,46 @@
+"""procap.commands.cli_args: the training flags of vqgan / pretrain / train and their mapping onto TrainConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from procap.commands.cli_args import add_common_arguments, config_from_args
+from procap.data import DATASETS
+from procap.errors import ProCapError
+
+
+def _parse(stage: str, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, stage)
+    return parser.parse_args(["--out", "run", *argv])
+
+
+def test_dataset_choices_come_from_the_registry(capsys):
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, "train")
+    action = next(a for a in parser._actions if a.dest == "dataset")
+    assert list(action.choices) == sorted(DATASETS)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "run", "--dataset", "coco"])
+
+
+def test_flags_map_onto_the_config_and_paper_defaults_fill_the_rest():
+    cfg = config_from_args("train", _parse("train", "--data", "d", "--dataset", "spot-the-diff", "--steps", "5"))
+    assert (cfg.stage, cfg.data, cfg.steps, cfg.dataset) == ("train", "d", 5, "spot-the-diff")
+    assert cfg.resolved().encoder_lr == DATASETS["spot-the-diff"].encoder_lr
+    assert config_from_args("pretrain", _parse("pretrain", "--data", "d", "--lr-start", "1e-7")).lr_start == 1e-7
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (("--data", "d", "--steps", "0"), "--steps must be positive"),
+        (("--data", "d", "--preset", "huge"), "unknown preset 'huge'"),
+        ((), "--data is required"),
+    ],
+)
+def test_bad_values_are_one_sentence_errors(argv, message):
+    with pytest.raises(ProCapError, match=message):
+        config_from_args("train", _parse("train", *argv))
