@@ -143,9 +143,9 @@ def _tiny_vqgan() -> VQGANConfig:
     return VQGANConfig(
         resolution=64,
         ch=32,
-        ch_mult=(1, 1, 2, 4),
+        ch_mult=(1, 1, 2, 2, 4),
         num_res_blocks=1,
-        attn_resolutions=(8,),
+        attn_resolutions=(),
         z_channels=64,
         embed_dim=64,
         n_embed=256,

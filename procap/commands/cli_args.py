@@ -70,6 +70,14 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         o.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
         o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
         o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
+        o.add_argument(
+            "--no-encoder-warmup",
+            dest="encoder_warmup",
+            action="store_false",
+            default=None,
+            help="keep the encoder lr constant from step 0, as the paper does (default: warm it up with the "
+            "decoder, which stops the memory from collapsing; docs/model.md)",
+        )
         v = parser.add_argument_group("validation")
         v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
         v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")

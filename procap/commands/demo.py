@@ -1,4 +1,5 @@
-"""`procap demo`: synthetic benchmark -> VQGAN -> stage 1 -> stage 2, ProCap vs the static-pair baseline."""
+"""`procap demo`: synthetic benchmark -> VQGAN -> stage 1 -> stage 2; ProCap, ProCap without stage 1 and the
+static-pair baseline compared on caption metrics and correctness (the pipeline: procap/commands/demo_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ HELP = "Run the whole pipeline on the embedded synthetic benchmark and compare P
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument("--quick", action="store_true", help="tiny budget (about 3 minutes on 2 CPU cores)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--quick", action="store_true", help="tiny budget: an end-to-end check, about 2 minutes")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="training seeds per model; reports mean and std over them (default 1)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     parser.add_argument(
@@ -26,8 +30,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from procap.errors import ProCapError
-    from procap.train.demo import run_demo
+    from procap.commands.demo_pipeline import run_demo
 
+    if args.seeds < 1:
+        raise ProCapError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.workers < 0:
+        raise ProCapError(f"--workers must be 0 or more, got {args.workers}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ProCapError(f"--device {args.device}: no CUDA GPU is available")
     run_demo(
@@ -38,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=args.progress,
         procedures=args.procedures,
+        seeds=args.seeds,
     )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     return 0

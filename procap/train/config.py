@@ -47,6 +47,7 @@ class TrainConfig:
     warmup_frac: float | None = None
     encoder_lr: float | None = None
     decoder_lr: float | None = None
+    encoder_warmup: bool = True  # stage 2: warm the encoder's lr with the decoder's (departure; paper: False)
     decay: str = "none"  # after warm-up: none (paper) | cosine | linear
     weight_decay: float = 0.01
     grad_clip: float = 1.0

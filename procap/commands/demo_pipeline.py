@@ -1,0 +1,486 @@
+"""``procap demo``: the whole pipeline on the embedded synthetic benchmark, three models compared over seeds.
+
+Steps: generate the synthetic CLEVR-format benchmark (64 px), fit a small VQGAN (the ``tiny`` preset's), build
+stage-1 procedures, then for every training seed train
+
+- ``ProCap (k=2)``: stage 1 (explicit procedure modeling) followed by stage 2;
+- ``ProCap, no stage 1 (k=2)``: the same model and stage 2 from a random encoder, isolating what stage 1 adds;
+- ``static pair (k=0)``: no procedure queries and no stage 1.
+
+Budgets are equal in optimisation steps: the two models without stage 1 get the stage-1 steps as extra stage-2
+steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
+correctness (:mod:`procap.correctness`: change detected, type, object, new value, distinct captions); with
+several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation.
+
+The benchmark, the VQGAN and the procedures are built once (from ``--seed``); the seeds vary model
+initialisation and batch order. Budgets depart from the paper where a CPU run needs it (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.train.config import TrainConfig
+from procap.train.datasets import ImageCache
+
+PRESET = "tiny"
+IMAGE_SIZE = 64
+MODELS = (
+    ("procap", "ProCap (k=2)"),
+    ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
+    ("static", "static pair (k=0)"),
+)
+ACCURACY_KEYS = ("change", "type", "object", "new_value", "distinct")
+
+
+@dataclass(frozen=True)
+class DemoBudget:
+    """Sizes and schedules of one demo run."""
+
+    scenes: int
+    vqgan_steps: int
+    vqgan_batch: int
+    stage1_steps: int
+    stage1_batch: int
+    stage2_steps: int
+    stage2_batch: int
+    vqgan_lr: float = 1e-3
+    stage1_lr: float = 5e-4
+    stage2_lr: float = 1e-3
+    val_every: int = 0
+    val_pairs: int = 100
+    max_test_pairs: int | None = None
+    stage1_pairs: int | None = None  # stage 1 pre-trains on the procedures of the first N training pairs
+
+
+QUICK = DemoBudget(
+    scenes=60,
+    vqgan_steps=4,
+    vqgan_batch=8,
+    stage1_steps=10,
+    stage1_batch=8,
+    stage2_steps=120,
+    stage2_batch=16,
+    stage2_lr=2e-3,
+    val_every=60,
+    val_pairs=12,
+    max_test_pairs=24,
+    stage1_pairs=24,
+)
+FULL = DemoBudget(
+    scenes=1000,
+    vqgan_steps=40,
+    vqgan_batch=16,
+    stage1_steps=300,
+    stage1_batch=16,
+    stage2_steps=1500,
+    stage2_batch=32,
+    stage2_lr=1e-3,
+    val_every=250,
+    val_pairs=100,
+    stage1_pairs=480,
+)
+
+
+class Clock:
+    """Wall-clock per phase, printed as the demo goes."""
+
+    def __init__(self, verbose: bool = True) -> None:
+        self.start, self.phases, self.verbose = time.perf_counter(), {}, verbose
+
+    def phase(self, name: str, message: str) -> None:
+        self._t = time.perf_counter()
+        self._name = name
+        if self.verbose:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", flush=True)
+
+    def done(self) -> float:
+        seconds = time.perf_counter() - self._t
+        self.phases[self._name] = round(self.phases.get(self._name, 0.0) + seconds, 2)
+        return seconds
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool) -> None:
+    """Generate the synthetic benchmark unless ``root`` already holds the same one (same scenes, size, seed)."""
+    from procap.data.synthetic import generate
+
+    spec = root / "scenes.json"
+    if spec.is_file():
+        try:
+            meta = json.loads(spec.read_text(encoding="utf-8"))
+            if len(meta["scenes"]) == scenes and meta["size"] == IMAGE_SIZE and meta["seed"] == seed:
+                return
+        except (ValueError, KeyError, TypeError):
+            pass
+    generate(root, scenes, size=IMAGE_SIZE, seed=seed, progress=progress)
+
+
+def run_folder(out: Path, seed: int, base_seed: int) -> Path:
+    """Training runs of the base seed sit directly under ``out``; other seeds under ``out/seed<N>``."""
+    return out if seed == base_seed else out / f"seed{seed}"
+
+
+def stage_configs(
+    budget: DemoBudget, out: Path, data: Path, seed: int, device: str, progress: bool, workers: int, folder: Path
+) -> dict[str, TrainConfig]:
+    """The TrainConfig of every training run of one seed (the VQGAN is shared by all seeds)."""
+    common: dict[str, Any] = {
+        "preset": PRESET,
+        "data": str(data),
+        "dataset": "clevr-change",
+        "seed": seed,
+        "device": device,
+        "workers": workers,
+        "progress": progress,
+        "log_every": 10,
+        "decay": "cosine",
+        "cache_features": True,
+    }
+    vq_path = str(out / "vqgan" / "vqgan.safetensors")
+    vqgan = TrainConfig(
+        stage="vqgan",
+        out=str(out / "vqgan"),
+        steps=budget.vqgan_steps,
+        lr=budget.vqgan_lr,
+        batch_size=budget.vqgan_batch,
+        warmup_steps=max(1, budget.vqgan_steps // 10),
+        **{**common, "decay": "none"},
+    )
+    stage1 = TrainConfig(
+        stage="pretrain",
+        out=str(folder / "stage1"),
+        steps=budget.stage1_steps,
+        lr=budget.stage1_lr,
+        lr_start=1e-6,
+        batch_size=budget.stage1_batch,
+        warmup_steps=max(1, budget.stage1_steps // 10),
+        vqgan=vq_path,
+        procedures="crossfade",
+        **common,
+    )
+    stage2 = {
+        "lr": budget.stage2_lr,
+        "batch_size": budget.stage2_batch,
+        "warmup_frac": 0.1,
+        "val_every": budget.val_every,
+        "val_pairs": budget.val_pairs,
+        **common,
+    }
+    longer = budget.stage2_steps + budget.stage1_steps  # equal step budgets for the models without stage 1
+    return {
+        "vqgan": vqgan,
+        "stage1": stage1,
+        "procap": TrainConfig(
+            stage="train",
+            out=str(folder / "procap"),
+            init=str(folder / "stage1" / "stage1.safetensors"),
+            steps=budget.stage2_steps,
+            **stage2,
+        ),
+        "procap_no_stage1": TrainConfig(
+            stage="train", out=str(folder / "procap_no_stage1"), vqgan=vq_path, steps=longer, **stage2
+        ),
+        "static": TrainConfig(
+            stage="train", out=str(folder / "static"), num_keyframes=0, vqgan=vq_path, steps=longer, **stage2
+        ),
+    }
+
+
+def build_procedures(
+    kind: str, data: Path, out: Path, pairs: list, vqgan_path: str, progress: bool, workers: int = 1
+) -> str:
+    """The stage-1 frame source for the demo, as a ``--procedures`` value.
+
+    ``crossfade``: the linear cross-fade stand-in, no preparation. ``interpolated``: the real pipeline of
+    ``procap.procedure`` (optical-flow interpolation of l = 7 frames, VQGAN-similarity confidence scores,
+    top-k keyframes) written to ``<out>/procedures`` and read back through its ``CachedProcedures``.
+    """
+    if kind == "crossfade":
+        return "crossfade"
+    from procap.procedure.pipeline import PrepareOptions, prepare
+
+    cache = out / "procedures"
+    # Stage 1 computes its MSM targets from the frames itself, so the cache skips the per-frame VQ codes.
+    prepare(
+        PrepareOptions(
+            dataset="clevr-change",
+            root=str(data),
+            out=str(cache),
+            image_size=IMAGE_SIZE,
+            vqgan=vqgan_path,
+            store_codes=False,
+            workers=max(1, workers),
+            progress=progress,
+        ),
+        pairs=pairs,
+    )
+    return str(cache)
+
+
+def evaluate_run(
+    name: str, checkpoint: Path, pairs: list, metrics, cache: ImageCache, device: str, out: Path, truths: dict
+) -> dict[str, Any]:
+    from procap.checkpoint import load_checkpoint
+    from procap.train.evaluation import evaluate_model
+
+    model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
+    extra = {
+        "checkpoint": str(checkpoint),
+        "selected_at_step": meta["extra"].get("step"),
+        "num_keyframes": model.config.num_keyframes,
+    }
+    return evaluate_model(
+        model,
+        vocab,
+        pairs,
+        metrics,
+        batch_size=32,
+        device=device,
+        cache=cache,
+        out=out / name,
+        extra=extra,
+        truths=truths,
+    )
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def aggregate(per_seed: list[dict[str, Any]], metrics) -> dict[str, Any]:
+    """One model's report over seeds: the first seed's report plus ``seeds`` and mean / std of every figure.
+
+    ``accuracy`` and ``metrics`` hold the means (fractions in [0, 1] and scores x100); ``accuracy_std`` and
+    ``metrics_std`` the standard deviations across seeds (0 with one seed).
+    """
+    first = {k: v for k, v in per_seed[0].items() if k != "predictions"}
+    scores = {m: _mean_std([r["metrics"][m] for r in per_seed]) for m in metrics}
+    accuracy = {
+        k: _mean_std([r["accuracy"][k] for r in per_seed])
+        for k in ACCURACY_KEYS
+        if all(r["accuracy"].get(k) is not None for r in per_seed)
+    }
+    return {
+        **first,
+        "metrics": {m: v["mean"] for m, v in scores.items()},
+        "metrics_std": {m: v["std"] for m, v in scores.items()},
+        "accuracy": {**first["accuracy"], **{k: v["mean"] for k, v in accuracy.items()}},
+        "accuracy_std": {k: v["std"] for k, v in accuracy.items()},
+        "seeds": [
+            {"seed": r["seed"], "metrics": r["metrics"], "accuracy": {k: r["accuracy"].get(k) for k in ACCURACY_KEYS}}
+            for r in per_seed
+        ],
+    }
+
+
+def format_table(results: dict[str, dict], metrics) -> str:
+    """Caption metrics and correctness rows (mean, and +- std over seeds when there are several)."""
+    seeds = len(next(iter(results.values()))["seeds"])
+    columns = [*metrics, "change", "type", "object", "distinct"]
+    head = f"{'model':<27}" + "".join(f"{c:>14}" for c in columns)
+    lines = [head, "-" * len(head)]
+    for label, report in results.items():
+        cells = []
+        for column in columns:
+            if column in metrics:
+                mean, std = report["metrics"][column], report["metrics_std"][column]
+            else:
+                mean = report["accuracy"].get(column)
+                std = report["accuracy_std"].get(column, 0.0)
+                mean, std = (None, None) if mean is None else (100 * mean, 100 * std)
+            text = "n/a" if mean is None else (f"{mean:.1f}" + (f" ±{std:.1f}" if seeds > 1 else ""))
+            cells.append(f"{text:>14}")
+        lines.append(f"{label:<27}" + "".join(cells))
+    lines.append(f"(test split; change/type/object/distinct in %; {seeds} seed{'s' if seeds > 1 else ''})")
+    return "\n".join(lines)
+
+
+def pick_samples(pairs: list, count: int) -> list:
+    """One test pair per change type (then more), so the examples show every kind of change."""
+    by_type: dict[str, list] = {}
+    for pair in pairs:
+        by_type.setdefault(pair.change_type or "pair", []).append(pair)
+    chosen, depth = [], 0
+    while len(chosen) < min(count, len(pairs)):
+        for members in by_type.values():
+            if depth < len(members) and len(chosen) < count:
+                chosen.append(members[depth])
+        depth += 1
+    return chosen
+
+
+def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, out: Path) -> list[dict[str, Any]]:
+    """samples.json and a before|after PNG per example under ``out/samples``."""
+    from PIL import Image
+
+    from procap.files import atomic_write_json
+
+    folder = out / "samples"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for pair in samples:
+        strip = torch.cat([cache(pair.before_path), cache(pair.after_path)], dim=2)  # (3, S, 2S)
+        image = (strip.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+        Image.fromarray(image).save(folder / f"{Path(pair.id).stem}.png")
+        rows.append(
+            {
+                "id": pair.id,
+                "change_type": pair.change_type,
+                "image": f"samples/{Path(pair.id).stem}.png",
+                **{label: r["predictions"][pair.id] for label, r in reports.items()},
+                "references": list(pair.captions),
+            }
+        )
+    atomic_write_json(out / "samples.json", rows)
+    return rows
+
+
+def train_seed(
+    seed: int,
+    configs: dict[str, TrainConfig],
+    splits: dict,
+    vocab,
+    cache: ImageCache,
+    clock: Clock,
+    budget: DemoBudget,
+    procedures: str,
+) -> dict[str, Path]:
+    """Stage 1 and the three stage-2 runs of one seed; returns each model's best checkpoint."""
+    from procap.train.stage1 import pretrain
+    from procap.train.stage2 import train
+
+    stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
+    clock.phase("stage1", f"seed {seed}: stage 1 ({procedures}), {budget.stage1_steps} steps x {budget.stage1_batch}")
+    pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
+    clock.done()
+    best = {}
+    for name, label in MODELS:
+        cfg = configs[name]
+        clock.phase(name, f"seed {seed}: stage 2, {label}: {cfg.steps} steps x {cfg.batch_size}")
+        best[name] = train(cfg, pairs=splits["train"], val_pairs=splits["val"], vocab=vocab, cache=cache)
+        clock.done()
+    return best
+
+
+def run_demo(
+    out: Path | str,
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    workers: int = 0,
+    progress: bool = True,
+    budget: DemoBudget | None = None,
+    procedures: str = "interpolated",
+    seeds: int = 1,
+) -> dict[str, Any]:
+    """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
+
+    Args:
+        seeds: number of training seeds (``seed``, ``seed + 1``, ...); the figures are reported per seed and as
+            mean +- std.
+    """
+    from procap.correctness import scene_truths
+    from procap.data import load_split
+    from procap.files import atomic_write_json
+    from procap.train.common import build_vocab
+    from procap.train.evaluation import default_metrics
+    from procap.train.vqgan_train import train_vqgan
+
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, got {seeds}")
+    out, budget = Path(out), budget or (QUICK if quick else FULL)
+    clock, data = Clock(), Path(out) / "data"
+    clock.phase("data", f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px -> {data}")
+    ensure_benchmark(data, budget.scenes, seed, progress)
+    splits = {s: load_split("clevr-change", data, s) for s in ("train", "val", "test")}
+    test = splits["test"][: budget.max_test_pairs] if budget.max_test_pairs else splits["test"]
+    truths = scene_truths(data, test)
+    vocab = build_vocab(splits["train"], "clevr-change")
+    cache = ImageCache(IMAGE_SIZE)
+    clock.done()
+    configs = stage_configs(budget, out, data, seed, device, progress, workers, out)
+    print(
+        f"         pairs: {len(splits['train'])} train / {len(splits['val'])} val / {len(test)} test, "
+        f"vocabulary {len(vocab)} words",
+        flush=True,
+    )
+
+    clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
+    train_vqgan(configs["vqgan"], pairs=splits["train"])
+    clock.done()
+    clock.phase("procedures", f"stage-1 procedures: {procedures}")
+    # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
+    stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
+    source = build_procedures(
+        procedures,
+        data,
+        out,
+        stage1_pairs,
+        configs["stage1"].vqgan,
+        progress,
+        workers=max(1, min(2, torch.get_num_threads())),
+    )
+    clock.done()
+
+    metrics, note = default_metrics()
+    per_model: dict[str, list[dict]] = {name: [] for name, _ in MODELS}
+    for run_seed in range(seed, seed + seeds):
+        folder = run_folder(out, run_seed, seed)
+        configs = stage_configs(budget, out, data, run_seed, device, progress, workers, folder)
+        configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
+        best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures)
+        clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
+        for name, _ in MODELS:
+            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths)
+            per_model[name].append({**report, "seed": run_seed})
+        clock.done()
+
+    results = {label: aggregate(per_model[name], metrics) for name, label in MODELS}
+    first_reports = {label: per_model[name][0] for name, label in MODELS}
+    samples = write_samples(pick_samples(test, 6), first_reports, cache, out)
+    summary = {
+        "quick": quick,
+        "seed": seed,
+        "seeds": list(range(seed, seed + seeds)),
+        "procedures": procedures,
+        "budget": dataclasses.asdict(budget),
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "pairs": {"train": len(splits["train"]), "val": len(splits["val"]), "test": len(test)},
+        "results": results,
+        "phases_s": clock.phases,
+        "total_s": round(clock.total, 1),
+        "note": note,
+    }
+    atomic_write_json(out / "metrics.json", summary, indent=1)
+    print_summary(results, metrics, samples, summary, note)
+    return summary
+
+
+def print_summary(results: dict, metrics, samples: list, summary: dict, note: str | None) -> None:
+    print()
+    print(format_table(results, metrics))
+    if note:
+        print(note)
+    print("\nexamples (test split, first seed):")
+    for row in samples:
+        print(f"  {row['id']} [{row['change_type']}]")
+        for label in results:
+            print(f"    {label:<27} {row[label]}")
+        print(f"    {'reference':<27} {row['references'][0]}")
+    print(
+        f"\ntotal {summary['total_s']:.0f} s on {summary['threads']} threads; phases: "
+        + ", ".join(f"{k} {v:.0f}s" for k, v in summary["phases_s"].items())
+    )
