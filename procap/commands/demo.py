@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from procap.errors import ProCapError
     from procap.commands.demo_pipeline import run_demo
+    from procap.errors import ProCapError
 
     if args.seeds < 1:
         raise ProCapError(f"--seeds must be at least 1, got {args.seeds}")
