@@ -62,29 +62,29 @@ class DemoBudget:
 
 
 QUICK = DemoBudget(
-    scenes=60,
+    scenes=200,
     vqgan_steps=4,
     vqgan_batch=8,
     stage1_steps=10,
     stage1_batch=8,
-    stage2_steps=120,
+    stage2_steps=250,
     stage2_batch=16,
     stage2_lr=2e-3,
-    val_every=60,
-    val_pairs=12,
-    max_test_pairs=24,
+    val_every=125,
+    val_pairs=24,
+    max_test_pairs=40,
     stage1_pairs=24,
 )
 FULL = DemoBudget(
-    scenes=1000,
+    scenes=2000,
     vqgan_steps=40,
     vqgan_batch=16,
-    stage1_steps=300,
+    stage1_steps=200,
     stage1_batch=16,
-    stage2_steps=1500,
+    stage2_steps=800,
     stage2_batch=32,
     stage2_lr=1e-3,
-    val_every=250,
+    val_every=200,
     val_pairs=100,
     stage1_pairs=480,
 )
@@ -124,7 +124,7 @@ def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool) -> None
                 return
         except (ValueError, KeyError, TypeError):
             pass
-    generate(root, scenes, size=IMAGE_SIZE, seed=seed, progress=progress)
+    generate(root, scenes, size=IMAGE_SIZE, seed=seed, workers=2, progress=progress)
 
 
 def run_folder(out: Path, seed: int, base_seed: int) -> Path:

@@ -68,6 +68,9 @@ class ProcedureEncoder(nn.Module):
         self.msm_head = _head(d, config.vqgan.n_embed)
         self.align_head = _head(d, 1)
         self.csy_head = _head(d, 1)
+        if config.difference_embedding:  # departure (docs/model.md): |after - before| per position
+            self.difference_norm = nn.LayerNorm(z)
+            self.difference_proj = nn.Linear(z, d)
         for p in (self.text_pos, self.align_token, self.csy_token):
             nn.init.normal_(p, std=0.02)
 
@@ -76,6 +79,15 @@ class ProcedureEncoder(nn.Module):
         b, t, z, h, w = features.shape
         tokens = features.permute(0, 1, 3, 4, 2).reshape(b, t * h * w, z)
         return self.visual_proj(self.visual_norm(tokens))
+
+    def embed_difference(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """Per-position change embedding: VQGAN features (B, z, h, w) x 2 -> (B, h*w, enc_dim).
+
+        LayerNorm -> Linear of ``|after - before|``, row-major like the frame tokens. Only built with
+        ``config.difference_embedding``.
+        """
+        change = (after - before).abs().flatten(2).transpose(1, 2)  # (B, h*w, z)
+        return self.difference_proj(self.difference_norm(change))
 
     def embed_caption(self, captions: torch.Tensor) -> torch.Tensor:
         """Caption ids (B, L) -> (B, L, enc_dim) token embeddings plus learned positions (PAD embedded too)."""

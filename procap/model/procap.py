@@ -24,6 +24,8 @@ decodes the caption with cross-attention to that memory.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -71,8 +73,9 @@ class ProCap(nn.Module):
         self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
         self.pos_row = nn.Parameter(torch.empty(grid, d))
         self.pos_col = nn.Parameter(torch.empty(grid, d))
-        for module in (self.encoder, self.memory_mlp, self.decoder):
-            init_transformer_weights(module)
+        enc_std, dec_std = init_stds(config)
+        for module, std in ((self.encoder, enc_std), (self.memory_mlp, enc_std), (self.decoder, dec_std)):
+            init_transformer_weights(module, std)
         for p in (
             self.mask_embedding,
             self.pos_frame,
@@ -81,9 +84,9 @@ class ProCap(nn.Module):
             self.encoder.text_pos,
             self.encoder.align_token,
             self.encoder.csy_token,
-            self.decoder.pos_embed,
         ):
-            nn.init.normal_(p, std=0.02)
+            nn.init.normal_(p, std=enc_std)
+        nn.init.normal_(self.decoder.pos_embed, std=dec_std)
         self.vqgan.requires_grad_(False)
         self.vqgan.eval()
         self.set_attention_backend(attention_backend)
@@ -135,6 +138,21 @@ class ProCap(nn.Module):
     def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
         """[0, 1] frames (B, T, 3, S, S) -> visual tokens (B, T*n, enc_dim) without positions."""
         return self.encoder.embed_visual(self.frame_features(frames))
+
+    def with_difference(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Add the per-position change embedding of the first and last frame to every frame's tokens.
+
+        Args:
+            tokens: (B, T*n, enc_dim) visual tokens, frame-major.
+            features: (B, T', z, h, w) VQGAN features whose first / last frames are before / after.
+
+        Returns:
+            ``tokens`` unchanged without ``config.difference_embedding``, else ``tokens + diff`` repeated per frame.
+        """
+        if not self.config.difference_embedding:
+            return tokens
+        diff = self.encoder.embed_difference(features[:, 0], features[:, -1])  # (B, n, D)
+        return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
 
     def positions(self) -> torch.Tensor:
         """Axial positional embeddings of the visual sequence: (T*n, enc_dim)."""
@@ -197,6 +215,7 @@ class ProCap(nn.Module):
         features = torch.cat([features, self._negative_features(frames, negatives, features)])
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
+        visual = self.with_difference(visual, features)
         text = self.encoder.embed_caption(captions)
         seq = self.encoder.stage1_sequence(
             torch.cat([text, text.roll(1, dims=0), text]), torch.cat([visual[:b], visual[:b], visual[b:]])
@@ -237,12 +256,13 @@ class ProCap(nn.Module):
     # -- stage 2 --------------------------------------------------------------------------------------------------
     def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim)."""
-        visual = self.embed_frames(torch.stack([before, after], dim=1))  # (B, 2n, D)
+        features = self.frame_features(torch.stack([before, after], dim=1))  # (B, 2, z, h, w)
+        visual = self.encoder.embed_visual(features)  # (B, 2n, D)
         b, n2, d = visual.shape
         n = n2 // 2
         queries = self.mask_embedding.view(1, 1, d).expand(b, self.config.num_keyframes * n, d)
         seq = torch.cat([visual[:, :n], queries.to(visual.dtype), visual[:, n:]], dim=1)
-        return seq + self.positions().to(seq.dtype)
+        return self.with_difference(seq + self.positions().to(seq.dtype), features)
 
     def memory(self, before: torch.Tensor, after: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder memory from procedure queries (implicit), or from real frames when given (explicit).
@@ -256,7 +276,8 @@ class ProCap(nn.Module):
         """
         if frames is not None:
             self._check_frames(frames)
-            tokens = self.embed_frames(frames) + self.positions()
+            features = self.frame_features(frames)
+            tokens = self.with_difference(self.encoder.embed_visual(features) + self.positions(), features)
         else:
             s = self.config.image_size
             for name, image in (("before", before), ("after", after)):
@@ -315,6 +336,15 @@ class ProCap(nn.Module):
             return self.generate_from_memory(self.memory(before, after, frames), max_len)
         finally:
             self.train(was_training)
+
+
+def init_stds(config: ProCapConfig) -> tuple[float, float]:
+    """Init std of the encoder side and of the decoder: 0.02 (BERT), or with ``config.width_scaled_init``
+    0.02 * sqrt(paper width / width), which is 0.02 at the paper's widths (768 / 512) and keeps a narrow model's
+    attention logits from starting flat (the ``tiny`` preset: 0.049 / 0.040)."""
+    if not config.width_scaled_init:
+        return 0.02, 0.02
+    return 0.02 * math.sqrt(768 / config.enc_dim), 0.02 * math.sqrt(512 / config.dec_dim)
 
 
 def count_parameters(model: ProCap) -> dict[str, int]:

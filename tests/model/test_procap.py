@@ -67,6 +67,7 @@ def test_stage1_msm_reads_the_positive_rows(model, config):
     out = model.stage1_loss(frames, captions, mask_params=params)
     # The same computation by hand, with only the positive sequences (rows do not interact).
     visual, mask = model.apply_masking(model.embed_frames(frames), params)
+    visual = model.with_difference(visual, model.frame_features(frames))
     seq = model.encoder.stage1_sequence(model.encoder.embed_caption(captions), visual)
     logits = model.encoder.msm_head(model.encoder(seq)[:, 6 + 2 :])
     expected, _ = msm_loss(logits, model.frame_codes(frames), mask)
@@ -195,7 +196,8 @@ def test_memory_shapes_implicit_and_explicit(model, config):
         model.memory(frames[:, 0, :, :8], frames[:, -1])
 
 
-def test_procedure_queries_sit_between_before_and_after(model, config):
+def test_procedure_queries_sit_between_before_and_after(config):
+    model = ProCap(config.replace(difference_embedding=False))  # the paper's input, nothing added
     frames = _frames(2, config)
     tokens = model.procedure_tokens(frames[:, 0], frames[:, -1])
     visual = model.embed_frames(frames[:, [0, -1]])
@@ -203,6 +205,36 @@ def test_procedure_queries_sit_between_before_and_after(model, config):
     torch.testing.assert_close(tokens[:, :16], visual[:, :16] + pos[:16])
     torch.testing.assert_close(tokens[:, 16:32], (model.mask_embedding + pos[16:32]).expand(2, -1, -1))
     torch.testing.assert_close(tokens[:, 32:], visual[:, 16:] + pos[32:])
+
+
+def test_difference_embedding_adds_the_change_at_each_position_to_every_frame(config):
+    model = ProCap(config.replace(difference_embedding=True))
+    assert not hasattr(ProCap(config.replace(difference_embedding=False)).encoder, "difference_proj")
+    frames = _frames(2, config)
+    before, after = frames[:, 0], frames[:, -1]
+    tokens = model.procedure_tokens(before, after)
+    features = model.frame_features(torch.stack([before, after], dim=1))
+    diff = model.encoder.difference_proj(
+        model.encoder.difference_norm((features[:, 1] - features[:, 0]).abs().flatten(2).transpose(1, 2))
+    )
+    visual = model.embed_frames(frames[:, [0, -1]])
+    pos = model.positions()
+    torch.testing.assert_close(tokens[:, :16], visual[:, :16] + pos[:16] + diff)
+    torch.testing.assert_close(tokens[:, 16:32], model.mask_embedding + pos[16:32] + diff)
+    torch.testing.assert_close(tokens[:, 32:], visual[:, 16:] + pos[32:] + diff)
+    # Swapping before and after changes the frames' order but not the change embedding.
+    swapped = model.procedure_tokens(after, before)
+    torch.testing.assert_close(swapped[:, 16:32], tokens[:, 16:32])
+
+
+def test_width_scaled_init_is_the_paper_init_at_paper_width():
+    from procap.config import get_preset
+    from procap.model.procap import init_stds
+
+    assert init_stds(get_preset("clevr")) == (0.02, 0.02)
+    assert init_stds(get_preset("clevr", width_scaled_init=True)) == pytest.approx((0.02, 0.02))
+    enc, dec = init_stds(get_preset("tiny"))
+    assert enc == pytest.approx(0.02 * 6**0.5) and dec == pytest.approx(0.04)
 
 
 def test_stage2_loss_is_teacher_forced_cross_entropy(model, config):
@@ -244,7 +276,7 @@ def test_static_pair_baseline_k0():
 
 
 def test_generate_is_greedy_without_specials_and_pads_after_eos(config):
-    model = ProCap(config)
+    model = ProCap(config.replace(width_scaled_init=False))  # the EOS scaling below is sized for std 0.02
     with torch.no_grad():  # make EOS likely somewhere so the PAD rule is exercised
         model.decoder.embed.weight[EOS_ID] *= 12.0
     frames = _frames(6, config)

@@ -42,7 +42,7 @@ def test_stage1_paper_schedule(model):
 
 
 def test_stage2_paper_schedule(model):
-    cfg = TrainConfig(stage="train").resolved()
+    cfg = TrainConfig(stage="train", encoder_warmup=False).resolved()
     assert (cfg.epochs, cfg.batch_size, cfg.encoder_lr, cfg.decoder_lr, cfg.warmup_frac) == (40, 16, 5e-5, 5e-5, 0.1)
     _, schedule = stage2_optimizer(model, cfg, total_steps=1_000)
     assert _lrs_at(schedule, 0) == [5e-5, 0.0]
@@ -50,6 +50,16 @@ def test_stage2_paper_schedule(model):
     assert enc == 5e-5 and dec == pytest.approx(2.5e-5)
     assert _lrs_at(schedule, 100) == [5e-5, 5e-5]
     assert _lrs_at(schedule, 999) == [5e-5, 5e-5]
+
+
+def test_stage2_encoder_warms_up_with_the_decoder_by_default(model):
+    cfg = TrainConfig(stage="train").resolved()
+    assert cfg.encoder_warmup
+    _, schedule = stage2_optimizer(model, cfg, total_steps=1_000)
+    assert _lrs_at(schedule, 0) == [0.0, 0.0]
+    enc, dec = _lrs_at(schedule, 50)
+    assert enc == pytest.approx(2.5e-5) and dec == pytest.approx(2.5e-5)
+    assert _lrs_at(schedule, 100) == [5e-5, 5e-5]
 
 
 def test_spot_encoder_lr_and_overrides():
