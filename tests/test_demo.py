@@ -16,16 +16,27 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
-    assert "ProCap (k=2)" in out and "static pair (k=0)" in out and "CIDEr" in out
+    assert "ProCap (k=2)" in out and "static pair (k=0)" in out and "CIDEr" in out and "object" in out
 
     summary = json.loads((tmp_path / "metrics.json").read_text())
-    assert set(summary["results"]) == {"ProCap (k=2)", "static pair (k=0)"}
+    assert set(summary["results"]) == {"ProCap (k=2)", "ProCap, no stage 1 (k=2)", "static pair (k=0)"}
     for report in summary["results"].values():
         assert {"BLEU-4", "ROUGE-L", "CIDEr"} <= set(report["metrics"])
         assert report["speed"]["tokens_per_s"] > 0 and report["pairs"] == summary["pairs"]["test"]
         assert "total" in report["by_type"] and "no_change" in report["by_type"]
     assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
     assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2
+    for report in summary["results"].values():
+        accuracy = report["accuracy"]
+        assert {"change", "type", "object", "distinct"} <= set(accuracy)
+        assert all(0.0 <= accuracy[k] <= 1.0 for k in ("change", "type", "object", "distinct"))
+        assert len(report["seeds"]) == 1 and report["accuracy_std"]["change"] == 0.0
+    # The quick budget must not collapse to one caption: it detects changes and writes different captions.
+    procap = summary["results"]["ProCap (k=2)"]["accuracy"]
+    assert procap["change"] >= 0.9, procap
+    assert procap["distinct"] * procap["change_pairs"] > 1, procap
+    log = [json.loads(line) for line in (tmp_path / "procap" / "log.jsonl").read_text().splitlines()]
+    assert any("memory_std" in r for r in log) and any("val/acc_change" in r for r in log)
 
     for path in (
         "vqgan/vqgan.safetensors",

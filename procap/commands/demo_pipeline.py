@@ -77,11 +77,11 @@ QUICK = DemoBudget(
 )
 FULL = DemoBudget(
     scenes=2000,
-    vqgan_steps=40,
+    vqgan_steps=300,  # 40 steps leave too little of an object's colour and shape in the features (docs/model.md)
     vqgan_batch=16,
-    stage1_steps=200,
+    stage1_steps=150,
     stage1_batch=16,
-    stage2_steps=800,
+    stage2_steps=700,
     stage2_batch=32,
     stage2_lr=1e-3,
     val_every=200,
