@@ -17,7 +17,10 @@ DATA = Path(__file__).parent / "data"
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
-@pytest.mark.parametrize("name,vocab,enc_layers,dec_layers", [("clevr", 80, 12, 2), ("spot", 834, 4, 3)])
+@pytest.mark.parametrize(
+    "name,vocab,enc_layers,dec_layers,total",
+    [("clevr", 80, 12, 2, 161_607_379), ("spot", 834, 4, 3, 109_491_141)],
+)
 def test_released_key_lists_convert(name, vocab, enc_layers, dec_layers, total):
     keys = json.loads((DATA / f"full_size_keys_{name}.json").read_text())["state_dict"]
     state = {k: torch.empty(v["shape"], dtype=_DTYPES[v["dtype"]], device="meta") for k, v in keys.items()}
