@@ -37,7 +37,7 @@ import torch
 
 from procap.config import ProCapConfig, VQGANConfig
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, load_archive
-from procap.convert.clip import CLIP_BLOCK_KEYS, CLIP_HEAD_DIM, encoder_layer_tensors
+from procap.convert.clip import CLIP_BLOCK_KEYS, clip_heads, encoder_layer_tensors
 from procap.errors import ProCapError
 
 IG = "intermediate_generator."
@@ -213,8 +213,8 @@ def authors_config(ckpt: AuthorsCheckpoint, vocab_size: int) -> ProCapConfig:
             f"authors' checkpoint {path} has a vocabulary of {vocab} words but the vocabulary file has "
             f"{vocab_size}; pass the word2idx file the model was trained with"
         )
-    if width % CLIP_HEAD_DIM:
-        raise ProCapError(f"authors' checkpoint {path}: encoder width {width} is not a multiple of 64 (CLIP heads)")
+    if clip_heads(width) < 1 or width % clip_heads(width):
+        raise ProCapError(f"authors' checkpoint {path}: encoder width {width} cannot be split into width // 64 heads")
     slots = _need(state, IG + "text_pos_emb.weight", path, 2).shape[0]
     vqgan = _vqgan_config(state, rows[2], path)
     try:
@@ -244,7 +244,7 @@ def _build_config(
         max_caption_len=int(cfg.get("max_t_len") or slots),
         num_keyframes=frames - 2,
         enc_dim=width,
-        enc_heads=width // CLIP_HEAD_DIM,
+        enc_heads=clip_heads(width),
         enc_mlp=_need(state, BLOCKS + "0.mlp.c_fc.weight", path, 2).shape[0],
         enc_layers=_indices(state, BLOCKS, path),
         enc_activation="quick_gelu",

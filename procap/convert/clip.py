@@ -34,6 +34,13 @@ from procap.convert.archive import TORCHSCRIPT_GLOBALS, ScriptModule, load_archi
 from procap.errors import ProCapError
 
 CLIP_HEAD_DIM = 64
+
+
+def clip_heads(width: int) -> int:
+    """CLIP's head count for a width: ``width // 64`` (integer division, as OpenAI's ``build_model`` computes it)."""
+    return width // CLIP_HEAD_DIM
+
+
 # Our names for the parameters of one CLIP block, by CLIP (OpenAI / open_clip) name; in_proj is split below.
 _BLOCK_NAMES = {
     "ln_1.weight": "norm1.weight",
@@ -93,7 +100,7 @@ class ClipBlocks:
 
     @property
     def heads(self) -> int:
-        return self.width // CLIP_HEAD_DIM
+        return clip_heads(self.width)
 
 
 def _flatten_script(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -199,8 +206,8 @@ def check_fits(clip: ClipBlocks, width: int, mlp: int, layers: int) -> None:
             f"{clip.source} has width {clip.width} but the encoder's width (enc_dim) is {width}; "
             f"choose a preset with enc_dim {clip.width}"
         )
-    if clip.width % CLIP_HEAD_DIM:
-        raise ProCapError(f"{clip.source} has width {clip.width}, not a multiple of CLIP's head size 64")
+    if clip.heads < 1 or clip.width % clip.heads:
+        raise ProCapError(f"{clip.source} has width {clip.width}, which CLIP's width // 64 heads cannot split")
     if clip.mlp != mlp:
         raise ProCapError(f"{clip.source} has an MLP of {clip.mlp} channels but the encoder's (enc_mlp) is {mlp}")
     if len(clip.blocks) < layers:

@@ -86,26 +86,54 @@ def test_tensors_land_where_the_authors_used_them(converted, authors_files):
     )
 
 
-def test_matches_an_independent_restatement_of_their_model(converted, authors_files):
+def _check_against_reference(model, state, spec: AuthorsSpec) -> None:
     """fp64 on both sides: memory, teacher-forced logits on random ids, and greedy tokens."""
-    model, _, _ = converted
-    state = authors_files[2]
     model = copy.deepcopy(model).double()
     # The positional table is an fp32 buffer (as theirs); use the exact one here (tests/model checks ours to 1e-6).
     model.decoder.positions.copy_(reference_positions(*model.decoder.positions.shape))
     gen = torch.Generator().manual_seed(0)
-    before, after = (torch.rand(3, 3, 32, 32, generator=gen, dtype=torch.float64) for _ in range(2))
-    ids = torch.randint(0, SPEC.vocab, (3, SPEC.max_t_len), generator=gen)
+    size = spec.image
+    before, after = (torch.rand(3, 3, size, size, generator=gen, dtype=torch.float64) for _ in range(2))
+    ids = torch.randint(0, spec.vocab, (3, spec.max_t_len), generator=gen)
     ids[:, 0] = 4
     with torch.no_grad():
         memory = model.memory(before, after)
         features = model.frame_features(torch.stack([before, after], dim=1))
-        assert (memory - reference_memory(state, features, SPEC)).abs().max().item() < 1e-10
+        assert (memory - reference_memory(state, features, spec)).abs().max().item() < 1e-10
         logits = model.decoder(ids, memory)
-        assert (logits - reference_logits(state, ids, memory, SPEC)).abs().max().item() < 1e-10
+        assert (logits - reference_logits(state, ids, memory, spec)).abs().max().item() < 1e-10
         assert logits.std().item() > 0.5  # not a degenerate decoder
         tokens = model.generate(before, after)
-    assert torch.equal(tokens, reference_greedy(state, memory, SPEC))
+    assert torch.equal(tokens, reference_greedy(state, memory, spec))
+
+
+def test_matches_an_independent_restatement_of_their_model(converted, authors_files):
+    _check_against_reference(converted[0], authors_files[2], SPEC)
+
+
+def test_widths_that_are_not_multiples_of_64_and_other_lengths(tmp_path):
+    # CLIP's heads are width // 64: 96 gives one 96-wide head. k = 2, 4 caption slots, an f2 VQGAN (16 x 16 grid).
+    spec = AuthorsSpec(
+        ch_mult=(1, 2),
+        res_blocks=1,
+        attn_resolutions=(),
+        z=32,
+        width=96,
+        blocks=2,
+        frames=4,
+        slots=4,
+        hidden=40,
+        dec_heads=5,
+        dec_layers=1,
+        ffn=80,
+        vocab=20,
+        max_t_len=9,
+    )
+    state = authors_state_dict(spec, seed=5)
+    model, _, _ = convert_authors_checkpoint(*_write(tmp_path, state, spec))
+    c = model.config
+    assert (c.enc_heads, c.grid_size, c.num_keyframes, c.enc_prefix_tokens, c.dec_heads) == (1, 16, 2, 6, 5)
+    _check_against_reference(model, state, spec)
 
 
 def test_fast_path_and_checkpoint_round_trip(converted, tmp_path):
