@@ -156,3 +156,23 @@ def test_caption_text_rule():
     row = [red, PAD_ID, MASK_ID, cafe, cube, EOS_ID, red, PAD_ID]
     assert ProCap(authors_config(vocab_size=len(vocab))).caption_text(vocab, row) == "red [MASK] caf cube"
     assert ProCap(small_config(vocab_size=len(vocab))).caption_text(vocab, row) == "red caf\u00e9 cube"
+
+
+def test_stage2_loss_trains_every_part():
+    from .model_helpers import random_captions
+
+    model = ProCap(authors_config()).train()
+    captions = random_captions(2, 8, 20)
+    out = model.stage2_loss(torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16), captions)
+    out["loss"].backward()
+    for name in (
+        "encoder.prefix",
+        "mask_embedding",
+        "encoder.layers.0.attn.q_proj.weight",
+        "memory_mlp.0.weight",
+        "decoder.out.weight",
+        "decoder.out.bias",
+        "decoder.layers.0.self_norm.weight",
+    ):
+        grad = dict(model.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
