@@ -89,7 +89,7 @@ def _plain(value: Any) -> Any:
     for kind in (bool, int, float, str):
         if isinstance(value, kind):
             return kind(value)
-    return None if value is not None and not isinstance(value, (int, float, str)) else value
+    return None  # None itself, or an object only a stand-in knows (a schedule, a YAML comment)
 
 
 def read_authors_checkpoint(path: str | Path) -> AuthorsCheckpoint:
@@ -179,8 +179,10 @@ def _vqgan_config(state: dict[str, torch.Tensor], grid: int, path: Path) -> VQGA
 
 
 def _check_cfg(cfg: dict[str, Any], name: str, derived: int, path: Path) -> None:
-    if name in cfg and cfg[name] is not None and int(cfg[name]) != derived:
-        raise ProCapError(f"authors' checkpoint {path}: model_cfg.{name} = {cfg[name]} but the weights say {derived}")
+    """``model_cfg[name]``, when present, must equal the size the tensors have."""
+    value = cfg.get(name)
+    if value is not None and (not isinstance(value, (int, float)) or int(value) != derived):
+        raise ProCapError(f"authors' checkpoint {path}: model_cfg.{name} = {value!r} but the weights say {derived}")
 
 
 def authors_config(ckpt: AuthorsCheckpoint, vocab_size: int) -> ProCapConfig:
@@ -191,7 +193,7 @@ def authors_config(ckpt: AuthorsCheckpoint, vocab_size: int) -> ProCapConfig:
     frames = _need(state, IG + "target_pos_emb.weights.0", path).shape
     rows = _need(state, IG + "target_pos_emb.weights.1", path).shape
     cols = _need(state, IG + "target_pos_emb.weights.2", path).shape
-    if len(frames) != 5 or rows[2] != cols[3]:
+    if any(len(shape) != 5 for shape in (frames, rows, cols)) or rows[2] != cols[3]:
         raise ProCapError(
             f"authors' checkpoint {path}: axial position tables {tuple(frames)}, {tuple(rows)}, "
             f"{tuple(cols)} are not (1, T, 1, 1, D), (1, 1, H, 1, D), (1, 1, 1, W, D) with H = W"
