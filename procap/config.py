@@ -13,6 +13,10 @@ from typing import Any
 
 MASKING_SCHEMES = ("entire", "random_patch", "in_block", "out_of_block")
 NEGATIVE_WARPS = ("batch_frame_swap", "frame_shuffle", "color_shift", "affine")
+# "procap": this library's model (the paper's description). "authors": the architecture of the authors' released
+# code and checkpoints (docs/model.md has the table of differences); built by ``procap convert --from authors``.
+VARIANTS = ("procap", "authors")
+ENC_ACTIVATIONS = ("gelu", "quick_gelu")
 
 
 @dataclass
@@ -83,7 +87,13 @@ class ProCapConfig:
     enc_heads: int = 12
     enc_mlp: int = 3072
     enc_layers: int = 12
+    enc_activation: str = "gelu"  # MLP activation; "quick_gelu" (x * sigmoid(1.702 x)) for CLIP-initialised blocks
+    enc_final_norm: bool = True  # LayerNorm after the last block (CLIP's resblocks, hence the authors', have none)
     dropout: float = 0.1
+    # architecture variant (VARIANTS); "authors" also needs enc_prefix_tokens: their 24 caption slots + 2 control
+    # tokens that precede the frames in the stage-2 encoder sequence
+    variant: str = "procap"
+    enc_prefix_tokens: int = 0
     # caption decoder
     dec_dim: int = 512
     dec_heads: int = 8
@@ -112,6 +122,15 @@ class ProCapConfig:
             raise ValueError("enc_dim/dec_dim must be divisible by enc_heads/dec_heads")
         if self.num_keyframes < 0 or self.num_keyframes > self.num_generated_frames:
             raise ValueError(f"num_keyframes must be in [0, {self.num_generated_frames}], got {self.num_keyframes}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.enc_activation not in ENC_ACTIVATIONS:
+            raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
+        if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
+            raise ValueError(
+                f"the {self.variant} variant takes enc_prefix_tokens "
+                f"{'>= 2' if self.variant == 'authors' else '= 0'}, got {self.enc_prefix_tokens}"
+            )
 
     @property
     def grid_size(self) -> int:

@@ -64,6 +64,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         m.add_argument("--num-keyframes", type=int, help="k (default: the preset's, 2)")
     if stage == "pretrain":
         m.add_argument("--init", help="continue from an earlier stage-1 checkpoint")
+        m.add_argument(
+            "--init-encoder",
+            metavar="clip:PATH",
+            help="start the encoder blocks from a CLIP ViT checkpoint (OpenAI TorchScript .pt, open_clip or "
+            "Hugging Face safetensors; read without running its code), as the authors' code does",
+        )
         m.add_argument("--procedures", help="stage-1 frames: 'crossfade' (stand-in) or a procedure cache path")
     if stage == "train":
         m.add_argument("--init", help="stage-1 checkpoint (omit for the static-pair baseline from scratch)")
@@ -93,6 +99,10 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
             raise ProCapError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if getattr(args, "data", None) is None:
         raise ProCapError("--data is required: the dataset root folder")
+    if getattr(args, "init_encoder", None):
+        from procap.convert.clip import parse_init_encoder
+
+        parse_init_encoder(args.init_encoder)  # a bad value fails before any data is read
     try:
         return TrainConfig.from_args(stage, args)
     except ValueError as exc:

@@ -104,14 +104,15 @@ class Vocabulary:
         ids = [BOS, *ids, EOS]
         return ids + [PAD] * (max_len - len(ids))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Words up to the first EOS; special tokens are skipped."""
+    def decode(self, ids: Sequence[int], keep_specials: bool = False) -> str:
+        """Words up to the first EOS; special tokens are skipped, or kept as literal words (``[MASK]``...) except
+        PAD when ``keep_specials`` (the authors' caption rule)."""
         words = []
         for index in ids:
             index = int(index)
             if index == EOS:
                 break
-            if index >= len(SPECIALS) and index < len(self.itos):
+            if (index >= len(SPECIALS) or (keep_specials and index != PAD)) and index < len(self.itos):
                 words.append(self.itos[index])
         return " ".join(words)
 

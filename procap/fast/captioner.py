@@ -277,7 +277,8 @@ class Captioner:
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         """Tokens for image batches (B, 3, S, S) in [0, 1] -> (B, max_len - 1) int64 on the device.
 
-        Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed.
+        Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
+        variant: every step kept, only [UNK] suppressed).
         """
         if before.shape != after.shape:
             raise ProCapError(
@@ -306,7 +307,7 @@ class Captioner:
         if before.shape[0] != after.shape[0]:
             raise ProCapError(f"got {before.shape[0]} before images but {after.shape[0]} after images")
         tokens = self.generate(before, after).cpu().tolist()
-        return [self.vocab.decode(row) for row in tokens]
+        return [self.model.caption_text(self.vocab, row) for row in tokens]
 
     def caption(self, before: Any, after: Any) -> str:
         """Caption one pair (a path, PIL image, numpy array or tensor each)."""

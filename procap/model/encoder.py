@@ -10,6 +10,11 @@ there), because the mask embedding and the positional tables are model-level par
 
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.attention.attention`.
+
+The ``authors`` variant (``config.variant``) has no stage-1 parts. Its stage-2 sequence starts with
+``config.enc_prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
+inference) and carries their attention-mask quirk (:func:`authors_prefix_mask`); with CLIP-style blocks
+(``enc_activation="quick_gelu"``, ``enc_final_norm=False``) it is their encoder.
 """
 
 from __future__ import annotations
@@ -24,16 +29,16 @@ from procap.model.layers import FeedForward, MultiHeadAttention
 class EncoderLayer(nn.Module):
     """Pre-LN Transformer block: self-attention and MLP, each with a residual."""
 
-    def __init__(self, dim: int, heads: int, mlp: int, dropout: float) -> None:
+    def __init__(self, dim: int, heads: int, mlp: int, dropout: float, activation: str = "gelu") -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = MultiHeadAttention(dim, heads, dropout)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = FeedForward(dim, mlp, dropout)
+        self.mlp = FeedForward(dim, mlp, dropout, activation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, D) -> (B, N, D)."""
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, D) -> (B, N, D); ``attn_mask`` (N, N) bool, True = may attend (None: everything)."""
+        x = x + self.attn(self.norm1(x), attn_mask=attn_mask)
         return x + self.mlp(self.norm2(x))
 
 
@@ -50,6 +55,7 @@ class ProcedureEncoder(nn.Module):
         align_token, csy_token: (enc_dim,) learned e_align and e_csy.
         layers, norm: the pre-LN stack and its final LayerNorm.
         msm_head: LN + Linear(enc_dim -> n_embed); align_head, csy_head: LN + Linear(enc_dim -> 1).
+        prefix: (enc_prefix_tokens, enc_dim), the ``authors`` variant only (which has no stage-1 parts).
     """
 
     def __init__(self, config: ProCapConfig) -> None:
@@ -57,22 +63,30 @@ class ProcedureEncoder(nn.Module):
         d, z = config.enc_dim, config.vqgan.z_channels
         self.visual_norm = nn.LayerNorm(z)
         self.visual_proj = nn.Linear(z, d)
-        self.text_embed = nn.Embedding(config.vocab_size, d)
-        self.text_pos = nn.Parameter(torch.empty(config.max_caption_len, d))
-        self.align_token = nn.Parameter(torch.empty(d))
-        self.csy_token = nn.Parameter(torch.empty(d))
+        if config.variant == "authors":
+            self.prefix = nn.Parameter(torch.empty(config.enc_prefix_tokens, d))
+            nn.init.normal_(self.prefix, std=0.02)
+        else:
+            self.text_embed = nn.Embedding(config.vocab_size, d)
+            self.text_pos = nn.Parameter(torch.empty(config.max_caption_len, d))
+            self.align_token = nn.Parameter(torch.empty(d))
+            self.csy_token = nn.Parameter(torch.empty(d))
         self.layers = nn.ModuleList(
-            [EncoderLayer(d, config.enc_heads, config.enc_mlp, config.dropout) for _ in range(config.enc_layers)]
+            [
+                EncoderLayer(d, config.enc_heads, config.enc_mlp, config.dropout, config.enc_activation)
+                for _ in range(config.enc_layers)
+            ]
         )
-        self.norm = nn.LayerNorm(d)
-        self.msm_head = _head(d, config.vqgan.n_embed)
-        self.align_head = _head(d, 1)
-        self.csy_head = _head(d, 1)
+        self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
         if config.difference_embedding:  # departure (docs/model.md): |after - before| per position
             self.difference_norm = nn.LayerNorm(z)
             self.difference_proj = nn.Linear(z, d)
-        for p in (self.text_pos, self.align_token, self.csy_token):
-            nn.init.normal_(p, std=0.02)
+        if config.variant != "authors":
+            self.msm_head = _head(d, config.vqgan.n_embed)
+            self.align_head = _head(d, 1)
+            self.csy_head = _head(d, 1)
+            for p in (self.text_pos, self.align_token, self.csy_token):
+                nn.init.normal_(p, std=0.02)
 
     def embed_visual(self, features: torch.Tensor) -> torch.Tensor:
         """VQGAN features (B, T, z, h, w) -> visual tokens (B, T*h*w, enc_dim), frame-major then row-major."""
@@ -105,8 +119,29 @@ class ProcedureEncoder(nn.Module):
         csy = self.csy_token.view(1, 1, d).expand(b, 1, d)
         return torch.cat([align, caption_tokens, csy, visual_tokens], dim=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm."""
+    def with_prefix(self, visual_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``authors`` variant: ``[prefix, visual]`` (B, P + N, D) and its (P + N, P + N) attention mask."""
+        b, _, d = visual_tokens.shape
+        prefix = self.prefix.to(visual_tokens.dtype).view(1, -1, d).expand(b, -1, d)
+        seq = torch.cat([prefix, visual_tokens], dim=1)
+        return seq, authors_prefix_mask(self.prefix.shape[0], seq.shape[1], seq.device)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm (if any); ``attn_mask`` (N, N) bool."""
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, attn_mask)
         return self.norm(x)
+
+
+def authors_prefix_mask(prefix: int, length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The authors' stage-2 encoder mask, (length, length) bool, True = may attend.
+
+    Their mask is built for the stage-1 layout, which has one more leading token, and cut to the stage-2 length:
+    the last control token (position ``prefix - 1``) cannot see the tokens before it, and the first patch of the
+    before frame (position ``prefix``) cannot see the prefix. Everything else is bidirectional. An off-by-one
+    against their own stage-1 layout, but what the released models ran with.
+    """
+    mask = torch.ones(length, length, dtype=torch.bool, device=device)
+    mask[prefix - 1, : prefix - 1] = False
+    mask[prefix, :prefix] = False
+    return mask

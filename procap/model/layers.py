@@ -87,22 +87,33 @@ class MultiHeadAttention(nn.Module):
             causal, attn_mask = False, kv_cache.visible(input_pos)
         else:
             k, v = kv_cache.k, kv_cache.v
-        out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=self.backend)  # (B, H, Lq, Dh)
+        # flash-attn takes no mask (the authors' encoder has one): PyTorch's kernels do
+        backend = "sdpa" if attn_mask is not None and self.backend == "flash" else self.backend
+        out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend)  # (B, H, Lq, Dh)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.dropout(self.out_proj(out))
 
 
-class FeedForward(nn.Module):
-    """``fc1`` -> GELU -> dropout -> ``fc2`` -> dropout."""
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """CLIP's GELU approximation ``x * sigmoid(1.702 x)``; CLIP weights (and the authors' encoder) were trained with it."""
+    return x * torch.sigmoid(1.702 * x)
 
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+
+ACTIVATIONS = {"gelu": torch.nn.functional.gelu, "quick_gelu": quick_gelu}
+
+
+class FeedForward(nn.Module):
+    """``fc1`` -> activation (``gelu`` or ``quick_gelu``) -> dropout -> ``fc2`` -> dropout."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, activation: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.dropout(torch.nn.functional.gelu(self.fc1(x)))))
+        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
 
 
 def init_transformer_weights(module: nn.Module, std: float = 0.02) -> None:

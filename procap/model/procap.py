@@ -20,6 +20,10 @@ captions, batch of one). ``L_PRO = msm_weight * L_msm + align_weight * L_align +
 Stage 2 (implicit procedure captioning) feeds ``{e_bef, e_m x k*n, e_aft}`` + axial positions through the same
 encoder (no caption, no heads), maps every output through ``memory_mlp`` (Linear, ReLU, Linear, LayerNorm) and
 decodes the caption with cross-attention to that memory.
+
+``config.variant == "authors"`` builds the architecture of the authors' released checkpoints instead (stage 2
+only): their prefix tokens and mask quirk in the encoder (:meth:`ProcedureEncoder.with_prefix`), their decoder
+(:class:`procap.model.authors_decoder.AuthorsCaptionDecoder`) and their decoding and caption-text rules.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from procap import kernels
 from procap.config import ProCapConfig
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, axial_positions
+from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder, authors_greedy_decode
 from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
@@ -68,7 +73,7 @@ class ProCap(nn.Module):
         self.memory_mlp = nn.Sequential(
             nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim), nn.LayerNorm(config.dec_dim)
         )
-        self.decoder = CaptionDecoder(config)
+        self.decoder = AuthorsCaptionDecoder(config) if config.variant == "authors" else CaptionDecoder(config)
         self.mask_embedding = nn.Parameter(torch.empty(d))
         self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
         self.pos_row = nn.Parameter(torch.empty(grid, d))
@@ -76,17 +81,14 @@ class ProCap(nn.Module):
         enc_std, dec_std = init_stds(config)
         for module, std in ((self.encoder, enc_std), (self.memory_mlp, enc_std), (self.decoder, dec_std)):
             init_transformer_weights(module, std)
-        for p in (
-            self.mask_embedding,
-            self.pos_frame,
-            self.pos_row,
-            self.pos_col,
-            self.encoder.text_pos,
-            self.encoder.align_token,
-            self.encoder.csy_token,
-        ):
+        small = [self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col]
+        if config.variant == "authors":
+            small.append(self.encoder.prefix)
+        else:
+            small += [self.encoder.text_pos, self.encoder.align_token, self.encoder.csy_token]
+            nn.init.normal_(self.decoder.pos_embed, std=dec_std)
+        for p in small:
             nn.init.normal_(p, std=enc_std)
-        nn.init.normal_(self.decoder.pos_embed, std=dec_std)
         self.vqgan.requires_grad_(False)
         self.vqgan.eval()
         self.set_attention_backend(attention_backend)
@@ -94,7 +96,7 @@ class ProCap(nn.Module):
     def set_attention_backend(self, backend: str) -> None:
         """Run every encoder and decoder attention layer with ``backend`` from now on (``auto``, ``math``, ...)."""
         for module in self.modules():
-            if isinstance(module, MultiHeadAttention):
+            if isinstance(module, (MultiHeadAttention, AuthorsAttention)):
                 module.set_backend(backend)
         self.attention_backend = backend
 
@@ -194,6 +196,11 @@ class ProCap(nn.Module):
         Returns:
             ``loss``, ``msm``, ``align``, ``csy`` and ``msm_acc``, ``align_acc``, ``csy_acc``, ``masked_fraction``.
         """
+        if self.config.variant == "authors":
+            raise ProCapError(
+                "the authors variant is a stage-2 model (converted checkpoints); it has no stage-1 "
+                "heads, so stage 1 cannot train it."
+            )
         self._check_frames(frames)
         codes = self.frame_codes(frames) if codes is None else codes
         seq, mask = self._stage1_sequences(frames, captions, mask_params, generator)
@@ -284,6 +291,9 @@ class ProCap(nn.Module):
                 if image.dim() != 4 or image.shape[1:] != (3, s, s):
                     raise ProCapError(f"{name} images must have shape (B, 3, {s}, {s}), got {tuple(image.shape)}.")
             tokens = self.procedure_tokens(before, after)
+        if self.config.variant == "authors":
+            seq, mask = self.encoder.with_prefix(tokens)
+            return self.memory_mlp(self.encoder(seq, mask)[:, self.config.enc_prefix_tokens :])
         return self.memory_mlp(self.encoder(tokens))
 
     def stage2_loss(
@@ -311,6 +321,8 @@ class ProCap(nn.Module):
         was_training = self.training
         self.eval()
         try:
+            if self.config.variant == "authors":
+                return authors_greedy_decode(self.decoder, memory, max_len)
             return greedy_decode(self.decoder, memory, max_len)
         finally:
             self.train(was_training)
@@ -328,7 +340,8 @@ class ProCap(nn.Module):
 
         Returns:
             (B, max_len - 1) int64 tokens after BOS, EOS included, PAD after EOS, [UNK] and other specials
-            never produced. Runs in eval mode (dropout off) and restores the previous mode.
+            never produced. Runs in eval mode (dropout off) and restores the previous mode. The ``authors``
+            variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed.
         """
         was_training = self.training
         self.eval()
@@ -336,6 +349,16 @@ class ProCap(nn.Module):
             return self.generate_from_memory(self.memory(before, after, frames), max_len)
         finally:
             self.train(was_training)
+
+    def caption_text(self, vocab, tokens) -> str:
+        """Caption text of one row of :meth:`generate` (the tokens after BOS) with ``vocab``.
+
+        ``procap``: the words up to the first EOS, special tokens skipped. ``authors`` (their rule): PAD dropped,
+        the words up to the first EOS, other special tokens kept as literal words, non-ASCII characters dropped.
+        """
+        if self.config.variant == "authors":
+            return vocab.decode(tokens, keep_specials=True).encode("ascii", "ignore").decode("ascii")
+        return vocab.decode(tokens)
 
 
 def init_stds(config: ProCapConfig) -> tuple[float, float]:

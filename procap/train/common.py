@@ -90,7 +90,7 @@ def caption_pairs(
         seconds += time.perf_counter() - t0
         ids = ids.cpu()
         for pair, row in zip(chunk, ids):
-            predictions[pair.id] = vocab.decode(row.tolist())
+            predictions[pair.id] = model.caption_text(vocab, row.tolist())
             hit = (row == eos).nonzero()
             tokens += int(hit[0, 0]) + 1 if hit.numel() else row.numel()
     rates = {

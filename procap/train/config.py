@@ -57,6 +57,7 @@ class TrainConfig:
     seed: int = 0
     workers: int = 0
     init: str | None = None  # stage 2: stage-1 checkpoint; stage 1: optional checkpoint to continue from
+    init_encoder: str | None = None  # stage 1: "clip:PATH", CLIP ViT blocks into a new encoder
     vqgan: str | None = None  # VQGAN weights (procap vqgan output) loaded into the frozen tokenizer
     procedures: str = "crossfade"  # stage 1 frame source: crossfade (stand-in) or an HDF5 procedure cache
     num_keyframes: int | None = None

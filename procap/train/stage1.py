@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from procap.checkpoint import load_checkpoint, load_weights, read_tensors, save_checkpoint
+from procap.config import get_preset
 from procap.errors import ProCapError
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
@@ -23,6 +24,8 @@ from procap.train.schedules import stage1_optimizer
 
 
 def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
+    if cfg.init and cfg.init_encoder:
+        raise ProCapError("--init continues an existing model and --init-encoder starts a new one; pass only one")
     if cfg.init:
         model, vocab, _ = load_checkpoint(cfg.init)
         if cfg.num_keyframes is not None and cfg.num_keyframes != model.config.num_keyframes:
@@ -32,7 +35,18 @@ def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tupl
         return model, vocab
     vocab = vocab if vocab is not None else build_vocab(pairs, cfg.dataset)
     overrides = {} if cfg.num_keyframes is None else {"num_keyframes": cfg.num_keyframes}
-    return new_model(cfg.preset, vocab, cfg.vqgan, **overrides), vocab
+    if not cfg.init_encoder:
+        return new_model(cfg.preset, vocab, cfg.vqgan, **overrides), vocab
+    from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks, parse_init_encoder
+
+    clip = load_clip_blocks(parse_init_encoder(cfg.init_encoder))
+    try:
+        preset = get_preset(cfg.preset, **overrides)
+    except KeyError as exc:
+        raise ProCapError(exc.args[0]) from None
+    model = new_model(cfg.preset, vocab, cfg.vqgan, **overrides, **clip_config_overrides(clip, preset))
+    init_encoder_from_clip(model, clip)
+    return model, vocab
 
 
 def weight_loader(model: torch.nn.Module):

@@ -1,0 +1,39 @@
+"""`procap convert --from authors CKPT --vocab WORD2IDX.json --out MODEL.safetensors`: import released checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from procap.errors import ProCapError
+
+HELP = "Convert the authors' released ProCap checkpoint into a procap checkpoint (no pickled code runs)."
+SOURCES = ("authors",)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", metavar="CKPT", help="the authors' stage-2 checkpoint (model.chkpt / *.pth)")
+    parser.add_argument("--from", dest="source", required=True, choices=SOURCES, help="who wrote CKPT")
+    parser.add_argument("--vocab", required=True, help="the word2idx JSON the model was trained with")
+    parser.add_argument("--out", required=True, help="procap checkpoint to write (.safetensors)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from procap.checkpoint import save_checkpoint
+    from procap.convert import convert_authors_checkpoint
+
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise ProCapError(f"--out {out} must end in .safetensors")
+    if not Path(args.vocab).is_file():
+        raise ProCapError(f"vocabulary file {args.vocab} does not exist")
+    model, vocab, info = convert_authors_checkpoint(args.checkpoint, args.vocab)
+    save_checkpoint(out, model, vocab, {"stage": "stage2", **info})
+    c = model.config
+    print(
+        f"converted {args.checkpoint} (epoch {info['epoch']}, {info['ignored_keys']} unused keys dropped): "
+        f"authors variant, encoder {c.enc_layers}x{c.enc_dim}, decoder {c.dec_layers}x{c.dec_dim}, "
+        f"{c.vocab_size} words, k={c.num_keyframes}, {c.image_size} px"
+    )
+    print(f"wrote {out}")
+    return 0
