@@ -218,16 +218,47 @@ class VQGAN(nn.Module):
         Raises:
             ProCapError: the file is missing, is neither format, or does not fit the architecture.
         """
-        if not Path(path).is_file():
-            raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+        from procap.validate import input_file
+
+        input_file(path, "VQGAN checkpoint")
         if not str(path).endswith(".safetensors"):
             return cls.from_taming_checkpoint(path).eval()
-        state, meta = cls.read_saved(path)
-        model = cls(VQGANConfig(**meta["vqgan_config"]))
+        model = cls(cls.read_config(path))
+        state, _ = cls.read_saved(path)
         from procap.checkpoint import load_weights
 
         load_weights(model, state, path)
         return model.eval()
+
+    @classmethod
+    def read_config(cls, path: str | Path) -> VQGANConfig:
+        """The :class:`VQGANConfig` of a :meth:`save` file, checked, without reading its weights.
+
+        The configuration is checked against sane bounds (``procap.config.check_config``) and the stored tensor
+        shapes against a model built on the meta device, so a crafted file fails before anything is allocated.
+
+        Raises:
+            ProCapError: not a :meth:`save` file, malformed or out-of-bounds configuration, or tensors that do
+                not fit it.
+        """
+        import json
+
+        from procap.checkpoint import check_file_fits, read_header
+        from procap.config import config_from_dict
+
+        _, raw = read_header(path, "VQGAN weights")
+        try:
+            fmt, config = json.loads(raw.get("format", "null")), json.loads(raw.get("vqgan_config", "null"))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ProCapError(f"VQGAN weights file {path} has malformed JSON metadata ({exc})") from None
+        if fmt != VQGAN_FORMAT:
+            raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+        try:
+            config = config_from_dict(VQGANConfig, config)
+        except ValueError as exc:
+            raise ProCapError(f"VQGAN weights file {path} holds an invalid configuration ({exc})") from None
+        check_file_fits(path, lambda: cls(config), "VQGAN weights")
+        return config
 
     @staticmethod
     def read_saved(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
