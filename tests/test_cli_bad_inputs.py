@@ -52,6 +52,7 @@ PREP_OK = "--dataset clevr-change --root {data} --vqgan {vqgan} --out {out} --wo
 CASES = [
     # demo: no input files; arguments and the output folder
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
+    case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
     case("wrong type", "demo --seed x --out {out}", "--seed"),
     case("wrong type", "demo --device bogus --out {out}", "--device"),
     case("out of range", "demo --device cuda:99 --out {out}", "--device"),
