@@ -252,7 +252,11 @@ def _is_number(value: Any, kind: type) -> bool:
 
 
 def _check_fields(cls: type, values: dict[str, Any], prefix: str) -> None:
-    """Check the fields of ``cls`` present in ``values`` against the bounds tables."""
+    """Check the fields of ``cls`` present in ``values`` against the bounds tables; flags and names by type."""
+    for f in dataclasses.fields(cls):
+        kind = type(f.default) if isinstance(f.default, (bool, str)) else None
+        if kind is not None and f.name in values and not isinstance(values[f.name], kind):
+            raise ValueError(f"{prefix}{f.name} must be a {kind.__name__}, got {values[f.name]!r:.40}")
     for name, (low, high) in _INT_BOUNDS.get(cls, {}).items():
         value = values.get(name, low)
         if not _is_number(value, int) or not low <= value <= high:

@@ -84,6 +84,9 @@ CASES = [
     case("empty", f"prepare {PREP_OK} --vqgan {{empty}}", "{empty}"),
     case("corrupt", f"prepare {PREP_OK} --vqgan {{text_ckpt}}", "{text_ckpt}"),
     case("wrong type", f"prepare {PREP_OK} --vqgan {{ckpt}}", "{ckpt}"),
+    case("corrupt", f"prepare {PREP_OK} --vqgan {{text_taming}}", "{text_taming}"),
+    case("empty", f"prepare {PREP_OK} --vqgan {{empty_taming}}", "{empty_taming}"),
+    case("corrupt", f"prepare {PREP_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
     case("empty", "prepare --dataset clevr-change --root {empty_dir} --vqgan {vqgan} --out {out}", "splits.json"),
     case("out of range", f"prepare {PREP_OK} --limit 0", "--limit"),
     case("out of range", f"prepare {PREP_OK} --workers 0", "--workers"),
@@ -126,6 +129,7 @@ for _stage in ("pretrain", "train"):
         case("corrupt", f"{_stage} {TRAIN_OK} --init {{huge_ckpt}}", "{huge_ckpt}"),
         case("missing", f"{_stage} {TRAIN_OK} --vqgan {{missing}}", "--vqgan"),
         case("wrong type", f"{_stage} {TRAIN_OK} --vqgan {{ckpt}}", "{ckpt}"),
+        case("corrupt", f"{_stage} {TRAIN_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
         case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "num_keyframes"),
     ]
 CASES += [
@@ -289,7 +293,11 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
     config = json.loads(_metadata(ckpt)["config"])
     huge = _rewrite_metadata(ckpt, ws / "huge.safetensors", config=json.dumps({**config, "enc_dim": 1_000_000}))
     bad_vocab = _rewrite_metadata(ckpt, ws / "vocab.safetensors", vocab=json.dumps({"a": 0}))
-    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab}
+    vq_config = json.loads(_metadata(vqgan)["vqgan_config"])
+    huge_vqgan = _rewrite_metadata(
+        vqgan, ws / "vqgan_huge.safetensors", vqgan_config=json.dumps({**vq_config, "ch": 10**7})
+    )
+    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan}
 
 
 def _metadata(path: Path) -> dict[str, str]:
@@ -317,7 +325,9 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "refs": json.dumps({"p1": ["the cube moved"]}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
     }
+    texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
     suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors"}
+    suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
     for name, text in texts.items():
         paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"
         paths[name].write_text(text, encoding="utf-8")

@@ -291,21 +291,24 @@ class VQGAN(nn.Module):
 
 def load_taming_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read the VQGAN tensors of a taming ``.ckpt``: its ``state_dict`` without the ``loss.*`` entries."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+    from procap.validate import input_file
+
+    path = input_file(path, "VQGAN checkpoint")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__ + ": empty or truncated file"])[0][:120]
         raise ProCapError(
             f"VQGAN checkpoint {path} cannot be read safely (weights_only): it is not a torch file or holds "
             f"pickled objects beyond tensors; save just its state_dict, e.g. "
-            f"torch.save({{'state_dict': ckpt['state_dict']}}, 'vqgan.ckpt') ({str(exc).splitlines()[0][:120]})."
+            f"torch.save({{'state_dict': ckpt['state_dict']}}, 'vqgan.ckpt') ({reason})."
         ) from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ProCapError(f"VQGAN checkpoint {path} has no 'state_dict' dictionary (expected a taming .ckpt).")
-    state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("loss.")}
-    return state
+    state = checkpoint["state_dict"]
+    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise ProCapError(f"VQGAN checkpoint {path} has a 'state_dict' holding something other than named tensors.")
+    return {k: v for k, v in state.items() if not k.startswith("loss.")}
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], path: str | Path, show: int = 5) -> None:
