@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from procap.errors import ProCapError
 from procap.files import atomic_write, atomic_write_json
+from procap.validate import input_file
 
 FORMAT = "procap"
 FORMAT_VERSION = "1"
@@ -45,9 +46,7 @@ def atomic_save_tensors(
 
 def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Load all tensors and the header metadata of a safetensors file, with a one-sentence error on failure."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"{what} file {path} does not exist")
+    path = input_file(path, f"{what} file")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
@@ -55,6 +54,18 @@ def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, 
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})") from None
     return tensors, metadata
+
+
+def read_header(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Tensor shapes and header metadata of a safetensors file, without reading the tensors."""
+    path = input_file(path, f"{what} file")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})") from None
+    return shapes, metadata
 
 
 # ----------------------------------------------------------------------------------------------- tied weights
@@ -85,9 +96,14 @@ def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     return tensors, aliases
 
 
-def _restore_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+def _restore_aliases(tensors: dict[str, Any], aliases: dict[str, str], path: Path | str = "") -> dict[str, Any]:
+    """Re-attach tied tensors; ``aliases`` is decoded metadata, so it is checked (alias -> stored name)."""
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise ProCapError(f"file {path} has malformed 'aliases' metadata (expected names of stored tensors)")
     out = dict(tensors)
     for alias, name in aliases.items():
+        if name not in tensors:
+            raise ProCapError(f"file {path} ties {alias!r} to {name!r}, which is not stored in it")
         out[alias] = tensors[name]
     return out
 
@@ -101,14 +117,11 @@ def vocab_to_dict(vocab: Any) -> dict[str, int]:
         return json.loads(path.read_text(encoding="utf-8"))
 
 
-def vocab_from_dict(word2idx: dict[str, int]) -> Any:
-    """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map through ``Vocabulary.load``."""
+def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Any:
+    """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map; errors name ``source``."""
     from procap.data import Vocabulary
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "vocab.json"
-        path.write_text(json.dumps(word2idx), encoding="utf-8")
-        return Vocabulary.load(path)
+    return Vocabulary.from_dict(word2idx, source)
 
 
 # ----------------------------------------------------------------------------------------------- model files
@@ -139,26 +152,23 @@ def save_checkpoint(path: Path | str, model: torch.nn.Module, vocab: Any, extra:
 
 def read_checkpoint_metadata(path: Path | str) -> dict[str, Any]:
     """Decoded metadata of a ProCap checkpoint (``config``, ``vocab``, ``extra``, ``aliases``) without the weights."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"checkpoint file {path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            raw = dict(handle.metadata() or {})
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ProCapError(f"checkpoint file {path} is not a readable safetensors file ({exc})") from None
-    return _decode_metadata(path, raw)
+    _, raw = read_header(path)
+    return _decode_metadata(Path(path), raw)
 
 
 def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
         raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
     try:
-        return {
+        decoded = {
             key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key] for key in raw
         }
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
+    for key in ("config", "vocab"):
+        if not isinstance(decoded[key], dict):
+            raise ProCapError(f"checkpoint file {path} has a {key} that is not a JSON object")
+    return decoded
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> tuple[Any, Any, dict[str, Any]]:
@@ -175,34 +185,54 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     Raises:
         ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
     """
-    from procap.config import ProCapConfig
+    from procap.config import ProCapConfig, config_from_dict
     from procap.model.procap import ProCap
 
     path = Path(path)
-    tensors, raw = read_tensors(path)
+    _, raw = read_header(path)
     metadata = _decode_metadata(path, raw)
     try:
-        config = ProCapConfig.from_dict(metadata["config"])
-    except (TypeError, ValueError) as exc:
+        config = config_from_dict(ProCapConfig, metadata["config"])
+    except ValueError as exc:
         raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
+    vocab = vocab_from_dict(metadata["vocab"], f"the vocabulary in checkpoint file {path}")
+    if len(vocab) != config.vocab_size:
+        raise ProCapError(
+            f"checkpoint file {path} holds {len(vocab)} vocabulary entries for a model of {config.vocab_size}"
+        )
+    aliases = metadata.get("aliases", {})
+    check_file_fits(path, lambda: ProCap(config), "checkpoint")  # before a single weight is allocated
+    tensors, _ = read_tensors(path)
     model = ProCap(config)
-    load_weights(model, _restore_aliases(tensors, metadata.get("aliases", {})), path)
+    load_weights(model, _restore_aliases(tensors, aliases, path), path)
     model.to(map_location).eval()
-    return model, vocab_from_dict(metadata["vocab"]), metadata
+    return model, vocab, metadata
 
 
-def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path | str) -> None:
-    """``load_state_dict(strict=True)`` with missing/unexpected keys and shape mismatches named in one sentence."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+def check_shapes(own: dict[str, Any], stored: dict[str, Any], path: Path | str) -> None:
+    """Names and shapes of ``stored`` (tensors or shape tuples) must match the model's ``own`` state dict.
+
+    Raises:
+        ProCapError: naming missing, unexpected and wrong-shaped entries in one sentence.
+    """
+
+    def shape(value: Any) -> tuple[int, ...]:
+        return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+
+    missing = sorted(set(own) - set(stored))
+    unexpected = sorted(set(stored) - set(own))
+    wrong = sorted(k for k in set(own) & set(stored) if shape(own[k]) != shape(stored[k]))
     if missing or unexpected or wrong:
         parts = []
         for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
             if keys:
                 parts.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
         raise ProCapError(f"weights in {path} do not fit the model: {'; '.join(parts)}")
+
+
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path | str) -> None:
+    """``load_state_dict(strict=True)`` with missing/unexpected keys and shape mismatches named in one sentence."""
+    check_shapes(module.state_dict(), state, path)
     module.load_state_dict(state, strict=True)
 
 
@@ -215,14 +245,37 @@ def save_module(path: Path | str, module: torch.nn.Module, metadata: dict[str, A
     return Path(path)
 
 
+def check_file_fits(path: Path | str, build: Any, what: str = "weights") -> None:
+    """Compare the tensor names and shapes stored in ``path`` with ``build()``'s, built on the meta device.
+
+    Nothing is allocated, so a file whose metadata describes an absurdly large module fails here cheaply.
+
+    Args:
+        path: a safetensors file written by :func:`save_module` (or :func:`save_checkpoint`).
+        build: zero-argument callable returning the module the file should fit.
+        what: how messages name the file.
+    """
+    shapes, raw = read_header(path, what)
+    try:
+        aliases = json.loads(raw.get("aliases", "{}"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProCapError(f"{what} file {path} has malformed JSON metadata ({exc})") from None
+    with torch.device("meta"):
+        try:
+            module = build()
+        except (ValueError, RuntimeError, TypeError, ZeroDivisionError) as exc:  # e.g. channels vs GroupNorm groups
+            raise ProCapError(f"{what} file {path} describes a model that cannot be built ({exc})") from None
+        check_shapes(module.state_dict(), _restore_aliases(shapes, aliases, path), path)
+
+
 def load_module_state(path: Path | str, what: str = "weights") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Counterpart of :func:`save_module`: ``(state_dict, metadata)`` with aliases restored and JSON decoded."""
     tensors, raw = read_tensors(path, what)
     try:
         meta = {key: json.loads(value) for key, value in raw.items()}
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ProCapError(f"{what} file {path} has malformed JSON metadata ({exc})") from None
-    return _restore_aliases(tensors, meta.pop("aliases", {})), meta
+    return _restore_aliases(tensors, meta.pop("aliases", {}), path), meta
 
 
 # ----------------------------------------------------------------------------------------------- training state

@@ -43,8 +43,15 @@ def _available_commands() -> dict[str, object]:
     return modules
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (``procap train: error: ...``), exit code 2, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="procap", description="ProCap: fast change captioning (ICLR 2026).")
+    parser = OneLineParser(prog="procap", description="ProCap: fast change captioning (ICLR 2026).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available_commands().items():
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -64,9 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProCapError as exc:
         print(f"procap: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("procap: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Training raises a KeyboardInterrupt subclass that says what it saved and carries the signal number.
+        print(f"procap: interrupted{f': {exc}' if str(exc) else ''}", file=sys.stderr)
+        return 128 + getattr(exc, "signum", 2)
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file the checks could not foresee (disk full, permissions changed while running): still one sentence.
+        print(f"procap: error: cannot access {exc.filename} ({exc.strerror or exc}).", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ list of valid ones.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,3 +210,134 @@ def get_preset(name: str, **overrides: Any) -> ProCapConfig:
         raise KeyError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
     base = PRESETS[name]
     return ProCapConfig.from_dict({**dataclasses.asdict(base), **overrides})
+
+
+# ------------------------------------------------------------------------------------------- sanity bounds
+# Configurations read from files (checkpoint metadata) are checked against these before any model is built: a
+# crafted `enc_dim: 1000000` would otherwise try to allocate terabytes. The bounds are far above every preset.
+_INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
+    VQGANConfig: {
+        "resolution": (8, 4096),
+        "in_channels": (1, 16),
+        "out_ch": (1, 16),
+        "ch": (1, 4096),
+        "num_res_blocks": (1, 16),
+        "z_channels": (1, 16384),
+        "embed_dim": (1, 16384),
+        "n_embed": (2, 1_048_576),
+    },
+    ProCapConfig: {
+        "image_size": (8, 4096),
+        "vocab_size": (9, 1_048_576),
+        "max_caption_len": (2, 1024),
+        "num_keyframes": (0, 64),
+        "num_generated_frames": (1, 64),
+        "enc_dim": (1, 16384),
+        "enc_heads": (1, 256),
+        "enc_mlp": (1, 65536),
+        "enc_layers": (1, 128),
+        "dec_dim": (1, 16384),
+        "dec_heads": (1, 256),
+        "dec_ffn": (1, 65536),
+        "dec_layers": (1, 128),
+    },
+}
+_FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {
+    VQGANConfig: {"dropout": (0.0, 1.0), "beta": (0.0, 1e6)},
+    ProCapConfig: {
+        "dropout": (0.0, 1.0),
+        "label_smoothing": (0.0, 1.0),
+        "msm_weight": (0.0, 1e6),
+        "align_weight": (0.0, 1e6),
+        "csy_weight": (0.0, 1e6),
+    },
+}
+_TUPLE_BOUNDS: dict[type, dict[str, tuple[type, int, int, float, float]]] = {  # item type, length, value range
+    VQGANConfig: {"ch_mult": (int, 1, 8, 1, 64), "attn_resolutions": (int, 0, 16, 1, 4096)},
+    ProCapConfig: {"negative_probs": (float, 4, 4, 0.0, 1.0)},
+    MaskingConfig: {
+        "scheme_probs": (float, 4, 4, 0.0, 1.0),
+        "patch_prob_range": (float, 2, 2, 0.0, 1.0),
+        "block_area_range": (float, 2, 2, 0.0, 1.0),
+        "block_aspect_range": (float, 2, 2, 0.01, 100.0),
+    },
+}
+
+
+def _is_number(value: Any, kind: type) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        return False
+    return kind is int or math.isfinite(value)
+
+
+def _check_fields(cls: type, values: dict[str, Any], prefix: str) -> None:
+    """Check the fields of ``cls`` present in ``values`` against the bounds tables; flags and names by type."""
+    for f in dataclasses.fields(cls):
+        kind = type(f.default) if isinstance(f.default, (bool, str)) else None
+        if kind is not None and f.name in values and not isinstance(values[f.name], kind):
+            raise ValueError(f"{prefix}{f.name} must be a {kind.__name__}, got {values[f.name]!r:.40}")
+    for name, (low, high) in _INT_BOUNDS.get(cls, {}).items():
+        value = values.get(name, low)
+        if not _is_number(value, int) or not low <= value <= high:
+            raise ValueError(f"{prefix}{name} must be an integer in [{low}, {high}], got {value!r:.40}")
+    for name, (low, high) in _FLOAT_BOUNDS.get(cls, {}).items():
+        value = values.get(name, low)
+        if not _is_number(value, float) or not low <= value <= high:
+            raise ValueError(f"{prefix}{name} must be a number in [{low:g}, {high:g}], got {value!r:.40}")
+    for name, (kind, shortest, longest, low, high) in _TUPLE_BOUNDS.get(cls, {}).items():
+        value = values.get(name, (low,) * shortest)
+        if (
+            not isinstance(value, (tuple, list))
+            or not shortest <= len(value) <= longest
+            or not all(_is_number(v, kind) and low <= v <= high for v in value)
+        ):
+            count = shortest if shortest == longest else f"{shortest} to {longest}"
+            raise ValueError(f"{prefix}{name} must be {count} numbers in [{low:g}, {high:g}], got {value!r:.60}")
+
+
+def check_config(config: VQGANConfig | ProCapConfig) -> None:
+    """Check every size and rate of a configuration against generous sanity bounds (types included).
+
+    Raises:
+        ValueError: naming the first field out of bounds, e.g. ``enc_dim must be an integer in [1, 16384]``.
+        TypeError: ``vqgan`` or ``masking`` is not a config object.
+    """
+    if isinstance(config, ProCapConfig):
+        for name, kind in (("vqgan", VQGANConfig), ("masking", MaskingConfig)):
+            if not isinstance(getattr(config, name), kind):
+                raise TypeError(f"{name} must be an object of {kind.__name__} fields")
+        _check_fields(VQGANConfig, vars(config.vqgan), "vqgan.")
+        _check_fields(MaskingConfig, vars(config.masking), "masking.")
+        if config.image_size % config.vqgan.downsample_factor:
+            raise ValueError(
+                f"image_size {config.image_size} is not a multiple of the VQGAN's downsampling "
+                f"factor {config.vqgan.downsample_factor}"
+            )
+    _check_fields(type(config), vars(config), "")
+
+
+def _build_checked(cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object of {cls.__name__} fields, got {type(data).__name__}")
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)}, key=str)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {unknown[:5]}")
+    _check_fields(cls, data, "")  # before construction: __post_init__ would fail on wrong types with no field name
+    for name, kind in (("vqgan", VQGANConfig), ("masking", MaskingConfig)):
+        if cls is ProCapConfig and isinstance(data.get(name), dict):
+            _check_fields(kind, data[name], f"{name}.")
+    config = cls(**data)
+    check_config(config)
+    return config
+
+
+def config_from_dict(cls: type, data: Any) -> Any:
+    """``cls(**data)`` for a dict read from a file, checked by :func:`check_config` before and after construction.
+
+    Raises:
+        ValueError: for any defect (wrong type, unknown field, out of bounds), naming the field.
+    """
+    try:
+        return _build_checked(cls, data)
+    except (TypeError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        raise ValueError(str(exc)) from None

@@ -66,35 +66,82 @@ def _check_inputs(predictions: dict[str, str], references: dict[str, list[str]])
         raise ProCapError(f"id {empty[0]!r} has an empty reference list.")
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence the Java tokenizer's 'PTBTokenizer tokenized N tokens' line (written to fd 2 by the child)."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # no usable fd 2: nothing to silence
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+# pycocoevalcap's PTBTokenizer drops these tokens after tokenising.
+_PTB_PUNCTUATION = frozenset(
+    ["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-", "--", "...", ";"]
+)
+# An empty line must still come back as one line; a lone period does and tokenises to nothing.
+_EMPTY_PLACEHOLDER = "."
+
+
+def normalize_caption(text: str) -> str:
+    """One line of single-spaced text.
+
+    The Stanford tokenizer reads one caption per line and treats \\r, \\v, \\f, U+0085, U+2028 and U+2029 as line
+    breaks too, so a caption holding one would shift every later caption onto the wrong references. Every run of
+    whitespace (all of those included) becomes one space; characters UTF-8 cannot encode (lone surrogates from
+    JSON escapes) become ``?``.
+    """
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return " ".join(text.split())
+
+
+def _ptb_tokenize(sentences: list[str]) -> list[str]:
+    """The Stanford PTB tokenizer of pycocoevalcap, one output line per input caption, checked.
+
+    Runs the same jar and options as ``pycocoevalcap.tokenizer.ptbtokenizer`` (so scores match published ones),
+    with the input in a private temporary folder rather than inside site-packages.
+    """
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    jar = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
+    lines = [normalize_caption(s) or _EMPTY_PLACEHOLDER for s in sentences]
+    with tempfile.TemporaryDirectory(prefix="procap-ptb-") as tmp:
+        source = Path(tmp) / "captions.txt"
+        source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        command = [
+            "java",
+            "-cp",
+            str(jar),
+            "edu.stanford.nlp.process.PTBTokenizer",
+            "-preserveLines",
+            "-lowerCase",
+            "-encoding",
+            "utf-8",
+            str(source),
+        ]
+        done = subprocess.run(command, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"java exited with code {done.returncode}: {done.stderr.decode(errors='replace')[-200:]}")
+    output = done.stdout.decode("utf-8", "replace").split("\n")
+    if output and output[-1] == "":
+        output.pop()
+    if len(output) != len(lines):
+        raise ProCapError(
+            f"the PTB tokenizer returned {len(output)} lines for {len(lines)} captions, so captions "
+            "would be scored against the wrong references; please report this caption set."
+        )
+    return [" ".join(w for w in line.rstrip().split(" ") if w and w not in _PTB_PUNCTUATION) for line in output]
 
 
 def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
     """Stanford PTB tokenisation (one Java call); procap's own tokenizer when Java is missing or fails."""
     if java_available():
-        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
+        keys = [k for k, v in texts.items() for _ in v]
         try:
-            with _quiet_stderr():
-                return PTBTokenizer().tokenize({k: [{"caption": c} for c in v] for k, v in texts.items()})
-        except OSError as exc:  # e.g. read-only site-packages: the tokenizer writes its temporary file there
+            tokens = _ptb_tokenize([c for v in texts.values() for c in v])
+        except OSError as exc:
             warnings.warn(f"Stanford PTBTokenizer failed ({exc}); using procap's tokenizer", stacklevel=2)
-    return {k: [" ".join(tokenize(c)) for c in v] for k, v in texts.items()}
+        else:
+            out: dict[str, list[str]] = {k: [] for k in texts}
+            for key, line in zip(keys, tokens):
+                out[key].append(line)
+            return out
+    return {k: [" ".join(tokenize(normalize_caption(c))) for c in v] for k, v in texts.items()}
 
 
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
@@ -195,15 +242,30 @@ def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:
 
 
 def read_predictions(path: str | os.PathLike) -> dict[str, str]:
-    """A COCO-style result list or an ``{id: caption}`` object."""
+    """A COCO-style result list ``[{"image_id", "caption"}, ...]`` or an ``{id: caption}`` object.
+
+    Raises:
+        ProCapError: naming the file, when it is not one of those shapes, an id is not a string or integer, a
+            caption is not a string, or an id appears twice (only one of its captions could be scored).
+    """
     data = read_json(path, "prediction file")
-    if isinstance(data, dict) and all(isinstance(v, str) for v in data.values()):
-        return {str(k): v for k, v in data.items()}
-    if isinstance(data, list) and all(isinstance(d, dict) and {"image_id", "caption"} <= set(d) for d in data):
-        return {str(d["image_id"]): str(d["caption"]) for d in data}
-    raise ProCapError(
-        f"prediction file {path} must be a COCO result list of {{image_id, caption}} or an {{id: caption}} object."
-    )
+    shape = f"prediction file {path} must be a COCO result list of {{image_id, caption}} or an {{id: caption}} object"
+    if isinstance(data, dict):
+        entries = list(data.items())
+    elif isinstance(data, list) and all(isinstance(d, dict) and {"image_id", "caption"} <= set(d) for d in data):
+        entries = [(d["image_id"], d["caption"]) for d in data]
+    else:
+        raise ProCapError(f"{shape}.")
+    predictions: dict[str, str] = {}
+    for key, caption in entries:
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise ProCapError(f"{shape}; it holds the id {key!r}, which is neither a string nor an integer.")
+        if not isinstance(caption, str):
+            raise ProCapError(f"{shape}; the caption of id {key!r} is {type(caption).__name__}, not a string.")
+        if str(key) in predictions:
+            raise ProCapError(f"prediction file {path} has two captions for id {key!r}.")
+        predictions[str(key)] = caption
+    return predictions
 
 
 def read_references(path: str | os.PathLike) -> dict[str, list[str]]:

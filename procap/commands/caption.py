@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from procap import validate
 from procap.errors import ProCapError
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
@@ -31,35 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
 
 
-def check_device(device: str | None) -> None:
-    """Fail with one sentence when a CUDA device is asked for on a machine without one."""
-    import torch
-
-    if device is None:
-        return
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ProCapError(f"--device {device!r} is not a device name (try cpu or cuda)") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ProCapError(f"--device {device} was requested but no CUDA device is available")
-
-
 def pairs_from_paths(paths: list[str]) -> list[tuple[Path, Path]]:
-    """Group BEFORE AFTER paths into pairs, checking that every file exists."""
+    """Group BEFORE AFTER paths into pairs, checking that every one is an existing file."""
     if len(paths) % 2:
         raise ProCapError(f"caption needs BEFORE AFTER pairs of images, got an odd number of paths ({len(paths)})")
-    for path in paths:
-        if not Path(path).is_file():
-            raise ProCapError(f"image file {path} does not exist")
-    return [(Path(b), Path(a)) for b, a in zip(paths[0::2], paths[1::2])]
+    files = [validate.input_file(path, "image file") for path in paths]
+    return list(zip(files[0::2], files[1::2]))
 
 
 def run(args: argparse.Namespace) -> int:
     pairs = pairs_from_paths(args.images)
-    check_device(args.device)
-    if args.batch_size < 1:
-        raise ProCapError(f"--batch-size must be at least 1, got {args.batch_size}")
+    validate.device(args.device)
+    validate.number(args.batch_size, "--batch-size", minimum=1)
+    validate.number(args.max_len, "--max-len", minimum=2)
+    validate.input_file(args.ckpt, "--ckpt")
     from procap.fast import Captioner
 
     captioner = Captioner.from_checkpoint(

@@ -6,6 +6,7 @@ Every flag defaults to ``None`` so that :meth:`TrainConfig.resolved` can fill in
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from procap.config import PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
@@ -54,7 +55,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--no-amp", dest="amp", action="store_false", default=None, help="disable bf16 autocast on CUDA")
     o.add_argument("--resume", action="store_true", default=None, help="continue from <out>/last.safetensors")
     o.add_argument("--log-every", type=int, help="log every N steps (default 10)")
-    o.add_argument("--save-every", type=int, help="save last checkpoint + state every N steps (default: at the end)")
+    o.add_argument("--save-every", type=int, help="also save last checkpoint + state every N steps (default: off)")
+    o.add_argument(
+        "--save-minutes",
+        type=float,
+        help="save last checkpoint + state when this many minutes passed since the last save (default 5; "
+        "0: off). Ctrl-C and SIGTERM also save before stopping",
+    )
     o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
     if stage == "pretrain":
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
@@ -89,20 +96,62 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
 
 
-def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from parsed flags, with one-sentence errors for bad values."""
+# Allowed ranges of the numeric flags (keyword arguments of procap.validate.number); absent flags are not checked.
+FLAG_BOUNDS: dict[str, dict[str, float]] = {
+    "steps": {"minimum": 1},
+    "epochs": {"minimum": 1},
+    "batch_size": {"minimum": 1},
+    "max_pairs": {"minimum": 1},
+    "lr": {"above": 0},
+    "lr_start": {"minimum": 0},
+    "encoder_lr": {"minimum": 0},
+    "decoder_lr": {"above": 0},
+    "warmup_steps": {"minimum": 0},
+    "warmup_frac": {"minimum": 0, "maximum": 1},
+    "grad_clip": {"minimum": 0},
+    "weight_decay": {"minimum": 0},
+    "workers": {"minimum": 0},
+    "log_every": {"minimum": 1},
+    "save_every": {"minimum": 0},
+    "save_minutes": {"minimum": 0},
+    "val_every": {"minimum": 0},
+    "val_pairs": {"minimum": 1},
+    "num_keyframes": {"minimum": 0},
+    "seed": {"minimum": 0, "maximum": 2**32 - 1},
+}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag in range and every path usable, before anything is loaded or written."""
+    from procap import validate
+
     if args.preset not in PRESETS:
         raise ProCapError(f"unknown preset {args.preset!r}; choose one of: {', '.join(sorted(PRESETS))}")
-    for name in ("steps", "epochs", "batch_size", "max_pairs"):
-        value = getattr(args, name, None)
-        if value is not None and value <= 0:
-            raise ProCapError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name, bounds in FLAG_BOUNDS.items():
+        validate.number(getattr(args, name, None), f"--{name.replace('_', '-')}", **bounds)
     if getattr(args, "data", None) is None:
         raise ProCapError("--data is required: the dataset root folder")
+    validate.input_dir(args.data, "--data")
     if getattr(args, "init_encoder", None):
         from procap.convert.clip import parse_init_encoder
 
         parse_init_encoder(args.init_encoder)  # a bad value fails before any data is read
+    validate.output_dir(args.out, "--out")
+    if getattr(args, "resume", None) and not (Path(args.out) / "last.safetensors").is_file():
+        raise ProCapError(f"--resume: {args.out} holds no last.safetensors to continue from.")
+    for flag in ("init", "vqgan"):
+        if getattr(args, flag, None):
+            validate.input_file(getattr(args, flag), f"--{flag}")
+    procedures = getattr(args, "procedures", None)
+    if procedures and procedures != "crossfade" and not Path(procedures).exists():
+        raise ProCapError(f"--procedures {procedures} is neither 'crossfade' nor an existing procedure cache.")
+    if getattr(args, "device", None):
+        validate.device(args.device)
+
+
+def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
+    """TrainConfig from parsed flags, with one-sentence errors for bad values."""
+    check_args(args)
     try:
         return TrainConfig.from_args(stage, args)
     except ValueError as exc:

@@ -22,11 +22,14 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import save_checkpoint
     from procap.convert import convert_authors_checkpoint
 
+    from procap import validate
+
     out = Path(args.out)
+    validate.input_file(args.checkpoint, "authors' checkpoint")
+    validate.input_file(args.vocab, "--vocab file")
+    validate.output_file(out, "--out")  # before the (slow) conversion: nothing is written on a bad --out
     if out.suffix != ".safetensors":
         raise ProCapError(f"--out {out} must end in .safetensors")
-    if not Path(args.vocab).is_file():
-        raise ProCapError(f"vocabulary file {args.vocab} does not exist")
     model, vocab, info = convert_authors_checkpoint(args.checkpoint, args.vocab)
     save_checkpoint(out, model, vocab, {"stage": "stage2", **info})
     c = model.config

@@ -27,17 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from procap import validate
     from procap.commands.demo_pipeline import run_demo
-    from procap.errors import ProCapError
 
-    if args.seeds < 1:
-        raise ProCapError(f"--seeds must be at least 1, got {args.seeds}")
-    if args.workers < 0:
-        raise ProCapError(f"--workers must be 0 or more, got {args.workers}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ProCapError(f"--device {args.device}: no CUDA GPU is available")
+    validate.number(args.seeds, "--seeds", minimum=1)
+    validate.number(args.workers, "--workers", minimum=0)
+    validate.device(args.device)
+    validate.output_dir(args.out, "--out")
     run_demo(
         args.out,
         quick=args.quick,

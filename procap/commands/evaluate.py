@@ -23,14 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
-    parser.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs")
+    parser.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs (N >= 1)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
+    from procap import validate
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
@@ -41,19 +40,16 @@ def run(args: argparse.Namespace) -> int:
         metrics = metric_names(args.metrics) if args.metrics else None
     except ProCapError as exc:
         raise ProCapError(f"--metrics: {exc}") from None
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if args.device == "auto"
-        else args.device
-    )
+    validate.number(args.batch_size, "--batch-size", minimum=1)
+    validate.number(args.max_pairs, "--max-pairs", minimum=1)
+    device = validate.device(args.device)
+    validate.input_file(args.ckpt, "--ckpt")
+    out = validate.output_dir(args.out or Path(args.ckpt).parent / f"eval_{args.split}", "--out")
     model, vocab, _ = load_checkpoint(args.ckpt, map_location=device)
     pairs = load_split(args.dataset, args.data, args.split)
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
-    out = Path(args.out) if args.out else Path(args.ckpt).parent / f"eval_{args.split}"
     truths = None
     if args.dataset == "clevr-change":
         from procap.correctness import scene_truths

@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split(s) to prepare, repeatable (default: train)",
     )
     parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l, generated frames per pair")
-    parser.add_argument("--size", type=int, default=224, help="stored frame size S (the model's image size)")
+    parser.add_argument(
+        "--size", type=int, default=None, help="stored frame size S (default: the --vqgan's image size; 224 for taming)"
+    )
     parser.add_argument(
         "--similarity",
         default="vqgan",
@@ -52,18 +54,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-codes", dest="store_codes", action="store_false", help="do not store the VQ codes of every frame"
     )
-    parser.add_argument("--limit", type=int, help="only the first N pairs (quick runs)")
+    parser.add_argument("--limit", type=int, help="only the first N pairs (N >= 1; quick runs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
-def run(args: argparse.Namespace) -> int:
+def check_args(args: argparse.Namespace) -> None:
+    """Ranges, paths and flag combinations, before anything is loaded or written."""
+    from procap import validate
     from procap.errors import ProCapError
+
+    validate.number(args.workers, "--workers", minimum=1)
+    validate.number(args.limit, "--limit", minimum=1)
+    validate.number(args.size, "--size", minimum=16, maximum=4096)
+    validate.input_dir(args.root, "--root")
+    validate.output_dir(args.out, "--out")
+    needs = {"vqgan": "vqgan", "dinov2": "dinov2_weights", "scores": "scores_file"}[args.similarity]
+    if not getattr(args, needs):
+        flag = f"--{needs.replace('_', '-')}"
+        raise ProCapError(f"--similarity {args.similarity} needs {flag} FILE (nothing is downloaded).")
+    for name in ("vqgan", "dinov2_weights", "scores_file"):
+        if getattr(args, name):
+            validate.input_file(getattr(args, name), f"--{name.replace('_', '-')}")
+    if args.device:
+        validate.device(args.device)
+
+
+def default_size(vqgan: str | None) -> int:
+    """The VQGAN's image size: a `procap vqgan` file records it; a taming checkpoint is the paper's 224 px."""
+    if vqgan and vqgan.endswith(".safetensors"):
+        from procap.model.vqgan import VQGAN
+
+        return VQGAN.read_config(vqgan).resolution
+    return 224
+
+
+def run(args: argparse.Namespace) -> int:
     from procap.procedure.pipeline import options_from_args, prepare
 
-    if args.workers < 1:
-        raise ProCapError(f"--workers must be at least 1, got {args.workers}.")
-    if args.size < 16:
-        raise ProCapError(f"--size must be at least 16 pixels, got {args.size}.")
+    check_args(args)
+    if args.size is None:
+        args.size = default_size(args.vqgan)
     stats = prepare(options_from_args(args))
     print(
         f"procedure cache {args.out}: {stats['written']} pairs written, {stats['skipped']} already done, "

@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from procap.commands.caption import check_device
-from procap.errors import ProCapError
+from procap import validate
 
 HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
 
@@ -74,9 +73,13 @@ def _export_trace(prof, out_dir: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batch_size < 1 or args.steps < 1:
-        raise ProCapError(f"--batch-size and --steps must be at least 1, got {args.batch_size} and {args.steps}")
-    check_device(args.device)
+    validate.number(args.batch_size, "--batch-size", minimum=1)
+    validate.number(args.steps, "--steps", minimum=1)
+    validate.number(args.max_len, "--max-len", minimum=2)
+    validate.device(args.device)
+    validate.input_file(args.ckpt, "--ckpt")
+    if not args.no_trace:
+        validate.output_dir(args.out, "--out")
     import torch
 
     from procap.fast import Captioner

@@ -1,10 +1,16 @@
-"""`procap score`: BLEU-4 / METEOR / ROUGE-L / CIDEr of predictions against references."""
+"""`procap score`: BLEU-4 / METEOR / ROUGE-L / CIDEr of predictions against references.
+
+References come from a ``{id: [captions]}`` file (``--refs``) or straight from a dataset split
+(``--dataset/--root/--split``, the ids ``procap evaluate`` writes into ``results.json``); CLEVR-Change splits
+also give the per-change-type breakdown.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
 
 HELP = "Score predicted captions against references (BLEU-4, METEOR, ROUGE-L, CIDEr)."
@@ -12,7 +18,12 @@ HELP = "Score predicted captions against references (BLEU-4, METEOR, ROUGE-L, CI
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pred", required=True, help="COCO-style results [{image_id, caption}] or {id: caption}")
-    parser.add_argument("--refs", required=True, help="{id: [reference captions]}")
+    parser.add_argument("--refs", default=None, help="{id: [reference captions]} (or give --dataset and --root)")
+    parser.add_argument(
+        "--dataset", choices=sorted(DATASETS), default=None, help="take the references from this dataset's split"
+    )
+    parser.add_argument("--root", default=None, help="dataset root folder (with --dataset)")
+    parser.add_argument("--split", default="test", choices=SPLITS, help="split used with --dataset (default test)")
     parser.add_argument("--types", default=None, help="optional {id: change type} for a per-type breakdown")
     parser.add_argument(
         "--metrics",
@@ -22,16 +33,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 
 
+def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str] | None, str]:
+    """(id -> references, id -> change type or None, how messages name the source)."""
+    from procap.evaluate import read_references
+
+    if args.refs is not None:
+        if args.dataset is not None or args.root is not None:
+            raise ProCapError("give either --refs or --dataset with --root, not both.")
+        return read_references(args.refs), None, f"reference file {args.refs}"
+    if args.dataset is None or args.root is None:
+        raise ProCapError("--refs is required, or --dataset and --root to take the references from a dataset split.")
+    from procap.data import load_split
+
+    pairs = load_split(args.dataset, args.root, args.split)
+    types = {p.id: p.change_type for p in pairs if p.change_type is not None}
+    return {p.id: list(p.captions) for p in pairs}, types or None, f"the {args.split} split of {args.root}"
+
+
+def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pred: str, source: str) -> None:
+    missing = [key for key in predictions if key not in references]
+    if missing:
+        raise ProCapError(f"{len(missing)} id(s) of prediction file {pred} are not in {source}, e.g. {missing[0]!r}.")
+    empty = [key for key in predictions if not references[key]]
+    if empty:
+        raise ProCapError(f"id {empty[0]!r} of prediction file {pred} has no reference caption in {source}.")
+
+
 def run(args: argparse.Namespace) -> int:
+    from procap import validate
     from procap.data.records import read_json
-    from procap.evaluate import format_table, read_predictions, read_references, score
+    from procap.evaluate import format_table, metric_names, read_predictions, score
     from procap.files import atomic_write_json
 
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-    types = read_json(args.types, "change-type file") if args.types else None
-    if types is not None and not isinstance(types, dict):
-        raise ProCapError(f"change-type file {args.types} must be an object from id to change type.")
-    results = score(read_predictions(args.pred), read_references(args.refs), metrics, types)
+    try:
+        metrics = metric_names(m.strip() for m in args.metrics.split(",") if m.strip())
+    except ProCapError as exc:
+        raise ProCapError(f"--metrics {args.metrics!r}: {exc}") from None
+    if not metrics:
+        raise ProCapError(f"--metrics {args.metrics!r} names no metric.")
+    if args.out:
+        validate.output_file(args.out, "--out")
+    predictions = read_predictions(args.pred)
+    references, types, source = _references(args)
+    if args.types:
+        types = read_json(args.types, "change-type file")
+        if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
+            raise ProCapError(f"change-type file {args.types} must be an object from id to change type.")
+    _check_ids(predictions, references, args.pred, source)
+    results = score(predictions, references, metrics, types)
     print(format_table(results))
     if args.out:
         atomic_write_json(args.out, results, indent=2)

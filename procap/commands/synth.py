@@ -17,8 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from procap import validate
     from procap.data.synthetic import generate
 
+    validate.number(args.scenes, "--scenes", minimum=1)
+    validate.number(args.size, "--size", minimum=16, maximum=4096)
+    validate.number(args.workers, "--workers", minimum=1)
+    validate.output_dir(args.out, "--out")
     start = time.perf_counter()
     splits = generate(args.out, args.scenes, args.size, args.seed, workers=args.workers)
     sizes = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())

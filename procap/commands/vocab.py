@@ -21,12 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(f"{name} {spec.min_count}" for name, spec in sorted(DATASETS.items()))
         + ")",
     )
-    parser.add_argument("--split", default="train", help="split whose captions are counted (default train)")
+    parser.add_argument(
+        "--split", default="train", choices=("train", "val", "test"), help="split whose captions are counted"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from procap import validate
     from procap.data import Vocabulary, load_split
 
+    validate.number(args.min_count, "--min-count", minimum=1)
+    validate.output_file(args.out, "--out")
     pairs = load_split(args.dataset, args.root, args.split)
     min_count = args.min_count if args.min_count is not None else DATASETS[args.dataset].min_count
     vocab = Vocabulary.build((c for pair in pairs for c in pair.captions), min_count=min_count)

@@ -18,18 +18,29 @@ from typing import Any
 
 from procap.data.records import ChangePair, read_json
 from procap.errors import ProCapError
+from procap.validate import input_dir
 
 
 def _require_dir(path: Path, what: str) -> Path:
-    if not path.is_dir():
-        raise ProCapError(f"{what} {path} does not exist or is not a directory.")
-    return path
+    return input_dir(path, what)
 
 
 def _require_list(data: Any, path: Path, what: str) -> list:
     if not isinstance(data, list):
         raise ProCapError(f"{what} {path} must hold a JSON list of entries, found {type(data).__name__}.")
     return data
+
+
+def _is_id(value: object) -> bool:
+    """Ids are strings or integers (JSON true/false are not ids, although Python counts bool as int)."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _captions(value: object, path: Path, what: str, key: object) -> list[str]:
+    """A list of caption strings, stripped, empty ones dropped; anything else is a one-sentence error."""
+    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+        raise ProCapError(f"{what} {path} must give a list of caption strings for {key!r}.")
+    return [c.strip() for c in value if c.strip()]
 
 
 def _index_of(name: object) -> int:
@@ -45,6 +56,8 @@ def _clevr_types(root: Path) -> dict[int, str]:
     types: dict[int, str] = {}
     for change_type, names in mapping.items():
         for name in names:
+            if not _is_id(name):
+                raise ProCapError(f"CLEVR-Change type mapping {path} has a file name of type {type(name).__name__}.")
             try:
                 types[_index_of(name)] = change_type
             except ValueError:
@@ -76,7 +89,7 @@ def load_clevr_change(root: str | os.PathLike, split: str) -> list[ChangePair]:
     splits = read_json(splits_path, "CLEVR-Change splits file")
     if not isinstance(splits, dict) or split not in splits:
         raise ProCapError(f"CLEVR-Change splits file {splits_path} has no {split!r} split.")
-    if not isinstance(splits[split], list) or not all(isinstance(i, int) for i in splits[split]):
+    if not isinstance(splits[split], list) or not all(_is_id(i) and isinstance(i, int) for i in splits[split]):
         raise ProCapError(f"CLEVR-Change splits file {splits_path} must list int scene indices under {split!r}.")
     change = _clevr_captions(root / "change_captions.json")
     no_change = _clevr_captions(root / "no_change_captions.json")
@@ -120,8 +133,13 @@ def load_spot_the_diff(root: str | os.PathLike, split: str) -> list[ChangePair]:
     for entry in entries:
         if not isinstance(entry, dict) or "img_id" not in entry or not isinstance(entry.get("sentences"), list):
             raise ProCapError(f"Spot-the-Diff annotation file {path} has an entry without img_id/sentences list.")
+        if not _is_id(entry["img_id"]):
+            raise ProCapError(
+                f"Spot-the-Diff annotation file {path} has an img_id of type "
+                f"{type(entry['img_id']).__name__}; ids are strings or integers."
+            )
         sentences = merged.setdefault(str(entry["img_id"]), [])
-        sentences.extend(s.strip() for s in entry["sentences"] if isinstance(s, str) and s.strip())
+        sentences.extend(_captions(entry["sentences"], path, "Spot-the-Diff annotation file", entry["img_id"]))
     return [
         ChangePair(img_id, images / f"{img_id}.png", images / f"{img_id}_2.png", sentences, None)
         for img_id, sentences in merged.items()
@@ -145,7 +163,18 @@ def load_image_editing_request(root: str | os.PathLike, split: str) -> list[Chan
             or not isinstance(entry["sents"], list)
         ):
             raise ProCapError(f"Image-Editing-Request annotation file {path} has an entry without img0/img1/sents/uid.")
-        sentences = [s.strip() for s in entry["sents"] if isinstance(s, str) and s.strip()]
+        for field in ("img0", "img1"):
+            if not isinstance(entry[field], str) or not entry[field].strip():
+                raise ProCapError(
+                    f"Image-Editing-Request annotation file {path} has an {field} that is not a file "
+                    f"name: {entry[field]!r:.40}."
+                )
+        if not _is_id(entry["uid"]):
+            raise ProCapError(
+                f"Image-Editing-Request annotation file {path} has a uid of type "
+                f"{type(entry['uid']).__name__}; ids are strings or integers."
+            )
+        sentences = _captions(entry["sents"], path, "Image-Editing-Request annotation file", entry["uid"])
         if sentences:
             pairs.append(ChangePair(str(entry["uid"]), images / entry["img0"], images / entry["img1"], sentences, None))
     return pairs

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from procap.errors import ProCapError
+from procap.validate import input_file
 
 
 @dataclass
@@ -33,11 +34,13 @@ class ChangePair:
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Load a JSON file; a missing or malformed file becomes a one-sentence ProCapError naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"{what} {path} does not exist.")
+    path = input_file(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProCapError(f"{what} {path} is not valid JSON ({exc}).") from None
+    except RecursionError:
+        raise ProCapError(f"{what} {path} is nested too deeply to be read as JSON.") from None
+    except OSError as exc:
+        raise ProCapError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None

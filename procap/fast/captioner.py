@@ -29,7 +29,7 @@ import torch
 from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
-from procap.fast.inputs import to_image_batch
+from procap.fast.inputs import check_pixels, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
@@ -278,12 +278,15 @@ class Captioner:
         """Tokens for image batches (B, 3, S, S) in [0, 1] -> (B, max_len - 1) int64 on the device.
 
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
-        variant: every step kept, only [UNK] suppressed).
+        variant: every step kept, only [UNK] suppressed). Non-finite or out-of-range pixels raise
+        :class:`ProCapError` (checking them costs one host read per call).
         """
         if before.shape != after.shape:
             raise ProCapError(
                 f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
             )
+        check_pixels(before, "before images")
+        check_pixels(after, "after images")
         chunk, outs = self.batch_sizes[-1], []
         for start in range(0, before.shape[0], chunk):
             b, a = before[start : start + chunk], after[start : start + chunk]

@@ -26,13 +26,35 @@ def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
     """PIL image -> (3, size, size) float in [0, 1] through the very function load_image applies to a file."""
     from procap.data.images import to_tensor
 
-    return to_tensor(image, size)
+    try:
+        return to_tensor(image, size)
+    except ValueError as exc:
+        raise ProCapError(f"cannot caption a PIL image of mode {image.mode}: {exc}") from None
 
 
 def _from_path(path: Path, size: int) -> torch.Tensor:
     from procap.data import load_image
 
     return load_image(path, size)  # ProCapError naming the file when missing or undecodable
+
+
+def check_pixels(images: torch.Tensor, what: str = "images") -> None:
+    """Float pixels must be finite and in [0, 1]: NaN, Inf or 0-255 values would caption garbage silently.
+
+    One reduction and one host read for the whole batch.
+
+    Raises:
+        ProCapError: naming what was wrong and the fix (0-255 values: divide by 255).
+    """
+    if images.numel() == 0 or not images.is_floating_point():
+        return
+    values = images.detach().float()
+    finite, low, high = torch.stack([values.isfinite().all().float(), values.amin(), values.amax()]).tolist()
+    if not finite:
+        raise ProCapError(f"{what} hold NaN or infinite values; pass finite pixels in [0, 1].")
+    if low < 0.0 or high > 1.0:
+        hint = " (divide 0-255 values by 255)" if high > 1.0 else ""
+        raise ProCapError(f"float {what} must lie in [0, 1], got values in [{low:g}, {high:g}]{hint}.")
 
 
 def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
@@ -43,6 +65,7 @@ def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
     if array.dtype != np.uint8:
         if not np.issubdtype(array.dtype, np.floating):
             raise ProCapError(f"numpy images must be uint8 or float in [0, 1], got dtype {array.dtype}")
+        check_pixels(torch.from_numpy(np.asarray(array, dtype=np.float32)), "numpy images")
         array = np.clip(np.rint(array * 255.0), 0, 255).astype(np.uint8)
     return _from_pil(Image.fromarray(np.ascontiguousarray(array)), size)
 
@@ -54,6 +77,9 @@ def _from_tensor(tensor: torch.Tensor, size: int) -> torch.Tensor:
         return _from_array(tensor.cpu().numpy(), size)
     if tensor.ndim != 3 or tensor.shape[0] != 3:
         raise ProCapError(f"float image tensors must be (3, H, W) in [0, 1], got shape {tuple(tensor.shape)}")
+    if not tensor.is_floating_point():
+        raise ProCapError(f"image tensors must be uint8 or float in [0, 1], got dtype {tensor.dtype}")
+    check_pixels(tensor, "image tensors")
     tensor = tensor.float()
     if tensor.shape[-2:] != (size, size):
         # Not bit-identical to PIL's bicubic; pass uint8 / PIL / paths for training's exact preprocessing.
@@ -89,6 +115,7 @@ def to_image_batch(images: Any, size: int) -> torch.Tensor:
     if isinstance(images, torch.Tensor) and images.ndim == 4 and images.dtype != torch.uint8:
         if images.shape[1] != 3 or images.shape[-2:] != (size, size):
             raise ProCapError(f"a batched image tensor must be (B, 3, {size}, {size}), got {tuple(images.shape)}")
+        check_pixels(images, "image tensors")
         return images.detach().float().cpu()
     if isinstance(images, (str, Path, Image.Image)) or (hasattr(images, "ndim") and images.ndim == 3):
         images = [images]  # a single image where a batch was expected

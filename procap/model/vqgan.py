@@ -218,16 +218,47 @@ class VQGAN(nn.Module):
         Raises:
             ProCapError: the file is missing, is neither format, or does not fit the architecture.
         """
-        if not Path(path).is_file():
-            raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+        from procap.validate import input_file
+
+        input_file(path, "VQGAN checkpoint")
         if not str(path).endswith(".safetensors"):
             return cls.from_taming_checkpoint(path).eval()
-        state, meta = cls.read_saved(path)
-        model = cls(VQGANConfig(**meta["vqgan_config"]))
+        model = cls(cls.read_config(path))
+        state, _ = cls.read_saved(path)
         from procap.checkpoint import load_weights
 
         load_weights(model, state, path)
         return model.eval()
+
+    @classmethod
+    def read_config(cls, path: str | Path) -> VQGANConfig:
+        """The :class:`VQGANConfig` of a :meth:`save` file, checked, without reading its weights.
+
+        The configuration is checked against sane bounds (``procap.config.check_config``) and the stored tensor
+        shapes against a model built on the meta device, so a crafted file fails before anything is allocated.
+
+        Raises:
+            ProCapError: not a :meth:`save` file, malformed or out-of-bounds configuration, or tensors that do
+                not fit it.
+        """
+        import json
+
+        from procap.checkpoint import check_file_fits, read_header
+        from procap.config import config_from_dict
+
+        _, raw = read_header(path, "VQGAN weights")
+        try:
+            fmt, config = json.loads(raw.get("format", "null")), json.loads(raw.get("vqgan_config", "null"))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ProCapError(f"VQGAN weights file {path} has malformed JSON metadata ({exc})") from None
+        if fmt != VQGAN_FORMAT:
+            raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
+        try:
+            config = config_from_dict(VQGANConfig, config)
+        except ValueError as exc:
+            raise ProCapError(f"VQGAN weights file {path} holds an invalid configuration ({exc})") from None
+        check_file_fits(path, lambda: cls(config), "VQGAN weights")
+        return config
 
     @staticmethod
     def read_saved(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -260,21 +291,24 @@ class VQGAN(nn.Module):
 
 def load_taming_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read the VQGAN tensors of a taming ``.ckpt``: its ``state_dict`` without the ``loss.*`` entries."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"VQGAN checkpoint {path} does not exist.")
+    from procap.validate import input_file
+
+    path = input_file(path, "VQGAN checkpoint")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__ + ": empty or truncated file"])[0][:120]
         raise ProCapError(
             f"VQGAN checkpoint {path} cannot be read safely (weights_only): it is not a torch file or holds "
             f"pickled objects beyond tensors; save just its state_dict, e.g. "
-            f"torch.save({{'state_dict': ckpt['state_dict']}}, 'vqgan.ckpt') ({str(exc).splitlines()[0][:120]})."
+            f"torch.save({{'state_dict': ckpt['state_dict']}}, 'vqgan.ckpt') ({reason})."
         ) from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ProCapError(f"VQGAN checkpoint {path} has no 'state_dict' dictionary (expected a taming .ckpt).")
-    state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("loss.")}
-    return state
+    state = checkpoint["state_dict"]
+    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise ProCapError(f"VQGAN checkpoint {path} has a 'state_dict' holding something other than named tensors.")
+    return {k: v for k, v in state.items() if not k.startswith("loss.")}
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], path: str | Path, show: int = 5) -> None:

@@ -86,18 +86,16 @@ def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[
         ProCapError: an image is missing or unreadable (naming the file), or before and after differ in
             size (naming the pair) unless ``allow_size_mismatch``.
     """
-    from PIL import Image, UnidentifiedImageError
+    from procap.data.images import open_image
 
     sizes = []
     for path in (pair.before_path, pair.after_path):
-        try:
-            with Image.open(path) as img:
+        with open_image(path) as img:  # missing, too large or not an image: one sentence naming the file
+            try:
                 img.verify()
-                sizes.append(img.size)
-        except FileNotFoundError:
-            raise ProCapError(f"image {path} does not exist.") from None
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            raise ProCapError(f"image {path} cannot be read ({exc}).") from None
+            except (OSError, SyntaxError, ValueError) as exc:
+                raise ProCapError(f"image {path} cannot be read ({exc}).") from None
+            sizes.append(img.size)
     if sizes[0] != sizes[1] and not allow_size_mismatch:
         raise ProCapError(
             f"pair {pair.id}: before {pair.before_path} is {sizes[0][0]}x{sizes[0][1]} but after "

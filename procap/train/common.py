@@ -45,6 +45,8 @@ def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any)
         config = get_preset(preset, vocab_size=len(vocab), **overrides)
     except KeyError as exc:
         raise ProCapError(exc.args[0]) from None
+    except ValueError as exc:  # e.g. --num-keyframes larger than the preset's generated frames
+        raise ProCapError(f"preset {preset} with {overrides}: {exc}") from None
     model = ProCap(config)
     if vqgan_path:
         load_vqgan_into(model, vqgan_path)

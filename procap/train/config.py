@@ -65,7 +65,8 @@ class TrainConfig:
     val_every: int = 0
     val_pairs: int | None = 200
     val_metrics: tuple[str, ...] = ("BLEU-4", "ROUGE-L", "CIDEr")  # no METEOR: it needs Java and is slow
-    save_every: int = 0
+    save_every: int = 0  # steps between saves of `last` (0: off)
+    save_minutes: float = 5.0  # also save `last` when this many minutes passed since the last save (0: off)
     log_every: int = 10
     progress: bool = True
     cache_images: bool = True

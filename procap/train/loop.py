@@ -25,6 +25,7 @@ from procap.errors import ProCapError
 from procap.files import atomic_write_text
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
+from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
 
 LossFn = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
@@ -38,9 +39,9 @@ class JsonlLog:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # here, not at construction: a failed start leaves nothing
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
@@ -112,6 +113,7 @@ class Trainer:
         self.optimizer, self.schedule = make_optimizer(self.total)
         self.log = JsonlLog(self.out / "log.jsonl")
         self.state = LoopState()
+        self._saved_at = time.monotonic()
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -123,6 +125,7 @@ class Trainer:
         return self.out / "best.safetensors"
 
     def save_last(self) -> None:
+        self._saved_at = time.monotonic()
         self.save_weights(self.last_path, {"step": self.state.step, "stage": self.name})
         scalars = {
             "step": self.state.step,
@@ -136,12 +139,15 @@ class Trainer:
         }
         save_training_state(self.last_path, self.optimizer, scalars)
 
-    def resume(self) -> None:
-        """Restore weights, optimizer, schedule, position and RNGs from ``<out>/last.*``."""
+    def _check_resumable(self) -> None:
         if not self.last_path.is_file() or not state_paths(self.last_path)[1].is_file():
             raise ProCapError(
                 f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"
             )
+
+    def resume(self) -> None:
+        """Restore weights, optimizer, schedule, position and RNGs from ``<out>/last.*``."""
+        self._check_resumable()
         self.load_weights(self.last_path)
         scalars = load_training_state(self.last_path, self.optimizer)
         self.schedule.load_state_dict(scalars["schedule"])
@@ -222,14 +228,39 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0
 
+    def _save_due(self) -> bool:
+        """``--save-every`` steps, or ``--save-minutes`` since the last save (bounds the work a crash loses)."""
+        minutes = self.cfg.save_minutes or 0
+        return self._due(self.cfg.save_every) or (minutes > 0 and time.monotonic() - self._saved_at >= 60 * minutes)
+
+    def _stop_if_requested(self, stop: StopRequests) -> None:
+        """After a complete step: on Ctrl-C / SIGTERM save ``last`` and raise :class:`TrainingInterrupted`."""
+        if stop.signum is None:
+            return
+        self.save_last()
+        raise TrainingInterrupted(
+            f"saved step {self.state.step} to {self.last_path}; continue with --resume", stop.signum
+        )
+
     def fit(self) -> LoopState:
-        """Train to ``total`` steps; returns the final state. Writes ``last``/``best`` checkpoints and the log."""
+        """Train to ``total`` steps; returns the final state. Writes ``last``/``best`` checkpoints and the log.
+
+        The run folder is locked against a second writer for the whole run. Ctrl-C or SIGTERM end the step in
+        flight, save ``last`` (resumable with ``--resume``) and raise :class:`TrainingInterrupted`.
+        """
+        if self.cfg.resume:
+            self._check_resumable()  # before anything is created
+        self.out.mkdir(parents=True, exist_ok=True)
+        with RunFolderLock(self.out), StopRequests() as stop:
+            if self.cfg.resume:
+                self.resume()
+            atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(self.cfg.to_dict(), indent=1))
+            return self._fit(stop)
+
+    def _fit(self, stop: StopRequests) -> LoopState:
         from tqdm.auto import tqdm
 
-        self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(self.cfg.to_dict(), indent=1))
-        if self.cfg.resume:
-            self.resume()
+        self._saved_at = time.monotonic()
         bar = tqdm(
             total=self.total,
             initial=self.state.step,
@@ -263,8 +294,9 @@ class Trainer:
                 if self._due(self.cfg.val_every):
                     self.run_validation()
                     validated_at = self.state.step
-                if self._due(self.cfg.save_every):
+                if self._save_due():
                     self.save_last()
+                self._stop_if_requested(stop)
                 if self.state.step >= self.total:
                     break
             else:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from procap.checkpoint import load_module_state, load_weights
-from procap.config import VQGANConfig, get_preset
+from procap.config import get_preset
 from procap.errors import ProCapError
 from procap.model.vqgan import VQGAN
 from procap.train.config import TrainConfig
@@ -34,9 +34,9 @@ def load_vqgan(path: Path | str) -> torch.nn.Module:
 
 def load_vqgan_into(model: torch.nn.Module, path: Path | str) -> None:
     """Copy VQGAN weights from ``path`` into ``model.vqgan`` after checking the architectures agree."""
-    state, meta = VQGAN.read_saved(path)
-    if VQGANConfig(**meta["vqgan_config"]) != model.vqgan.config:
+    if VQGAN.read_config(path) != model.vqgan.config:
         raise ProCapError(f"the VQGAN in {path} has a different architecture than the model's preset")
+    state, _ = VQGAN.read_saved(path)
     load_weights(model.vqgan, state, path)
 
 

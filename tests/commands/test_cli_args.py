@@ -26,6 +26,13 @@ def test_dataset_choices_come_from_the_registry(capsys):
         parser.parse_args(["--out", "run", "--dataset", "coco"])
 
 
+@pytest.fixture(autouse=True)
+def _in_a_folder_with_data(tmp_path, monkeypatch):
+    """The flags name ``d`` (a dataset folder) and ``run`` (the output), relative to a fresh working folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+
+
 def test_flags_map_onto_the_config_and_paper_defaults_fill_the_rest():
     cfg = config_from_args("train", _parse("train", "--data", "d", "--dataset", "spot-the-diff", "--steps", "5"))
     assert (cfg.stage, cfg.data, cfg.steps, cfg.dataset) == ("train", "d", 5, "spot-the-diff")
@@ -36,7 +43,10 @@ def test_flags_map_onto_the_config_and_paper_defaults_fill_the_rest():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (("--data", "d", "--steps", "0"), "--steps must be positive"),
+        (("--data", "d", "--steps", "0"), "--steps must be at least 1"),
+        (("--data", "d", "--lr", "-1"), "--lr must be greater than 0"),
+        (("--data", "d", "--warmup-frac", "5"), "--warmup-frac must be at most 1"),
+        (("--data", "missing"), "--data missing does not exist"),
         (("--data", "d", "--preset", "huge"), "unknown preset 'huge'"),
         ((), "--data is required"),
     ],

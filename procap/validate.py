@@ -1,0 +1,138 @@
+"""Checks of user input made before any work starts: files to read, outputs to write, devices and numbers.
+
+Every check raises :class:`~procap.errors.ProCapError` with one sentence that names the file or the argument,
+so a command fails in the first second, before it has written anything, instead of with a traceback (or a
+half-written output) after a long computation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from procap.errors import ProCapError
+
+
+def input_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a Path when it is an existing regular file (or a link to one).
+
+    Args:
+        path: the file to read.
+        what: how the message names it, e.g. ``"checkpoint file"`` or ``"--refs file"``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ProCapError(f"{what} {path} is a directory, not a file.")
+    if not path.is_file():
+        raise ProCapError(f"{what} {path} does not exist.")
+    return path
+
+
+def input_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a Path when it is an existing directory."""
+    path = Path(path)
+    if path.is_file():
+        raise ProCapError(f"{what} {path} is a file, not a folder.")
+    if not path.is_dir():
+        raise ProCapError(f"{what} {path} does not exist.")
+    return path
+
+
+def _nearest_existing(path: Path) -> Path:
+    """The closest ancestor of ``path`` (or ``path`` itself) that exists; ``.`` for a relative path's root."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    """The folders missing above ``path`` can be created: the nearest existing ancestor is a writable folder."""
+    ancestor = _nearest_existing(path.parent)
+    if not ancestor.is_dir():
+        raise ProCapError(f"{flag} {path} cannot be created: {ancestor} is a file, not a folder.")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ProCapError(f"{flag} {path} cannot be written: folder {ancestor} is not writable.")
+
+
+def output_file(path: str | os.PathLike, flag: str) -> Path:
+    """Check that a file can be written at ``path`` (it may exist and is then replaced).
+
+    Args:
+        path: the file a command will write (through a temporary file and a rename).
+        flag: the argument that named it, e.g. ``"--out"``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ProCapError(f"{flag} {path} is a directory; give the name of a file to write.")
+    _check_creatable(path, flag)
+    return path
+
+
+def output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """Check that ``path`` is a writable folder or can be created as one (nothing is created here)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ProCapError(f"{flag} {path} is an existing file, not a folder.")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ProCapError(f"{flag} {path} is not a writable folder.")
+        return path
+    _check_creatable(path, flag)
+    return path
+
+
+def number(
+    value: float | None,
+    flag: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+) -> None:
+    """Range check of a numeric argument; ``None`` (not given) passes.
+
+    Args:
+        value: the parsed value.
+        flag: its name in messages, e.g. ``"--lr"``.
+        minimum, maximum: inclusive bounds.
+        above: exclusive lower bound (``above=0`` means "positive").
+    """
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProCapError(f"{flag} must be a finite number, got {value}.")
+    if above is not None and not value > above:
+        raise ProCapError(f"{flag} must be greater than {above:g}, got {value}.")
+    if minimum is not None and value < minimum:
+        raise ProCapError(f"{flag} must be at least {minimum:g}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise ProCapError(f"{flag} must be at most {maximum:g}, got {value}.")
+
+
+def device(name: str | None, flag: str = "--device"):
+    """Parse a device name and check that it exists on this machine.
+
+    ``None`` and ``"auto"`` mean CUDA when available, else the CPU.
+
+    Returns:
+        The ``torch.device``.
+    """
+    import torch
+
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        parsed = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ProCapError(f"{flag} {name!r} is not a device name (try cpu or cuda).") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ProCapError(f"{flag} {name} was requested but no CUDA device is available.")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ProCapError(f"{flag} {name}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ProCapError(f"{flag} {name} was requested but no MPS device is available.")
+    elif parsed.type not in ("cpu", "mps"):
+        raise ProCapError(f"{flag} {name}: only cpu, cuda and mps devices are supported.")
+    return parsed

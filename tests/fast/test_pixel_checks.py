@@ -1,0 +1,67 @@
+"""procap.fast: NaN / Inf / 0-255 float pixels are refused with one sentence instead of captioning garbage.
+
+Was: the Captioner returned '' (or any caption) for such input, with no error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from procap.errors import ProCapError
+from procap.fast import Captioner
+from procap.fast.inputs import check_pixels, to_image_tensor
+
+
+class _Words:
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+@pytest.fixture()
+def captioner(trained):
+    return Captioner(trained[0], _Words(), device="cpu", max_len=6)
+
+
+def _bad(kind: str, shape=(3, 32, 32)) -> torch.Tensor:
+    image = torch.rand(*shape)
+    if kind == "nan":
+        image[0, 1, 2] = float("nan")
+    elif kind == "inf":
+        image[..., -1] = float("inf")
+    elif kind == "0-255":
+        image = image * 255
+    elif kind == "negative":
+        image = image - 0.5  # e.g. ImageNet-normalised input
+    return image
+
+
+@pytest.mark.parametrize(
+    "kind,message", [("nan", "NaN"), ("inf", "NaN or infinite"), ("0-255", "divide 0-255"), ("negative", r"\[0, 1\]")]
+)
+def test_every_entry_point_refuses_bad_pixels(captioner, kind, message):
+    good = torch.rand(3, 32, 32)
+    bad = _bad(kind)
+    with pytest.raises(ProCapError, match=message):
+        captioner([bad], [good])  # a list of float tensors
+    with pytest.raises(ProCapError, match=message):
+        captioner(bad[None], good[None])  # one batched tensor
+    with pytest.raises(ProCapError, match=message):
+        captioner.generate(good[None], bad[None])  # the tensor API
+    with pytest.raises(ProCapError, match=message):
+        captioner.caption(bad.permute(1, 2, 0).numpy(), good)  # a float numpy image
+
+
+def test_good_pixels_pass_and_edges_are_inclusive(captioner):
+    edges = torch.zeros(2, 3, 32, 32)
+    edges[1] = 1.0
+    check_pixels(edges)
+    assert len(captioner(edges, edges)) == 2
+    check_pixels(torch.zeros(2, 3, 32, 32, dtype=torch.uint8) + 255)  # uint8 is converted, never range-checked
+
+
+def test_a_float_pil_image_is_one_sentence():
+    with pytest.raises(ProCapError, match="mode F"):
+        to_image_tensor(Image.fromarray(np.zeros((8, 8), np.float32)), 8)

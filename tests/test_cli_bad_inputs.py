@@ -1,0 +1,425 @@
+"""Every CLI command through a table of bad inputs.
+
+Each case must end with exit code 2, exactly one line on stderr that names the file or argument at fault, no
+traceback, and no file created, changed or removed anywhere in the workspace or the working directory. The
+categories are: missing / directory / empty / corrupt / wrong type / out of range / unwritable output /
+existing output (a file where a folder goes, or the reverse). A command added to ``procap.cli.COMMANDS`` fails
+:func:`test_every_command_is_in_the_table` until its cases are added here.
+
+Inputs are tiny (16 px images, a one-layer model) so the whole table runs in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from procap.cli import COMMANDS, build_parser, main
+
+KINDS = ("missing", "directory", "empty", "corrupt", "wrong type", "out of range", "unwritable", "existing")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad invocation. ``argv`` and ``needle`` use ``{name}`` placeholders for workspace paths."""
+
+    command: str
+    kind: str
+    argv: tuple[str, ...]
+    needle: str
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.command}-{self.kind}-{' '.join(self.argv[1:])[:60]}"
+
+
+def case(kind: str, argv: str, needle: str, **env: str) -> Case:
+    parts = tuple(argv.split())
+    return Case(parts[0], kind, parts, needle, tuple(env.items()))
+
+
+TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
+EVAL_OK = "--ckpt {ckpt} --data {data} --out {out} --metrics BLEU-4"
+PAIR = "{bef} {aft}"
+CONVERT_OK = "--from authors {src} --vocab {{word2idx}} --out {{out}}/m.safetensors"
+PREP_OK = "--dataset clevr-change --root {data} --vqgan {vqgan} --out {out} --workers 1"
+
+CASES = [
+    # demo: no input files; arguments and the output folder
+    case("out of range", "demo --workers -1 --out {out}", "--workers"),
+    case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
+    case("wrong type", "demo --seed x --out {out}", "--seed"),
+    case("wrong type", "demo --device bogus --out {out}", "--device"),
+    case("out of range", "demo --device cuda:99 --out {out}", "--device"),
+    case("unwritable", "demo --out {unwritable}", "--out"),
+    case("existing", "demo --out {file}", "--out"),
+    # synth
+    case("out of range", "synth --out {out} --scenes 0", "--scenes"),
+    case("out of range", "synth --out {out} --size 8", "--size"),
+    case("out of range", "synth --out {out} --workers 0", "--workers"),
+    case("wrong type", "synth --out {out} --scenes many", "--scenes"),
+    case("unwritable", "synth --out {unwritable} --scenes 2", "--out"),
+    case("existing", "synth --out {file} --scenes 2", "--out"),
+    # vocab
+    case("missing", "vocab --dataset clevr-change --root {missing} --out {out}/v.json", "{missing}"),
+    case("directory", "vocab --dataset clevr-change --root {file} --out {out}/v.json", "{file}"),
+    case("empty", "vocab --dataset clevr-change --root {empty_dir} --out {out}/v.json", "splits.json"),
+    case("corrupt", "vocab --dataset clevr-change --root {corrupt_clevr} --out {out}/v.json", "splits.json"),
+    case("wrong type", "vocab --dataset spot-the-diff --root {typed_spot} --out {out}/v.json", "train.json"),
+    case("wrong type", "vocab --dataset image-editing-request --root {typed_ier} --out {out}/v.json", "img0"),
+    case("wrong type", "vocab --dataset nope --root {data} --out {out}/v.json", "--dataset"),
+    case("out of range", "vocab --dataset clevr-change --root {data} --out {out}/v.json --min-count 0", "--min-count"),
+    case("unwritable", "vocab --dataset clevr-change --root {data} --out {unwritable}", "--out"),
+    case("existing", "vocab --dataset clevr-change --root {data} --out {some_dir}", "--out"),
+    # prepare
+    case("missing", f"prepare {PREP_OK} --vqgan {{missing}}", "--vqgan"),
+    case("missing", "prepare --dataset clevr-change --root {data} --out {out}", "--vqgan"),
+    case("missing", f"prepare {PREP_OK} --root {{missing}}", "--root"),
+    case("directory", f"prepare {PREP_OK} --vqgan {{some_dir}}", "--vqgan"),
+    case("empty", f"prepare {PREP_OK} --vqgan {{empty}}", "{empty}"),
+    case("corrupt", f"prepare {PREP_OK} --vqgan {{text_ckpt}}", "{text_ckpt}"),
+    case("wrong type", f"prepare {PREP_OK} --vqgan {{ckpt}}", "{ckpt}"),
+    case("corrupt", f"prepare {PREP_OK} --vqgan {{text_taming}}", "{text_taming}"),
+    case("empty", f"prepare {PREP_OK} --vqgan {{empty_taming}}", "{empty_taming}"),
+    case("corrupt", f"prepare {PREP_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
+    case("empty", "prepare --dataset clevr-change --root {empty_dir} --vqgan {vqgan} --out {out}", "splits.json"),
+    case("out of range", f"prepare {PREP_OK} --limit 0", "--limit"),
+    case("out of range", f"prepare {PREP_OK} --workers 0", "--workers"),
+    case("out of range", f"prepare {PREP_OK} --size 8", "--size"),
+    case("out of range", f"prepare {PREP_OK} --frames 4", "--frames"),
+    case("missing", f"prepare {PREP_OK} --similarity scores", "--scores-file"),
+    case("unwritable", "prepare --dataset clevr-change --root {data} --vqgan {vqgan} --out {unwritable}", "--out"),
+    case("existing", "prepare --dataset clevr-change --root {data} --vqgan {vqgan} --out {file}", "--out"),
+]
+
+for _stage in ("vqgan", "pretrain", "train"):
+    CASES += [
+        case("missing", f"{_stage} {TRAIN_OK} --data {{missing}}", "--data"),
+        case("directory", f"{_stage} {TRAIN_OK} --data {{file}}", "--data"),
+        case("empty", f"{_stage} {TRAIN_OK} --data {{empty_dir}}", "splits.json"),
+        case("corrupt", f"{_stage} {TRAIN_OK} --data {{corrupt_clevr}}", "splits.json"),
+        case("wrong type", f"{_stage} {TRAIN_OK} --steps abc", "--steps"),
+        case("wrong type", f"{_stage} {TRAIN_OK} --preset huge", "huge"),
+        case("wrong type", f"{_stage} {TRAIN_OK} --device bogus", "--device"),
+        case("out of range", f"{_stage} {TRAIN_OK} --lr -1", "--lr"),
+        case("out of range", f"{_stage} {TRAIN_OK} --lr nan", "--lr"),
+        case("out of range", f"{_stage} {TRAIN_OK} --steps 0", "--steps"),
+        case("out of range", f"{_stage} {TRAIN_OK} --batch-size 0", "--batch-size"),
+        case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
+        case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
+        case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
+        case("out of range", f"{_stage} {TRAIN_OK} --seed -1", "--seed"),
+        case("out of range", f"{_stage} {TRAIN_OK} --device cuda:99", "--device"),
+        case("missing", f"{_stage} {TRAIN_OK} --resume", "--resume"),
+        case("unwritable", f"{_stage} --data {{data}} --out {{unwritable}} --steps 1", "--out"),
+        case("existing", f"{_stage} --data {{data}} --out {{file}} --steps 1", "--out"),
+    ]
+for _stage in ("pretrain", "train"):
+    CASES += [
+        case("missing", f"{_stage} {TRAIN_OK} --init {{missing}}", "--init"),
+        case("directory", f"{_stage} {TRAIN_OK} --init {{some_dir}}", "--init"),
+        case("empty", f"{_stage} {TRAIN_OK} --init {{empty}}", "{empty}"),
+        case("corrupt", f"{_stage} {TRAIN_OK} --init {{text_ckpt}}", "{text_ckpt}"),
+        case("wrong type", f"{_stage} {TRAIN_OK} --init {{vqgan}}", "{vqgan}"),
+        case("corrupt", f"{_stage} {TRAIN_OK} --init {{huge_ckpt}}", "{huge_ckpt}"),
+        case("missing", f"{_stage} {TRAIN_OK} --vqgan {{missing}}", "--vqgan"),
+        case("wrong type", f"{_stage} {TRAIN_OK} --vqgan {{ckpt}}", "{ckpt}"),
+        case("corrupt", f"{_stage} {TRAIN_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
+        case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "num_keyframes"),
+    ]
+CASES += [
+    case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
+    case("out of range", f"train {TRAIN_OK} --warmup-frac 5", "--warmup-frac"),
+    case("out of range", f"train {TRAIN_OK} --val-pairs 0", "--val-pairs"),
+    case("out of range", f"train {TRAIN_OK} --decoder-lr 0", "--decoder-lr"),
+    # convert (the authors' checkpoints)
+    case("missing", f"convert {CONVERT_OK.format(src='{missing}')}", "{missing}"),
+    case("directory", f"convert {CONVERT_OK.format(src='{some_dir}')}", "{some_dir}"),
+    case("empty", f"convert {CONVERT_OK.format(src='{empty_taming}')}", "{empty_taming}"),
+    case("corrupt", f"convert {CONVERT_OK.format(src='{text_taming}')}", "{text_taming}"),
+    case("wrong type", f"convert {CONVERT_OK.format(src='{ckpt}')}", "{ckpt}"),
+    case("missing", "convert --from authors {text_taming} --vocab {missing} --out {out}/m.safetensors", "--vocab"),
+    case("wrong type", "convert --from authors {text_taming} --vocab {refs} --out {out}/m.safetensors", "{refs}"),
+    case("unwritable", "convert --from authors {text_taming} --vocab {word2idx} --out {unwritable}", "--out"),
+    case("existing", "convert --from authors {text_taming} --vocab {word2idx} --out {some_dir}", "--out"),
+    # evaluate
+    case("missing", f"evaluate {EVAL_OK} --ckpt {{missing}}", "{missing}"),
+    case("directory", f"evaluate {EVAL_OK} --ckpt {{some_dir}}", "is a directory"),
+    case("empty", f"evaluate {EVAL_OK} --ckpt {{empty}}", "{empty}"),
+    case("corrupt", f"evaluate {EVAL_OK} --ckpt {{text_ckpt}}", "{text_ckpt}"),
+    case("corrupt", f"evaluate {EVAL_OK} --ckpt {{huge_ckpt}}", "enc_dim"),
+    case("corrupt", f"evaluate {EVAL_OK} --ckpt {{vocab_ckpt}}", "{vocab_ckpt}"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{vqgan}}", "{vqgan}"),
+    case("missing", f"evaluate {EVAL_OK} --data {{missing}}", "{missing}"),
+    case("empty", f"evaluate {EVAL_OK} --data {{empty_dir}}", "splits.json"),
+    case("corrupt", f"evaluate {EVAL_OK} --data {{corrupt_clevr}}", "splits.json"),
+    case("out of range", f"evaluate {EVAL_OK} --max-pairs 0", "--max-pairs"),
+    case("out of range", f"evaluate {EVAL_OK} --max-pairs -1", "--max-pairs"),
+    case("out of range", f"evaluate {EVAL_OK} --batch-size 0", "--batch-size"),
+    case("out of range", f"evaluate {EVAL_OK} --device cuda:99", "--device"),
+    case("wrong type", f"evaluate {EVAL_OK} --device bogus", "--device"),
+    case("wrong type", "evaluate --ckpt {ckpt} --data {data} --out {out} --metrics BLEU-5", "--metrics"),
+    case("unwritable", "evaluate --ckpt {ckpt} --data {data} --out {unwritable}", "--out"),
+    case("existing", "evaluate --ckpt {ckpt} --data {data} --out {file}", "--out"),
+    # caption
+    case("missing", "caption --ckpt {ckpt} {bef} {missing}", "{missing}"),
+    case("directory", "caption --ckpt {ckpt} {bef} {some_dir}", "is a directory"),
+    case("empty", "caption --ckpt {ckpt} {bef} {empty}", "{empty}"),
+    case("corrupt", "caption --ckpt {ckpt} {bef} {corrupt_png}", "{corrupt_png}"),
+    case("wrong type", "caption --ckpt {ckpt} {bef} {text_file}", "{text_file}"),
+    case(
+        "out of range",
+        "caption --ckpt {ckpt} {bef} {big_png}",
+        "PROCAP_MAX_IMAGE_PIXELS",
+        PROCAP_MAX_IMAGE_PIXELS="100",
+    ),
+    case("wrong type", "caption --ckpt {ckpt} {bef}", "odd number"),
+    case("missing", f"caption --ckpt {{missing}} {PAIR}", "{missing}"),
+    case("directory", f"caption --ckpt {{some_dir}} {PAIR}", "--ckpt"),
+    case("empty", f"caption --ckpt {{empty}} {PAIR}", "{empty}"),
+    case("corrupt", f"caption --ckpt {{text_ckpt}} {PAIR}", "{text_ckpt}"),
+    case("corrupt", f"caption --ckpt {{huge_ckpt}} {PAIR}", "enc_dim"),
+    case("wrong type", f"caption --ckpt {{vqgan}} {PAIR}", "{vqgan}"),
+    case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --batch-size 0", "--batch-size"),
+    case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 1", "--max-len"),
+    case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device bogus", "--device"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --dtype fp8", "--dtype"),
+    # score
+    case("missing", "score --pred {missing} --refs {refs}", "{missing}"),
+    case("directory", "score --pred {some_dir} --refs {refs}", "is a directory"),
+    case("empty", "score --pred {empty} --refs {refs}", "{empty}"),
+    case("corrupt", "score --pred {corrupt_json} --refs {refs}", "{corrupt_json}"),
+    case("wrong type", "score --pred {list_json} --refs {refs}", "{list_json}"),
+    case("wrong type", "score --pred {pred_null_caption} --refs {refs}", "{pred_null_caption}"),
+    case("missing", "score --pred {pred} --refs {missing}", "{missing}"),
+    case("corrupt", "score --pred {pred} --refs {corrupt_json}", "{corrupt_json}"),
+    case("wrong type", "score --pred {pred} --refs {list_json}", "{list_json}"),
+    case("wrong type", "score --pred {pred} --refs {refs} --types {list_json}", "{list_json}"),
+    case("wrong type", "score --pred {pred} --refs {refs} --metrics blue", "--metrics"),
+    case("wrong type", "score --pred {pred} --refs {other_refs}", "{other_refs}"),
+    case("missing", "score --pred {pred}", "--refs"),
+    case("missing", "score --pred {pred} --dataset clevr-change --root {missing}", "{missing}"),
+    case("unwritable", "score --pred {pred} --refs {refs} --metrics bleu --out {unwritable}", "--out"),
+    case("existing", "score --pred {pred} --refs {refs} --metrics bleu --out {some_dir}", "--out"),
+    # info
+    case("wrong type", "info huge", "huge"),
+    case("missing", "info", "preset"),
+    # profile
+    case("missing", "profile --ckpt {missing} --out {out}", "{missing}"),
+    case("directory", "profile --ckpt {some_dir} --out {out}", "--ckpt"),
+    case("empty", "profile --ckpt {empty} --out {out}", "{empty}"),
+    case("corrupt", "profile --ckpt {text_ckpt} --out {out}", "{text_ckpt}"),
+    case("wrong type", "profile --ckpt {vqgan} --out {out}", "{vqgan}"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 0", "--batch-size"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --steps 0", "--steps"),
+    case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
+    case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
+    case("existing", "profile --ckpt {ckpt} --out {file}", "--out"),
+]
+
+
+# ---------------------------------------------------------------------------------------------- workspace
+def _small_model(vocab_size: int):
+    from procap.config import VQGANConfig, get_preset
+    from procap.model.procap import ProCap
+
+    vqgan = VQGANConfig(
+        resolution=16,
+        ch=32,
+        ch_mult=(1, 2),
+        num_res_blocks=1,
+        attn_resolutions=(),
+        z_channels=32,
+        embed_dim=8,
+        n_embed=32,
+    )
+    config = get_preset(
+        "tiny",
+        vqgan=vqgan,
+        image_size=16,
+        vocab_size=vocab_size,
+        max_caption_len=8,
+        num_keyframes=1,
+        enc_dim=16,
+        enc_heads=2,
+        enc_mlp=32,
+        enc_layers=1,
+        dec_dim=16,
+        dec_heads=2,
+        dec_ffn=32,
+        dec_layers=1,
+        dropout=0.0,
+    )
+    return ProCap(config)
+
+
+def _rewrite_metadata(src: Path, dst: Path, **changes: str) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(src), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    save_file(load_file(str(src)), str(dst), metadata={**metadata, **changes})
+    return dst
+
+
+def _datasets(ws: Path) -> dict[str, Path]:
+    """The synthetic benchmark and broken dataset roots."""
+    from procap.data.synthetic import generate
+
+    generate(ws / "data", 20, size=16, seed=3, progress=False)  # 10 / 5 / 5 scenes
+    (ws / "empty_dir").mkdir()
+    corrupt = ws / "corrupt_clevr"
+    corrupt.mkdir()
+    (corrupt / "splits.json").write_text('{"train": [0, 1', encoding="utf-8")
+    spot = ws / "typed_spot" / "annotations"
+    spot.mkdir(parents=True)
+    (spot / "train.json").write_text(json.dumps([{"img_id": {"a": 1}, "sentences": ["x"]}]), encoding="utf-8")
+    (ws / "typed_ier").mkdir()
+    entry = {"img0": 7, "img1": "b.png", "sents": ["make it red"], "uid": "1"}
+    (ws / "typed_ier" / "train.json").write_text(json.dumps([entry]), encoding="utf-8")
+    return {name: ws / name for name in ("data", "empty_dir", "corrupt_clevr", "typed_ier")} | {
+        "typed_spot": ws / "typed_spot"
+    }
+
+
+def _models(ws: Path, data: Path) -> dict[str, Path]:
+    """A checkpoint, a VQGAN file and checkpoints with crafted metadata."""
+    from procap.checkpoint import save_checkpoint
+    from procap.data import load_split
+    from procap.train.common import build_vocab
+    from procap.train.vqgan_train import save_vqgan
+
+    vocab = build_vocab(load_split("clevr-change", data, "train"), "clevr-change")
+    model = _small_model(len(vocab))
+    ckpt = save_checkpoint(ws / "model.safetensors", model, vocab)
+    vqgan = save_vqgan(ws / "vqgan.safetensors", model.vqgan)
+    config = json.loads(_metadata(ckpt)["config"])
+    huge = _rewrite_metadata(ckpt, ws / "huge.safetensors", config=json.dumps({**config, "enc_dim": 1_000_000}))
+    bad_vocab = _rewrite_metadata(ckpt, ws / "vocab.safetensors", vocab=json.dumps({"a": 0}))
+    vq_config = json.loads(_metadata(vqgan)["vqgan_config"])
+    huge_vqgan = _rewrite_metadata(
+        vqgan, ws / "vqgan_huge.safetensors", vqgan_config=json.dumps({**vq_config, "ch": 10**7})
+    )
+    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan}
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return dict(handle.metadata())
+
+
+def _files(ws: Path, data: Path) -> dict[str, Path]:
+    """Small good and bad files."""
+    paths = {
+        "bef": data / "images" / "CLEVR_default_000000.png",
+        "aft": data / "sc_images" / "CLEVR_semantic_000000.png",
+    }
+    texts = {
+        "text_file": "this is not an image\n",
+        "text_ckpt": "not a checkpoint\n",
+        "empty": "",
+        "corrupt_json": '{"a": ',
+        "list_json": "[1, 2]",
+        "file": "an ordinary file\n",
+        "pred": json.dumps([{"image_id": "p1", "caption": "the cube moved"}]),
+        "pred_null_caption": json.dumps([{"image_id": "p1", "caption": None}]),
+        "refs": json.dumps({"p1": ["the cube moved"]}),
+        "other_refs": json.dumps({"q9": ["the cube moved"]}),
+        "word2idx": json.dumps(
+            {w: i for i, w in enumerate("[PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK] the cube".split())}
+        ),
+    }
+    texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
+    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors"}
+    suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
+    for name, text in texts.items():
+        paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"
+        paths[name].write_text(text, encoding="utf-8")
+    paths["corrupt_png"] = ws / "corrupt.png"
+    paths["corrupt_png"].write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    paths["big_png"] = ws / "big.png"
+    Image.new("RGB", (40, 40)).save(paths["big_png"])
+    paths["some_dir"] = ws / "some_dir"
+    paths["some_dir"].mkdir()
+    return paths
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict[str, str]:
+    ws = tmp_path_factory.mktemp("bad_inputs")
+    places = _datasets(ws)
+    places |= _models(ws, places["data"])
+    places |= _files(ws, places["data"])
+    places["missing"] = ws / "no_such_thing"
+    places["unwritable"] = places["file"] / "sub" / "target"  # below a file: no folder can be made there
+    places["root"] = ws
+    return {name: str(path) for name, path in places.items()}
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in root.rglob("*")}
+
+
+# ---------------------------------------------------------------------------------------------- the table
+@pytest.mark.parametrize("bad", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_sentence_and_leaves_nothing(bad: Case, workspace, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # commands with default output folders write below the working directory
+    for name, value in bad.env:
+        monkeypatch.setenv(name, value)
+    places = {**workspace, "out": str(tmp_path / "out")}
+    argv = [part.format(**places) for part in bad.argv]
+    before = _snapshot(Path(workspace["root"]), tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse rejects its own way, through sys.exit
+        code = exit_info.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert bad.needle.format(**places) in lines[0], lines[0]
+    assert lines[0].startswith("procap"), lines[0]
+    assert _snapshot(Path(workspace["root"]), tmp_path) == before, "files were created, changed or removed"
+
+
+def _options(command: str) -> tuple[set[str], set[str]]:
+    """(every option of ``command``, its numeric options)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    actions = sub.choices[command]._actions
+    numeric = {opt for a in actions if a.type in (int, float) for opt in a.option_strings}
+    return {opt for a in actions for opt in a.option_strings}, numeric
+
+
+def test_every_command_is_in_the_table():
+    """Each command has cases; one with --out covers unwritable and existing outputs; one reading files covers
+    missing and directory inputs."""
+    by_command: dict[str, set[str]] = {}
+    for c in CASES:
+        by_command.setdefault(c.command, set()).add(c.kind)
+    assert set(by_command) == set(COMMANDS), "add the new command's bad inputs to CASES"
+    for command, kinds in by_command.items():
+        options, numeric = _options(command)
+        assert kinds <= set(KINDS)
+        if "--out" in options:
+            assert {"unwritable", "existing"} <= kinds, command
+        if options & {"--ckpt", "--data", "--root", "--pred", "--init"}:
+            assert {"missing", "directory", "empty", "corrupt", "wrong type"} <= kinds, command
+        if numeric:
+            assert "out of range" in kinds, command
+
+
+def test_the_table_holds_no_duplicate_cases():
+    keys = [dataclasses.astuple(c) for c in CASES]
+    assert len(keys) == len(set(keys))
