@@ -54,7 +54,8 @@ class FusedOp:
         name: the dispatch name (``procap.kernels.<name>``).
         reference: the plain PyTorch implementation.
         triton: the Triton implementation.
-        compiled: the implementation calling ``torch.ops.procap.<compiled_name>`` (CPU and CUDA).
+        compiled: the implementation calling ``torch.ops.procap.<compiled_name>`` (CPU and CUDA), or None for an op
+            without a csrc/ version (its reference is then the CPU implementation, chosen without a warning).
         compiled_name: the op whose per-device kernels decide whether ``cpp`` / ``cuda`` can run.
         dtypes: input dtypes the fused implementations take; others use the reference.
         prefer_cuda_ext: on CUDA try the compiled op before Triton (only once a GPU benchmark shows it ahead).
@@ -63,8 +64,8 @@ class FusedOp:
     name: str
     reference: Callable[..., Any]
     triton: Callable[..., Any]
-    compiled: Callable[..., Any]
-    compiled_name: str
+    compiled: Callable[..., Any] | None = None
+    compiled_name: str | None = None
     dtypes: tuple[torch.dtype, ...] = FUSED_DTYPES
     prefer_cuda_ext: bool = False
 
@@ -91,6 +92,8 @@ def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype) -> str
         if device_type != "cuda" and not INTERPRETED:
             return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
         return None
+    if op.compiled is None:
+        return f"{op.name} has no compiled C++/CUDA version"
     want = "cpu" if impl == "cpp" else "cuda"
     if device_type != want:
         return f"impl={impl!r} runs on {want} tensors, got {device_type}"
@@ -110,7 +113,9 @@ def _preference(op: FusedOp, device_type: str) -> list[str]:
         order = ["cpp"]
     else:
         order = []
-    if forced in IMPLS:
+    if op.compiled is None:  # Triton or the reference: nothing to fall back from on CPU
+        order = [impl for impl in order if impl == "triton"]
+    if forced in IMPLS and (forced in ("reference", "triton") or op.compiled is not None):
         order = [forced] + [impl for impl in order if impl != forced]
     return order + ["reference"]
 
