@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from procap.kernels import compile_check
+from procap.kernels.compile_check import SM_COUNT
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_jit
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
@@ -384,9 +386,13 @@ def _blocks(channels: int, block_hw: int | None) -> tuple[int, int]:
 def _chunks(
     batch: int, hw: int, c_tiles: int, block_hw: int, device: torch.device, rows_per_chunk: int | None
 ) -> tuple[int, int]:
-    """(rows per chunk, chunks per sample) so that the statistics passes fill the GPU (4 programs per SM)."""
+    """(rows per chunk, chunks per sample) so that the statistics passes fill the GPU (4 programs per SM).
+
+    Off CUDA (the interpreter, the compile check) an H100's SM count stands in, so the same chunking is exercised.
+    """
     if rows_per_chunk is None:
-        programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else SM_COUNT
+        programs = 4 * sms
         chunks = max(1, min(triton.cdiv(programs, batch * c_tiles), triton.cdiv(hw, block_hw)))
         rows_per_chunk = triton.cdiv(triton.cdiv(hw, chunks), block_hw) * block_hw
     return rows_per_chunk, triton.cdiv(hw, rows_per_chunk)
@@ -404,7 +410,7 @@ def _check(
         )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
-    if x.device.type != "cuda" and not INTERPRETED:
+    if x.device.type != "cuda" and not INTERPRETED and not compile_check.RECORDING:
         raise ValueError(
             f"the Triton group norm needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 before "
             "importing procap.kernels.groupnorm to run it on CPU)"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from procap.config import MASKING_SCHEMES
-from procap.kernels import _ext
+from procap.kernels import _ext, compile_check
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_jit
 
 ENTIRE, RANDOM_PATCH, IN_BLOCK, OUT_OF_BLOCK = range(len(MASKING_SCHEMES))
@@ -237,7 +237,7 @@ def _masking_bwd_kernel(
 
 
 def _check_device(x: torch.Tensor) -> None:
-    if x.device.type != "cuda" and not INTERPRETED:
+    if x.device.type != "cuda" and not INTERPRETED and not compile_check.RECORDING:
         raise ValueError(
             f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
             "before importing procap to run it on CPU)"
