@@ -270,7 +270,10 @@ def compile_records(records: list[tuple[Any, dict]], arch: int = 90) -> list[Ker
             report.ok = report.ok and report.shared_bytes <= SHARED_MEMORY_LIMIT
         except (CompilationError, RuntimeError, ValueError, TypeError, subprocess.CalledProcessError) as exc:
             # A compile error is the finding: keep going and report every kernel.
-            report.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+            cause = exc.__cause__ or exc  # Triton wraps the reason (e.g. a non-constexpr global) in a source excerpt
+            message = " ".join(str(cause).split())
+            message = message if len(message) <= 600 else f"{message[:120]} ... {message[-450:]}"  # reason is last
+            report.error = f"{type(cause).__name__}: {message}"
         reports.append(report)
     return reports
 
