@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
+from procap.kernels.dispatch import set_recording_launches
+
 SHARED_MEMORY_LIMIT = 227 * 1024  # H100 / H200: opt-in dynamic shared memory per block
-SM_COUNT = 132  # H100 SXM: launchers size their grids with it off CUDA (the interpreter and this check)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-RECORDING = False  # True while launches are recorded: launchers then accept CPU tensors without the interpreter
 _NOT_KERNEL_MODULES = {"compile_check", "dispatch", "__main__"}
 
 
@@ -93,7 +93,6 @@ def _driver_class(target):
 @contextlib.contextmanager
 def recording(arch: int = 90) -> Iterator[list[tuple[Any, dict]]]:
     """Within the block, Triton launches are recorded as ``(JITFunction, compile dict)`` and not run."""
-    global RECORDING
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -106,11 +105,11 @@ def recording(arch: int = 90) -> Iterator[list[tuple[Any, dict]]]:
     previous_hook = triton.knobs.runtime.jit_cache_hook
     triton.runtime.driver.set_active(_driver_class(GPUTarget("cuda", arch, 32))())
     triton.knobs.runtime.jit_cache_hook = hook
-    RECORDING = True
+    set_recording_launches(True)  # launchers accept the CPU tensors they are handed
     try:
         yield records
     finally:
-        RECORDING = False
+        set_recording_launches(False)
         triton.knobs.runtime.jit_cache_hook = previous_hook
         triton.runtime.driver._active = None  # back to the default driver, created on demand
 
@@ -339,5 +338,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the package's copy of this module, whose RECORDING flag the launchers read (not this __main__ copy).
-    sys.exit(importlib.import_module("procap.kernels.compile_check").main())
+    sys.exit(main())

@@ -11,7 +11,8 @@ from csrc/, C++ on CPU and CUDA when built) and the dtypes the fused versions ta
 * ``PROCAP_KERNELS=reference`` forces the references everywhere; ``PROCAP_KERNELS=triton|cpp|cuda`` prefers that one
   where it can run (call :func:`reset_dispatch` after changing it).
 
-This module also owns the optional Triton import (:data:`triton`, :data:`tl`, :func:`triton_jit`): triton reads
+This module also owns the optional Triton import (:data:`triton`, :data:`tl`, :func:`triton_jit`,
+:func:`triton_constexpr` for module constants that kernels read): triton reads
 ``TRITON_INTERPRET`` when kernels are decorated, i.e. when ``procap.kernels`` is first imported.
 """
 
@@ -33,6 +34,8 @@ try:
     import triton.language as tl
 
     triton_jit = triton.jit
+    # Module globals a kernel reads must be wrapped: compiled Triton refuses plain ints (the interpreter takes them).
+    triton_constexpr = tl.constexpr
     INTERPRETED = bool(triton.knobs.runtime.interpret)
 except ImportError:  # e.g. macOS/Windows wheels: the Triton implementations report themselves unavailable
     triton = tl = None
@@ -40,6 +43,23 @@ except ImportError:  # e.g. macOS/Windows wheels: the Triton implementations rep
 
     def triton_jit(fn: Callable) -> Callable:
         return fn
+
+    def triton_constexpr(value: Any) -> Any:
+        return value
+
+
+_recording_launches = False  # set by procap.kernels.compile_check while it records (never runs) Triton launches
+
+
+def set_recording_launches(on: bool) -> None:
+    """While on, Triton launchers accept CPU tensors: ``compile_check`` records their launches for a GPU target."""
+    global _recording_launches
+    _recording_launches = on
+
+
+def triton_can_take(tensor: torch.Tensor) -> bool:
+    """Whether a Triton launcher may be handed ``tensor``: CUDA, the interpreter, or a compile check recording."""
+    return tensor.device.type == "cuda" or INTERPRETED or _recording_launches
 
 
 IMPLS = ("reference", "triton", "cpp", "cuda")

@@ -32,15 +32,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from procap.kernels import compile_check
-from procap.kernels.compile_check import SM_COUNT
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
 MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 tiles
 BLOCK_S = 16  # chunks merged per step in the finalize kernel
 BLOCK_G_MIN = 16
+SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
 
 
 def group_norm_ref(
@@ -391,7 +390,11 @@ def _chunks(
     Off CUDA (the interpreter, the compile check) an H100's SM count stands in, so the same chunking is exercised.
     """
     if rows_per_chunk is None:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else SM_COUNT
+        sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else SM_COUNT_OFF_CUDA
+        )
         programs = 4 * sms
         chunks = max(1, min(triton.cdiv(programs, batch * c_tiles), triton.cdiv(hw, block_hw)))
         rows_per_chunk = triton.cdiv(triton.cdiv(hw, chunks), block_hw) * block_hw
@@ -410,7 +413,7 @@ def _check(
         )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
-    if x.device.type != "cuda" and not INTERPRETED and not compile_check.RECORDING:
+    if not triton_can_take(x):
         raise ValueError(
             f"the Triton group norm needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 before "
             "importing procap.kernels.groupnorm to run it on CPU)"
