@@ -45,6 +45,29 @@ def count_flops(fn: Callable[[], Any]) -> int:
     return int(counter.get_total_flops())
 
 
+def pci_bus_id(props: Any) -> str | None:
+    """NVML's ``"DDDDDDDD:BB:DD.0"`` bus id of a GPU from ``torch.cuda.get_device_properties`` (None if unknown).
+
+    torch reports the domain, bus and device as ints; NVML's lookup takes the string (an int handed to it through
+    ctypes is read as a pointer).
+    """
+    try:
+        return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def nvml_handle(pynvml: Any, index: int, props: Any) -> Any:
+    """The NVML handle of torch's device ``index``: by PCI bus id (NVML numbers GPUs physically), else by index."""
+    bus = pci_bus_id(props)
+    if bus is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except pynvml.NVMLError:
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def _nvml_handle(device: torch.device):
     try:
         import pynvml
@@ -53,11 +76,7 @@ def _nvml_handle(device: torch.device):
     try:
         pynvml.nvmlInit()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        try:  # NVML numbers GPUs physically; match on the PCI bus id when torch exposes it
-            bus = torch.cuda.get_device_properties(index).pci_bus_id
-            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(bus)
-        except (AttributeError, pynvml.NVMLError):
-            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml, nvml_handle(pynvml, index, torch.cuda.get_device_properties(index))
     except pynvml.NVMLError:
         return None, None
 

@@ -2,14 +2,15 @@
 
 Run: ``pytest bench/test_masking.py --benchmark-only``. GPU shapes are the paper's (B=16, k=2 -> T=4 frames of
 14 x 14 = 196 patches, 768 dims); on a CPU-only machine the CPU shapes run instead and Triton is skipped (the
-interpreter is not a speed target). Reported rate: effective GB/s over the bytes each mode must move.
+interpreter is not a speed target). Reported rate: effective GB/s over the bytes each mode must move and its
+fraction of the device's HBM bandwidth, from ``conftest.time_op`` (``triton.testing.do_bench`` on CUDA).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import device_info, synchronize
+from conftest import bandwidth_info, device_info, time_op
 
 from procap import kernels
 from procap.config import MaskingConfig
@@ -58,18 +59,11 @@ def test_masking(benchmark, bench_device, impl, mode, dtype, shape_name):
         out, _ = kernels.masking(x, params, em, *tables, impl=impl)
         if mode == "fwd_bwd":
             torch.autograd.backward(out, grad, inputs=[x, em, *tables])
-        synchronize(bench_device)
 
-    run()  # warm-up: Triton compilation and allocator growth stay out of the timing
-    benchmark.pedantic(run, rounds=20 if on_gpu else 5, iterations=1, warmup_rounds=1)
-    seconds = benchmark.stats.stats.median
+    seconds = time_op(benchmark, run, bench_device, rounds=20 if on_gpu else 5)
     benchmark.extra_info.update(device_info(bench_device))
     benchmark.extra_info.update(
-        {
-            "impl": impl,
-            "mode": mode,
-            "shape": [batch, frames, grid_h, grid_w, dim],
-            "dtype": str(dtype),
-            "gbps": _bytes_moved(batch, n_pos, dim, x.element_size(), mode) / seconds / 1e9,
-        }
+        {"impl": impl, "mode": mode, "shape": [batch, frames, grid_h, grid_w, dim], "dtype": str(dtype)}
     )
+    bytes_moved = _bytes_moved(batch, n_pos, dim, x.element_size(), mode)
+    benchmark.extra_info.update(bandwidth_info(bytes_moved, seconds, bench_device))

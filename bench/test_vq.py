@@ -2,14 +2,15 @@
 
 Run: ``pytest bench/test_vq.py --benchmark-only``. GPU shapes are the paper's (N = 16*4*196 lookups, K = 1024
 codes, D = 256); on a CPU-only machine the CPU shapes run instead and Triton is skipped. Reported rate: GFLOP/s
-counting the 2*N*K*D multiply-adds of the distance matrix (which the fused kernels never store).
+counting the 2*N*K*D multiply-adds of the distance matrix (which the fused kernels never store), and GB/s of the
+compulsory traffic, from ``conftest.time_op`` (``triton.testing.do_bench`` on CUDA).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import device_info, synchronize
+from conftest import bandwidth_info, device_info, time_op
 
 from procap import kernels
 
@@ -47,14 +48,7 @@ def test_vq_nearest(benchmark, bench_device, impl, dtype, shape_name):
         def fn(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
             return kernels.vq_nearest(z, codebook, impl=impl)
 
-    def run() -> torch.Tensor:
-        out = fn(z, codebook)
-        synchronize(bench_device)
-        return out
-
-    run()  # warm-up: Triton compilation and allocator growth stay out of the timing
-    benchmark.pedantic(run, rounds=20 if on_gpu else 5, iterations=1, warmup_rounds=1)
-    seconds = benchmark.stats.stats.median
+    seconds = time_op(benchmark, lambda: fn(z, codebook), bench_device, rounds=20 if on_gpu else 5)
     benchmark.extra_info.update(device_info(bench_device))
     benchmark.extra_info.update(
         {
@@ -64,3 +58,6 @@ def test_vq_nearest(benchmark, bench_device, impl, dtype, shape_name):
             "gflops": 2.0 * n_rows * n_codes * dim / seconds / 1e9,
         }
     )
+    # Compulsory traffic: read z and the codebook, write the int64 indices.
+    bytes_moved = (n_rows * dim + n_codes * dim) * z.element_size() + n_rows * 8
+    benchmark.extra_info.update(bandwidth_info(bytes_moved, seconds, bench_device))

@@ -1,6 +1,6 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
-Each op file (``masking.py``, ``vq.py``) holds the op's whole story: its contract, the plain PyTorch reference,
+Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``) holds the op's whole story: its contract, the plain PyTorch reference,
 the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/.
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
 and ``impl=`` / ``PROCAP_KERNELS``) and warns once when it falls back; :func:`chosen_impl` tells which ran.
@@ -11,6 +11,7 @@ Adding an op: one ``kernels/<op>.py`` (registering a ``FusedOp``), one ``csrc/<o
 """
 
 from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch
+from procap.kernels.groupnorm import group_norm, group_norm_ref
 from procap.kernels.masking import MaskParams, masking, masking_ref
 from procap.kernels.vq import vq_nearest, vq_nearest_ref
 
@@ -18,6 +19,8 @@ __all__ = [
     "IMPLS",
     "MaskParams",
     "chosen_impl",
+    "group_norm",
+    "group_norm_ref",
     "masking",
     "masking_ref",
     "reset_dispatch",

@@ -11,7 +11,8 @@ from csrc/, C++ on CPU and CUDA when built) and the dtypes the fused versions ta
 * ``PROCAP_KERNELS=reference`` forces the references everywhere; ``PROCAP_KERNELS=triton|cpp|cuda`` prefers that one
   where it can run (call :func:`reset_dispatch` after changing it).
 
-This module also owns the optional Triton import (:data:`triton`, :data:`tl`, :func:`triton_jit`): triton reads
+This module also owns the optional Triton import (:data:`triton`, :data:`tl`, :func:`triton_jit`,
+:func:`triton_constexpr` for module constants that kernels read): triton reads
 ``TRITON_INTERPRET`` when kernels are decorated, i.e. when ``procap.kernels`` is first imported.
 """
 
@@ -33,6 +34,8 @@ try:
     import triton.language as tl
 
     triton_jit = triton.jit
+    # Module globals a kernel reads must be wrapped: compiled Triton refuses plain ints (the interpreter takes them).
+    triton_constexpr = tl.constexpr
     INTERPRETED = bool(triton.knobs.runtime.interpret)
 except ImportError:  # e.g. macOS/Windows wheels: the Triton implementations report themselves unavailable
     triton = tl = None
@@ -40,6 +43,23 @@ except ImportError:  # e.g. macOS/Windows wheels: the Triton implementations rep
 
     def triton_jit(fn: Callable) -> Callable:
         return fn
+
+    def triton_constexpr(value: Any) -> Any:
+        return value
+
+
+_recording_launches = False  # set by procap.kernels.compile_check while it records (never runs) Triton launches
+
+
+def set_recording_launches(on: bool) -> None:
+    """While on, Triton launchers accept CPU tensors: ``compile_check`` records their launches for a GPU target."""
+    global _recording_launches
+    _recording_launches = on
+
+
+def triton_can_take(tensor: torch.Tensor) -> bool:
+    """Whether a Triton launcher may be handed ``tensor``: CUDA, the interpreter, or a compile check recording."""
+    return tensor.device.type == "cuda" or INTERPRETED or _recording_launches
 
 
 IMPLS = ("reference", "triton", "cpp", "cuda")
@@ -54,7 +74,8 @@ class FusedOp:
         name: the dispatch name (``procap.kernels.<name>``).
         reference: the plain PyTorch implementation.
         triton: the Triton implementation.
-        compiled: the implementation calling ``torch.ops.procap.<compiled_name>`` (CPU and CUDA).
+        compiled: the implementation calling ``torch.ops.procap.<compiled_name>`` (CPU and CUDA), or None for an op
+            without a csrc/ version (its reference is then the CPU implementation, chosen without a warning).
         compiled_name: the op whose per-device kernels decide whether ``cpp`` / ``cuda`` can run.
         dtypes: input dtypes the fused implementations take; others use the reference.
         prefer_cuda_ext: on CUDA try the compiled op before Triton (only once a GPU benchmark shows it ahead).
@@ -63,8 +84,8 @@ class FusedOp:
     name: str
     reference: Callable[..., Any]
     triton: Callable[..., Any]
-    compiled: Callable[..., Any]
-    compiled_name: str
+    compiled: Callable[..., Any] | None = None
+    compiled_name: str | None = None
     dtypes: tuple[torch.dtype, ...] = FUSED_DTYPES
     prefer_cuda_ext: bool = False
 
@@ -91,6 +112,8 @@ def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype) -> str
         if device_type != "cuda" and not INTERPRETED:
             return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
         return None
+    if op.compiled is None:
+        return f"{op.name} has no compiled C++/CUDA version"
     want = "cpu" if impl == "cpp" else "cuda"
     if device_type != want:
         return f"impl={impl!r} runs on {want} tensors, got {device_type}"
@@ -110,7 +133,9 @@ def _preference(op: FusedOp, device_type: str) -> list[str]:
         order = ["cpp"]
     else:
         order = []
-    if forced in IMPLS:
+    if op.compiled is None:  # Triton or the reference: nothing to fall back from on CPU
+        order = [impl for impl in order if impl == "triton"]
+    if forced in IMPLS and (forced in ("reference", "triton") or op.compiled is not None):
         order = [forced] + [impl for impl in order if impl != forced]
     return order + ["reference"]
 

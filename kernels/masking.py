@@ -31,9 +31,22 @@ import torch
 
 from procap.config import MASKING_SCHEMES
 from procap.kernels import _ext
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_jit
+from procap.kernels.dispatch import (
+    INTERPRETED,
+    FusedOp,
+    register,
+    run,
+    tl,
+    triton,
+    triton_can_take,
+    triton_constexpr,
+    triton_jit,
+)
 
 ENTIRE, RANDOM_PATCH, IN_BLOCK, OUT_OF_BLOCK = range(len(MASKING_SCHEMES))
+# The kernels' copies: compiled Triton reads only constexpr globals (plain ints fail at the first CUDA launch, while
+# the interpreter accepts them; tests/kernels/test_compile_sm90.py compiles the kernels to catch this).
+_RANDOM_PATCH_K, _IN_BLOCK_K, _OUT_OF_BLOCK_K = (triton_constexpr(v) for v in (RANDOM_PATCH, IN_BLOCK, OUT_OF_BLOCK))
 # Rows per program. The interpreter's cost is per program (numpy works on whole tiles), so it gets larger tiles.
 BLOCK_M = 128 if INTERPRETED else 16
 
@@ -137,9 +150,9 @@ def _mask_bits(rows, row_ok, N, H, W, Scheme_ptr, Prob_ptr, U_ptr, Block_ptr, st
     width = tl.load(Block_ptr + b * 4 + 3, mask=row_ok, other=0)
     inside = (h >= top) & (h < top + height) & (w >= left) & (w < left + width)
     # Any scheme other than the three partial ones masks everything (``entire``), like the reference's default.
-    entire = (scheme != RANDOM_PATCH) & (scheme != IN_BLOCK) & (scheme != OUT_OF_BLOCK)
-    masked = entire | ((scheme == RANDOM_PATCH) & (u < prob))
-    masked = masked | ((scheme == IN_BLOCK) & inside) | ((scheme == OUT_OF_BLOCK) & (inside == 0))
+    entire = (scheme != _RANDOM_PATCH_K) & (scheme != _IN_BLOCK_K) & (scheme != _OUT_OF_BLOCK_K)
+    masked = entire | ((scheme == _RANDOM_PATCH_K) & (u < prob))
+    masked = masked | ((scheme == _IN_BLOCK_K) & inside) | ((scheme == _OUT_OF_BLOCK_K) & (inside == 0))
     return masked
 
 
@@ -237,7 +250,7 @@ def _masking_bwd_kernel(
 
 
 def _check_device(x: torch.Tensor) -> None:
-    if x.device.type != "cuda" and not INTERPRETED:
+    if not triton_can_take(x):
         raise ValueError(
             f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
             "before importing procap to run it on CPU)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from procap.kernels import _ext
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -126,7 +126,7 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     Returns:
         (N,) int64 indices of the nearest codes.
     """
-    if z.device.type != "cuda" and not INTERPRETED:
+    if not triton_can_take(z):
         raise ValueError(
             f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
             "importing procap to run it on CPU)"

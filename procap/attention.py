@@ -88,6 +88,13 @@ def _import_reason(backend: str) -> str | None:
     module = {"flash": "flash_attn", "xformers": "xformers"}.get(backend)
     if module and importlib.util.find_spec(module) is None:
         return f"the {module} package is not installed"
+    if backend == "flash":
+        # flash-attn 4 installs only the namespace flash_attn.cute: find_spec("flash_attn") succeeds, but the
+        # flash-attn 2 entry point this backend calls is missing, so ask for the function itself.
+        try:
+            from flash_attn import flash_attn_func  # noqa: F401
+        except (ImportError, OSError) as exc:
+            return f"flash_attn has no usable flash_attn_func (flash-attn 4 ships only flash_attn.cute): {exc}"
     return None
 
 
@@ -95,11 +102,11 @@ def _static_reason(backend: str, device_type: str, dtype: torch.dtype) -> str | 
     """Why ``backend`` cannot run on (device type, dtype), judged without running it; None if it may."""
     if backend in ("math", "sdpa", "sdpa_math"):
         return None
-    reason = _import_reason(backend)
-    if reason:
-        return reason
     if backend in ("flash", "xformers", "sdpa_cudnn", "sdpa_efficient") and device_type != "cuda":
         return f"it needs a CUDA device, got {device_type}"
+    reason = _import_reason(backend)  # after the device check: importing flash_attn loads its CUDA library
+    if reason:
+        return reason
     if backend == "flash":
         if dtype not in (torch.float16, torch.bfloat16):
             return f"flash-attn supports only fp16/bf16, got {dtype}"

@@ -138,3 +138,21 @@ def test_environment_variable_overrides_auto(monkeypatch):
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(BackendUnavailableError, match="flash"):
         attention(q, q, q)  # a forced backend is checked like an explicit one
+
+
+def test_flash_attn_4_alone_does_not_count_as_flash(tmp_path, monkeypatch):
+    # flash-attn 4 installs only the namespace package flash_attn.cute: find_spec("flash_attn") succeeds, which made
+    # `auto` pick "flash" and every call fail. The backend must ask for flash-attn 2's flash_attn_func.
+    import importlib.util
+    import sys
+
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert importlib.util.find_spec("flash_attn") is not None  # what the old check relied on
+        reason = attn_mod._import_reason("flash")
+        assert reason is not None and "flash_attn_func" in reason
+    finally:
+        for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+            del sys.modules[name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import types
 from pathlib import Path
 
 import torch
@@ -24,3 +25,37 @@ def test_cpu_has_no_peak_and_no_telemetry():
         pass
     assert gpu.summary() is None
     assert set(telemetry.PAPER_A40_TPS) == {1, 2, 4, 7}
+
+
+class _FakeNVML:
+    """Records what the handle lookups receive; real NVML reads a non-string bus id as a pointer (segfault)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        self.calls.append(("bus", bus))
+        if not isinstance(bus, str | bytes):
+            raise TypeError(f"NVML needs the bus id as a string, got {type(bus).__name__}")
+        return f"handle:{bus}"
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.calls.append(("index", index))
+        return f"handle:{index}"
+
+
+def test_nvml_lookup_gets_the_bus_id_string():
+    props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0, name="H100")
+    assert telemetry.pci_bus_id(props) == "00000000:1B:00.0"
+    nvml = _FakeNVML()
+    assert telemetry.nvml_handle(nvml, 3, props) == "handle:00000000:1B:00.0"
+    assert nvml.calls == [("bus", "00000000:1B:00.0")]
+
+
+def test_nvml_lookup_falls_back_to_the_index():
+    nvml = _FakeNVML()
+    assert telemetry.nvml_handle(nvml, 2, types.SimpleNamespace(name="no pci fields")) == "handle:2"
+    assert nvml.calls == [("index", 2)]

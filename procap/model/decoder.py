@@ -6,7 +6,8 @@ Layer order (pre-LN), for every layer::
     x = x + cross_attn(norm2(x), memory)         # attention to the (B, N, dec_dim) memory
     x = x + ffn(norm3(x))
 
-then a final ``norm`` and logits ``x @ embed.weight.T`` (input and output embeddings tied, no output bias).
+then a final ``norm`` and logits ``x @ embed.weight.T`` (input and output embeddings tied, no output bias), computed
+in fp32 whatever the model's dtype (:meth:`CaptionDecoder.logits`).
 Token input: ``embed(ids) + pos_embed[:L]`` (learned positions), then dropout.
 
 Two ways to decode greedily, one set of layers and one greedy pick (:func:`greedy_pick`):
@@ -135,7 +136,16 @@ class CaptionDecoder(nn.Module):
         x = self.dropout(self.embed(tokens) + self.pos_embed[: tokens.shape[1]])
         for layer in self.layers:
             x = layer(x, memory)
-        return self.norm(x) @ self.embed.weight.t()
+        return self.logits(self.norm(x))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied output projection in fp32: (..., D) -> (..., V) fp32 logits, also under autocast.
+
+        In a bf16 model a bf16 matmul rounds two logits closer than bf16's resolution to the same value, so the
+        greedy argmax flips against the fp32 oracle on near-ties; this projection is tiny (V x D), fp32 costs nothing.
+        """
+        with torch.autocast(hidden.device.type, enabled=False):
+            return hidden.float() @ self.embed.weight.float().t()
 
     # -- cached decoding -------------------------------------------------------------------------------------------
     def setup_caches(
@@ -179,11 +189,11 @@ class CaptionDecoder(nn.Module):
         state.reset()
 
     def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """Logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
+        """fp32 logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
         x = (self.embed(tokens) + self.pos_embed.index_select(0, input_pos))[:, None]  # (B, 1, D)
         for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
             x = layer(x, None, self_cache, cross_cache, input_pos)
-        return self.norm(x[:, 0]) @ self.embed.weight.t()
+        return self.logits(self.norm(x[:, 0]))
 
     @torch.no_grad()
     def decode_step(self, state: DecodingState) -> None:

@@ -29,7 +29,7 @@ from torch import nn
 from procap import kernels
 from procap.config import VQGANConfig
 from procap.errors import ProCapError
-from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, swish
+from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
 TAMING_PREFIXES = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.", "quantize.")
@@ -65,7 +65,7 @@ class Encoder(nn.Module):
         for level in self.down:
             h = level(h)
         h = self.mid(h)
-        return self.conv_out(swish(self.norm_out(h)))
+        return self.conv_out(norm_act(self.norm_out, h))
 
 
 class Decoder(nn.Module):
@@ -95,7 +95,7 @@ class Decoder(nn.Module):
         h = self.mid(self.conv_in(z))
         for level in reversed(self.up):
             h = level(h)
-        return self.conv_out(swish(self.norm_out(h)))
+        return self.conv_out(norm_act(self.norm_out, h))
 
 
 class VectorQuantizer(nn.Module):

@@ -4,6 +4,10 @@ The attribute names (``norm1``, ``conv1``, ``nin_shortcut``, ``q``/``k``/``v``/`
 of the contract: they make our state-dict keys equal to those of a taming ``.ckpt`` so a released checkpoint loads
 with strict checks. Behaviour follows ``taming/modules/diffusionmodules/model.py`` (Esser et al., 2021):
 GroupNorm(32, eps 1e-6), swish, pre-activation residual blocks, single-head spatial self-attention.
+
+Every GroupNorm runs through ``procap.kernels.group_norm``: on CUDA one fused Triton op computes norm + swish (and,
+between two chained residual blocks, the residual add before the norm) on channels-last activations; elsewhere its
+reference is exactly ``swish(norm(x))``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from procap import kernels
 from procap.attention import attention
 
 
@@ -20,9 +25,15 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
 
 
-def swish(x: torch.Tensor) -> torch.Tensor:
-    """x * sigmoid(x) (taming's ``nonlinearity``)."""
-    return x * torch.sigmoid(x)
+def norm_act(
+    norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``swish(norm(x))`` (or ``norm(x)``) through the fused-op dispatch; with ``residual``, of ``x + residual``.
+
+    Returns:
+        (B, C, H, W), or ``(normalised, x + residual)`` when a residual is given.
+    """
+    return kernels.group_norm(x, norm.weight, norm.bias, norm.num_groups, norm.eps, silu, residual)
 
 
 class ResnetBlock(nn.Module):
@@ -39,13 +50,25 @@ class ResnetBlock(nn.Module):
         if in_channels != out_channels:
             self.nin_shortcut = nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=1, padding=0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """(B, C_in, H, W) -> (B, C_out, H, W)."""
-        h = self.conv1(swish(self.norm1(x)))
-        h = self.conv2(self.dropout(swish(self.norm2(h))))
+        shortcut, h = self.parts(x)
+        return shortcut + h
+
+    def parts(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's output before its residual add: ``(shortcut, h)`` with ``forward(x) == shortcut + h``.
+
+        ``x`` may itself be such a pair (the previous block's parts): the add then happens inside the fused norm,
+        which reads both tensors once and writes their sum for this block's shortcut.
+        """
+        if isinstance(x, tuple):
+            h, x = norm_act(self.norm1, x[0], residual=x[1])
+        else:
+            h = norm_act(self.norm1, x)
+        h = self.conv2(self.dropout(norm_act(self.norm2, self.conv1(h))))
         if self.in_channels != self.out_channels:
             x = self.nin_shortcut(x)
-        return x + h
+        return x, h
 
 
 class AttnBlock(nn.Module):
@@ -62,7 +85,7 @@ class AttnBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H, W); scores scaled by C^-1/2 as in taming."""
         b, c, h, w = x.shape
-        y = self.norm(x)
+        y = norm_act(self.norm, x, silu=False)
         # (B, C, H, W) -> (B, 1, H*W, C): one head whose width is the channel count.
         q, k, v = (proj(y).reshape(b, 1, c, h * w).transpose(-2, -1) for proj in (self.q, self.k, self.v))
         out = attention(q, k, v)  # (B, 1, HW, C)
@@ -120,7 +143,9 @@ class Level(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, block in enumerate(self.block):
-            x = block(x)
+            # A block followed directly by another hands over its unsummed parts (the add fuses into the next norm).
+            chained = i + 1 < len(self.block) and not len(self.attn)
+            x = block.parts(x) if chained else block(x)
             if len(self.attn):
                 x = self.attn[i](x)
         if hasattr(self, "downsample"):

@@ -85,6 +85,30 @@ def test_decoder_is_causal_and_tied():
     assert decoder.embed.weight.grad[PAD_ID].abs().sum() > 0  # PAD is never an input here: grad from the output
 
 
+def test_bf16_decoder_logits_are_fp32_and_keep_near_ties_apart():
+    # Two tied-embedding rows whose logits differ by less than bf16's spacing at that magnitude (0.0625 near 10): a
+    # bf16 matmul rounds both to one value and argmax takes the lower id; the fp32 projection keeps the larger one.
+    decoder = CaptionDecoder(small_config()).to(torch.bfloat16).eval()
+    hidden = torch.zeros(1, 32, dtype=torch.bfloat16)
+    hidden[0, 0] = 10.0
+    with torch.no_grad():
+        decoder.embed.weight.zero_()
+        decoder.embed.weight[9, 0] = 1.0  # logit 10.0
+        decoder.embed.weight[12, 0] = 1.0
+        decoder.embed.weight[12, 1] = 0.0078125  # + 10 * 2**-7 via the second feature
+    hidden[0, 1] = 1.0
+    logits = decoder.logits(hidden)
+    assert logits.dtype == torch.float32
+    assert int(logits.argmax(-1)) == 12
+    bf16_logits = hidden @ decoder.embed.weight.t()  # the old projection
+    assert int(bf16_logits.argmax(-1)) == 9  # the flip this guards against
+    memory = torch.randn(2, 10, 32, dtype=torch.bfloat16)
+    state = decoder.setup_caches(2, 5, torch.bfloat16, "cpu", memory_len=10)
+    decoder.prefill(memory, state)
+    assert decoder.forward_step(state.tokens, state.pos, state.cache).dtype == torch.float32
+    assert decoder(torch.full((2, 3), BOS_ID), memory).dtype == torch.float32
+
+
 def test_decoder_layer_exposes_weights_for_the_fast_path():
     layer = CaptionDecoder(small_config(dec_layers=2)).layers[1]
     for attn in (layer.self_attn, layer.cross_attn):

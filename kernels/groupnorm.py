@@ -1,0 +1,681 @@
+"""Fused GroupNorm (+ SiLU, + residual add) on channels-last activations: reference, Triton kernels, autograd.
+
+The VQGAN (taming's f16 layout) normalises every residual-block input with ``GroupNorm(32, eps=1e-6)`` followed by
+swish, ``silu(z) = z * sigmoid(z)``. Eagerly that is a GroupNorm (which PyTorch runs on NCHW, so a channels-last
+tensor is transposed there and back) plus three elementwise passes for the swish. Here one op computes
+
+    s = x (+ residual)                                      (optional; written out, the block's next residual)
+    y = act((s - mean_g) * rstd_g * weight_c + bias_c)      act = silu or identity
+
+with the statistics of group ``g`` over all H*W positions and the group's C/G channels, in three launches:
+
+1. ``_group_norm_stats_kernel``, grid (B, chunks, channel tiles): per-channel mean and M2 (sum of squared
+   deviations) of a chunk of rows, merged tile by tile with Chan's parallel update (no E[x^2] - E[x]^2
+   cancellation); with a residual it also writes ``s``.
+2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks, then the channels of each group, into mean and
+   rstd per (sample, group), and writes per-(sample, channel) ``mean`` and ``scale = rstd * weight``.
+3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
+   (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
+
+HBM traffic: read x twice, write y once (plus read the residual and write ``s`` once with a residual), against about
+12 passes for eager channels-last GroupNorm + swish. Backward (for VQGAN fitting) is two passes over (x, dy) with the
+small per-(sample, channel) reductions finished in torch. All arithmetic is fp32; loads are cast to fp32 and results
+cast back to the storage dtype once (the Triton interpreter's bf16 arithmetic is wrong, and this is also what makes
+the GPU kernel more accurate than the eager bf16 swish).
+
+Layouts: any (B, C, H, W) tensor whose H and W strides merge (channels-last or contiguous NCHW); the kernels take
+strides, and Triton specialises the unit stride, so channels-last loads are coalesced along C.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+
+# Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
+TILE_ELEMENTS = 16384 if INTERPRETED else 4096
+MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 tiles
+BLOCK_S = 16  # chunks merged per step in the finalize kernel
+BLOCK_G_MIN = 16
+SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
+
+
+def group_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = 1e-6,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Reference: ``F.group_norm`` then taming's swish ``y * sigmoid(y)``, in the input dtype (the eager model).
+
+    Args:
+        x: (B, C, H, W) activations; residual: optional tensor of the same shape added to x first.
+        weight, bias: (C,) affine parameters.
+        num_groups: G, dividing C.
+        eps: added to the variance.
+        silu: apply ``y * sigmoid(y)`` after the affine normalisation.
+
+    Returns:
+        y (B, C, H, W) in x's dtype, or ``(y, x + residual)`` when a residual is given.
+    """
+    s = x if residual is None else x + residual
+    y = F.group_norm(s, num_groups, weight, bias, eps)
+    if silu:
+        y = y * torch.sigmoid(y)
+    return y if residual is None else (y, s)
+
+
+@triton_jit
+def _round_to_bf16_rne(x):
+    """Round fp32 to the nearest bf16 (ties to even), kept in fp32: the interpreter's cast truncates, GPUs round."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton_jit
+def _silu_grad(z):
+    """d silu(z) / dz = sigmoid(z) * (1 + z * (1 - sigmoid(z)))."""
+    sig = tl.sigmoid(z)
+    return sig * (1.0 + z * (1.0 - sig))
+
+
+@triton_jit
+def _group_norm_stats_kernel(
+    X_ptr,
+    R_ptr,
+    S_ptr,
+    Mean_ptr,
+    M2_ptr,
+    HW,
+    C,
+    rows_per_chunk,
+    stride_b,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Per-channel (mean, M2) of rows [chunk * rows_per_chunk, ...) of one sample; with a residual, s = x + r."""
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    start = pid_s * rows_per_chunk
+    stop = tl.minimum(start + rows_per_chunk, HW)
+    base = pid_b.to(tl.int64) * stride_b
+    count = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for r0 in range(start, stop, BLOCK_HW):
+        rows = r0 + tl.arange(0, BLOCK_HW)
+        row_ok = rows < stop
+        ok = row_ok[:, None] & col_ok[None, :]
+        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+        x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            x = x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+            if ROUND_BF16:
+                x = _round_to_bf16_rne(x)
+            x_stored = x.to(S_ptr.dtype.element_ty)
+            tl.store(S_ptr + offs, x_stored, mask=ok)
+            x = x_stored.to(tl.float32)  # statistics of the rounded sum, as the reference normalises it
+        n_tile = tl.sum(row_ok.to(tl.float32), axis=0)
+        tile_mean = tl.sum(x, axis=0) / n_tile
+        centered = tl.where(ok, x - tile_mean[None, :], 0.0)
+        tile_m2 = tl.sum(centered * centered, axis=0)
+        # Chan et al.: merge (count, mean, m2) with the tile's statistics.
+        total = count + n_tile
+        delta = tile_mean - mean
+        mean = mean + delta * (n_tile / total)
+        m2 = m2 + tile_m2 + delta * delta * (count * n_tile / total)
+        count = total
+    out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
+    tl.store(Mean_ptr + out, mean, mask=col_ok)
+    tl.store(M2_ptr + out, m2, mask=col_ok)
+
+
+@triton_jit
+def _merge_chunks(
+    Mean_ptr,
+    M2_ptr,
+    pid_b,
+    channels,
+    ch_ok,
+    HW,
+    C,
+    n_chunks,
+    rows_per_chunk,
+    BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """(mean, M2) over all HW rows of each channel in ``channels``, merging the per-chunk partials."""
+    count = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    for s0 in range(0, n_chunks, BLOCK_S):
+        chunks = s0 + tl.arange(0, BLOCK_S)
+        s_ok = chunks < n_chunks
+        rows = tl.where(s_ok, tl.minimum(rows_per_chunk, HW - chunks * rows_per_chunk), 0) * 1.0
+        ok = s_ok[:, None] & ch_ok[None, :]
+        offs = (pid_b * n_chunks + chunks).to(tl.int64)[:, None] * C + channels[None, :]
+        part_mean = tl.load(Mean_ptr + offs, mask=ok, other=0.0)
+        part_m2 = tl.load(M2_ptr + offs, mask=ok, other=0.0)
+        n_blk = tl.sum(rows, axis=0)
+        mean_blk = tl.sum(rows[:, None] * part_mean, axis=0) / n_blk
+        dev = part_mean - mean_blk[None, :]
+        m2_blk = tl.sum(part_m2 + rows[:, None] * dev * dev, axis=0)
+        total = count + n_blk
+        delta = mean_blk - mean
+        mean = mean + delta * (n_blk / total)
+        m2 = m2 + m2_blk + delta * delta * (count * n_blk / total)
+        count = total
+    return mean, m2
+
+
+@triton_jit
+def _group_norm_finalize_kernel(
+    Mean_ptr,
+    M2_ptr,
+    W_ptr,
+    GMean_ptr,
+    GRstd_ptr,
+    CMean_ptr,
+    Scale_ptr,
+    HW,
+    C,
+    G,
+    n_chunks,
+    rows_per_chunk,
+    eps,
+    BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """Group mean / rstd of one sample, then per channel its group's mean and ``scale = rstd * w``."""
+    pid_b = tl.program_id(0)
+    groups = tl.arange(0, BLOCK_G)
+    g_ok = groups < G
+    per_group = C // G
+    g_mean = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    g_m2 = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    for j in range(per_group):  # channel j of every group at once; channels of a group hold HW rows each
+        c_mean, c_m2 = _merge_chunks(
+            Mean_ptr, M2_ptr, pid_b, groups * per_group + j, g_ok, HW, C, n_chunks, rows_per_chunk, BLOCK_S, BLOCK_G
+        )
+        seen = j * 1.0
+        delta = c_mean - g_mean
+        g_mean = g_mean + delta / (seen + 1.0)
+        g_m2 = g_m2 + c_m2 + delta * delta * (HW * 1.0) * (seen / (seen + 1.0))
+    rstd = 1.0 / tl.sqrt_rn(g_m2 / (HW * per_group * 1.0) + eps)
+    tl.store(GMean_ptr + pid_b * G + groups, g_mean, mask=g_ok)
+    tl.store(GRstd_ptr + pid_b * G + groups, rstd, mask=g_ok)
+    for j in range(per_group):
+        channels = groups * per_group + j
+        w = tl.load(W_ptr + channels, mask=g_ok, other=0.0).to(tl.float32)
+        tl.store(CMean_ptr + pid_b * C + channels, g_mean, mask=g_ok)
+        tl.store(Scale_ptr + pid_b * C + channels, rstd * w, mask=g_ok)
+
+
+@triton_jit
+def _group_norm_apply_kernel(
+    X_ptr,
+    Y_ptr,
+    CMean_ptr,
+    Scale_ptr,
+    Bias_ptr,
+    HW,
+    C,
+    stride_b,
+    stride_hw,
+    stride_c,
+    SILU: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """y = act((x - mean[b, c]) * scale[b, c] + bias[c]) on a (BLOCK_HW rows, BLOCK_C channels) tile."""
+    pid_b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    ok = (rows < HW)[:, None] & col_ok[None, :]
+    offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+    x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    mean = tl.load(CMean_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
+    scale = tl.load(Scale_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
+    bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = (x - mean[None, :]) * scale[None, :] + bias[None, :]
+    if SILU:
+        y = y * tl.sigmoid(y)
+    if ROUND_BF16:
+        y = _round_to_bf16_rne(y)
+    tl.store(Y_ptr + offs, y.to(Y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton_jit
+def _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok):
+    """(x, z) on a tile: the stored input and the affine output ``(x - mean) * scale + bias`` it was mapped to."""
+    x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    mean = tl.load(CMean_ptr + per_channel, mask=col_ok, other=0.0)
+    scale = tl.load(Scale_ptr + per_channel, mask=col_ok, other=0.0)
+    bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return x, (x - mean[None, :]) * scale[None, :] + bias[None, :]
+
+
+@triton_jit
+def _group_norm_bwd_stats_kernel(
+    X_ptr,
+    DY_ptr,
+    CMean_ptr,
+    Scale_ptr,
+    Bias_ptr,
+    GRstd_ptr,
+    SumDz_ptr,
+    SumDzXhat_ptr,
+    HW,
+    C,
+    G,
+    rows_per_chunk,
+    stride_b,
+    stride_hw,
+    stride_c,
+    SILU: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Per-channel sums over a chunk of rows of dz and dz * xhat, dz = dL/d(affine output), xhat = (x - mean) rstd."""
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    per_channel = pid_b * C + cols
+    mean = tl.load(CMean_ptr + per_channel, mask=col_ok, other=0.0)
+    rstd = tl.load(GRstd_ptr + pid_b * G + cols // (C // G), mask=col_ok, other=0.0)
+    start = pid_s * rows_per_chunk
+    stop = tl.minimum(start + rows_per_chunk, HW)
+    base = pid_b.to(tl.int64) * stride_b
+    acc_dz = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    acc_dz_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for r0 in range(start, stop, BLOCK_HW):
+        rows = r0 + tl.arange(0, BLOCK_HW)
+        ok = (rows < stop)[:, None] & col_ok[None, :]
+        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+        x, z = _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
+        dz = tl.load(DY_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        if SILU:
+            dz = dz * _silu_grad(z)
+        acc_dz += tl.sum(dz, axis=0)
+        acc_dz_xhat += tl.sum(dz * ((x - mean[None, :]) * rstd[None, :]), axis=0)
+    out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
+    tl.store(SumDz_ptr + out, acc_dz, mask=col_ok)
+    tl.store(SumDzXhat_ptr + out, acc_dz_xhat, mask=col_ok)
+
+
+@triton_jit
+def _group_norm_bwd_apply_kernel(
+    X_ptr,
+    DY_ptr,
+    DS_ptr,
+    DX_ptr,
+    CMean_ptr,
+    Scale_ptr,
+    Bias_ptr,
+    Alpha_ptr,
+    Beta_ptr,
+    Gamma_ptr,
+    HW,
+    C,
+    stride_b,
+    stride_hw,
+    stride_c,
+    SILU: tl.constexpr,
+    HAS_DS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """dx = alpha * dz + beta * (x - mean) + gamma (+ ds, the gradient reaching the residual sum directly)."""
+    pid_b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    ok = (rows < HW)[:, None] & col_ok[None, :]
+    offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+    per_channel = pid_b * C + cols
+    x, z = _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
+    dz = tl.load(DY_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if SILU:
+        dz = dz * _silu_grad(z)
+    mean = tl.load(CMean_ptr + per_channel, mask=col_ok, other=0.0)
+    alpha = tl.load(Alpha_ptr + per_channel, mask=col_ok, other=0.0)
+    beta = tl.load(Beta_ptr + per_channel, mask=col_ok, other=0.0)
+    gamma = tl.load(Gamma_ptr + per_channel, mask=col_ok, other=0.0)
+    dx = alpha[None, :] * dz + beta[None, :] * (x - mean[None, :]) + gamma[None, :]
+    if HAS_DS:
+        dx += tl.load(DS_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if ROUND_BF16:
+        dx = _round_to_bf16_rne(dx)
+    tl.store(DX_ptr + offs, dx.to(DX_ptr.dtype.element_ty), mask=ok)
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    """The memory format the launch uses for x: channels-last unless x is already contiguous NCHW."""
+    if x.is_contiguous(memory_format=torch.channels_last) or not x.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """(sample, row, channel) strides of a dense (B, C, H, W) tensor viewed as (B, H*W, C)."""
+    return x.stride(0), x.stride(3), x.stride(1)
+
+
+def _blocks(channels: int, block_hw: int | None) -> tuple[int, int]:
+    block_c = min(triton.next_power_of_2(channels), MAX_BLOCK_C)
+    return (block_hw or max(16, TILE_ELEMENTS // block_c)), block_c
+
+
+def _chunks(
+    batch: int, hw: int, c_tiles: int, block_hw: int, device: torch.device, rows_per_chunk: int | None
+) -> tuple[int, int]:
+    """(rows per chunk, chunks per sample) so that the statistics passes fill the GPU (4 programs per SM).
+
+    Off CUDA (the interpreter, the compile check) an H100's SM count stands in, so the same chunking is exercised.
+    """
+    if rows_per_chunk is None:
+        sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else SM_COUNT_OFF_CUDA
+        )
+        programs = 4 * sms
+        chunks = max(1, min(triton.cdiv(programs, batch * c_tiles), triton.cdiv(hw, block_hw)))
+        rows_per_chunk = triton.cdiv(triton.cdiv(hw, chunks), block_hw) * block_hw
+    return rows_per_chunk, triton.cdiv(hw, rows_per_chunk)
+
+
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int, residual: torch.Tensor | None
+) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"the fused group norm takes (B, C, H, W) tensors, got shape {tuple(x.shape)}")
+    if x.shape[1] % num_groups or weight.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
+        raise ValueError(
+            f"{x.shape[1]} channels, {num_groups} groups, weight {tuple(weight.shape)} and bias "
+            f"{tuple(bias.shape)} do not fit together"
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
+    if not triton_can_take(x):
+        raise ValueError(
+            f"the Triton group norm needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 before "
+            "importing procap.kernels.groupnorm to run it on CPU)"
+        )
+
+
+def group_norm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    silu: bool,
+    residual: torch.Tensor | None = None,
+    *,
+    block_hw: int | None = None,
+    rows_per_chunk: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Launch the forward kernels.
+
+    Args:
+        x: (B, C, H, W); residual: optional, same shape and dtype; weight, bias: (C,).
+        block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones).
+
+    Returns:
+        ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s = x + residual`` (x itself without a residual) in
+        x's layout and dtype; fp32 group mean and rstd (B, G); fp32 per-channel mean and ``rstd * weight`` (B, C).
+    """
+    _check(x, weight, bias, num_groups, residual)
+    layout = _layout(x)
+    x = x.contiguous(memory_format=layout)
+    s = x if residual is None else torch.empty_like(x)
+    batch, channels, height, width = x.shape
+    hw = height * width
+    block_hw, block_c = _blocks(channels, block_hw)
+    c_tiles = triton.cdiv(channels, block_c)
+    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, block_hw, x.device, rows_per_chunk)
+    f32 = {"dtype": torch.float32, "device": x.device}
+    part_mean, part_m2 = (torch.empty(batch, n_chunks, channels, **f32) for _ in range(2))
+    mean, rstd = (torch.empty(batch, num_groups, **f32) for _ in range(2))
+    channel_mean, scale = (torch.empty(batch, channels, **f32) for _ in range(2))
+    y = torch.empty_like(x)
+    round_bf16 = INTERPRETED and x.dtype == torch.bfloat16
+    r = x if residual is None else residual.contiguous(memory_format=layout)
+    _group_norm_stats_kernel[(batch, n_chunks, c_tiles)](
+        x,
+        r,
+        s,
+        part_mean,
+        part_m2,
+        hw,
+        channels,
+        rows_per_chunk,
+        *_strides(x),
+        HAS_RESIDUAL=residual is not None,
+        ROUND_BF16=round_bf16,
+        BLOCK_HW=block_hw,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    block_g = max(BLOCK_G_MIN, triton.next_power_of_2(num_groups))
+    _group_norm_finalize_kernel[(batch,)](
+        part_mean,
+        part_m2,
+        weight.contiguous(),
+        mean,
+        rstd,
+        channel_mean,
+        scale,
+        hw,
+        channels,
+        num_groups,
+        n_chunks,
+        rows_per_chunk,
+        eps,
+        BLOCK_S=BLOCK_S,
+        BLOCK_G=block_g,
+        num_warps=1,
+    )
+    _group_norm_apply_kernel[(batch, triton.cdiv(hw, block_hw), c_tiles)](
+        s,
+        y,
+        channel_mean,
+        scale,
+        bias.contiguous(),
+        hw,
+        channels,
+        *_strides(x),
+        SILU=silu,
+        ROUND_BF16=round_bf16,
+        BLOCK_HW=block_hw,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    return y, s, mean, rstd, channel_mean, scale
+
+
+def _backward_coefficients(
+    sum_dz: torch.Tensor, sum_dz_xhat: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, hw: int
+) -> tuple[torch.Tensor, ...]:
+    """Per-(sample, channel) ``alpha, beta, gamma`` with dx = alpha * dz + beta * (x - mean) + gamma; dweight, dbias.
+
+    GroupNorm's input gradient is ``rstd * (w * dz - mean_g(w * dz) - xhat * mean_g(w * dz * xhat))`` with means
+    over the group's HW * C/G elements and ``xhat = (x - mean) * rstd``.
+    """
+    batch, groups = rstd.shape
+    channels = weight.shape[0]
+    per_group = channels // groups
+    w = weight.float()
+    a, b = sum_dz.sum(1), sum_dz_xhat.sum(1)  # (B, C): sums over every chunk
+    c1 = (a * w).view(batch, groups, per_group).sum(-1) / (hw * per_group)  # (B, G) mean of w * dz
+    c2 = (b * w).view(batch, groups, per_group).sum(-1) / (hw * per_group)  # (B, G) mean of w * dz * xhat
+    alpha = rstd.repeat_interleave(per_group, dim=1) * w
+    beta = (-rstd * rstd * c2).repeat_interleave(per_group, dim=1)
+    gamma = (-rstd * c1).repeat_interleave(per_group, dim=1)
+    return alpha.contiguous(), beta.contiguous(), gamma.contiguous(), b.sum(0), a.sum(0)
+
+
+def group_norm_bwd(
+    dy: torch.Tensor,
+    ds: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    rstd: torch.Tensor,
+    channel_mean: torch.Tensor,
+    scale: torch.Tensor,
+    silu: bool,
+    *,
+    block_hw: int | None = None,
+    rows_per_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels.
+
+    Args:
+        dy: (B, C, H, W) gradient of y; ds: the gradient of the returned sum (same shape), or None.
+        s: the normalised input saved by the forward; rstd, channel_mean, scale: its fp32 statistics.
+
+    Returns:
+        ``(dx, dweight, dbias)``: dx in s's layout and dtype (the gradient of x and of the residual), fp32 (C,) sums.
+    """
+    layout = _layout(s)
+    dy = dy.contiguous(memory_format=layout)
+    batch, channels, height, width = s.shape
+    hw = height * width
+    block_hw, block_c = _blocks(channels, block_hw)
+    c_tiles = triton.cdiv(channels, block_c)
+    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, block_hw, s.device, rows_per_chunk)
+    sum_dz, sum_dz_xhat = (
+        torch.empty(batch, n_chunks, channels, dtype=torch.float32, device=s.device) for _ in range(2)
+    )
+    bias = bias.contiguous()
+    _group_norm_bwd_stats_kernel[(batch, n_chunks, c_tiles)](
+        s,
+        dy,
+        channel_mean,
+        scale,
+        bias,
+        rstd,
+        sum_dz,
+        sum_dz_xhat,
+        hw,
+        channels,
+        rstd.shape[1],
+        rows_per_chunk,
+        *_strides(s),
+        SILU=silu,
+        BLOCK_HW=block_hw,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    alpha, beta, gamma, dweight, dbias = _backward_coefficients(sum_dz, sum_dz_xhat, weight, rstd, hw)
+    dx = torch.empty_like(s)
+    _group_norm_bwd_apply_kernel[(batch, triton.cdiv(hw, block_hw), c_tiles)](
+        s,
+        dy,
+        dy if ds is None else ds.contiguous(memory_format=layout),
+        dx,
+        channel_mean,
+        scale,
+        bias,
+        alpha,
+        beta,
+        gamma,
+        hw,
+        channels,
+        *_strides(s),
+        SILU=silu,
+        HAS_DS=ds is not None,
+        ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,
+        BLOCK_HW=block_hw,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
+    return dx, dweight, dbias
+
+
+class GroupNormFunction(torch.autograd.Function):
+    """Autograd wrapper: differentiable in x, weight, bias and the residual (the sum output's gradient included)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, num_groups, eps, silu):
+        y, s, _, rstd, channel_mean, scale = group_norm_fwd(x, weight, bias, num_groups, eps, silu, residual)
+        ctx.save_for_backward(s, weight, bias, rstd, channel_mean, scale)
+        ctx.silu, ctx.has_residual = silu, residual is not None
+        ctx.set_materialize_grads(False)  # an unused sum output must not cost a zero-filled gradient pass
+        return y if residual is None else (y, s)
+
+    @staticmethod
+    def backward(ctx, dy, *rest):
+        s, weight, bias, rstd, channel_mean, scale = ctx.saved_tensors
+        ds = rest[0] if rest else None
+        if dy is None:
+            dy = torch.zeros_like(s)
+        dx, dweight, dbias = group_norm_bwd(dy, ds, s, weight, bias, rstd, channel_mean, scale, ctx.silu)
+        return (dx, dweight.to(weight.dtype), dbias.to(bias.dtype), dx if ctx.has_residual else None, None, None, None)
+
+
+def group_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = 1e-6,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`group_norm_ref` (same arguments, same outputs)."""
+    return GroupNormFunction.apply(x, weight, bias, residual, num_groups, eps, silu)
+
+
+# ----------------------------------------------------------------------------------------------- dispatch
+GROUP_NORM = register(FusedOp("group_norm", group_norm_ref, group_norm_triton))  # no csrc/ version: CPU = reference
+
+
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = 1e-6,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+    impl: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """GroupNorm, optionally fused with SiLU and a preceding residual add, through the fastest implementation.
+
+    On CUDA the Triton kernels (channels-last or NCHW (B, C, H, W), fp32/fp16/bf16); elsewhere, other ranks, and
+    under ``torch.compile`` (whose Inductor fuses the reference itself) :func:`group_norm_ref`.
+
+    Args:
+        x: (B, C, H, W) activations.
+        weight, bias: (C,); num_groups: G dividing C; eps: added to the variance.
+        silu: apply ``y * sigmoid(y)`` (taming's swish) to the normalised output.
+        residual: optional tensor like x; the op then normalises ``x + residual`` and also returns that sum.
+        impl: None (automatic) or one of ``procap.kernels.IMPLS`` ("reference" or "triton" for this op).
+
+    Returns:
+        y (B, C, H, W) in x's dtype and layout, or ``(y, x + residual)``.
+    """
+    if torch.compiler.is_compiling() or (impl is None and x.dim() != 4):
+        return group_norm_ref(x, weight, bias, num_groups, eps, silu, residual)
+    tensors = (x, weight, bias) + (() if residual is None else (residual,))
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return run("group_norm", impl, x, requires_grad, x, weight, bias, num_groups, eps, silu, residual)

@@ -1,0 +1,83 @@
+"""Every Triton kernel the dispatch can launch compiles for sm_90 (H100) on a CPU-only machine, without spills.
+
+The kernel tests run Triton's interpreter, which accepts code the compiler refuses (a plain-int global read inside a
+kernel, for instance). ``python -m procap.kernels.compile_check`` drives the real launchers for every dtype, mode and
+preset shape with a compile-only driver and compiles each launch with ``triton.compile`` for ``cuda:90``; it needs a
+process without ``TRITON_INTERPRET``, so it runs in a subprocess here. Its table is printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _skip_reason() -> str | None:
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError as exc:
+        return f"triton with its NVIDIA backend is not importable ({exc})"
+    if not hasattr(triton, "knobs") or not hasattr(triton.knobs.runtime, "jit_cache_hook"):
+        return f"triton {triton.__version__} has no knobs.runtime.jit_cache_hook (3.4+ needed to record launches)"
+    if not Path(triton.knobs.nvidia.ptxas.path or "").is_file():
+        return "the triton wheel ships no ptxas"
+    return None
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("compile") / "sm90.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "procap.kernels.compile_check", "--arch", "90", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    print(done.stdout)
+    assert out.is_file(), f"compile_check wrote no report (exit {done.returncode}): {done.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    result["exit_code"] = done.returncode
+    return result
+
+
+def test_every_kernel_compiles_for_sm90_without_spills(report):
+    failed = [
+        f"{k['kernel']} {k['signature']} {k['constexprs']}: "
+        + (k["error"] or f"{k['spill_stores']}+{k['spill_loads']} spill bytes, {k['shared_bytes']} B shared")
+        for k in report["kernels"]
+        if not k["ok"]
+    ]
+    assert not failed, "\n".join(failed)
+    assert report["exit_code"] == 0
+
+
+def test_every_kernel_is_launched(report):
+    assert report["never_launched"] == []
+    names = {k["kernel"].rsplit(".", 1)[-1] for k in report["kernels"]}
+    assert {"_masking_fwd_kernel", "_masking_bwd_kernel", "_vq_nearest_kernel", "_group_norm_stats_kernel"} <= names
+
+
+def test_every_dtype_is_compiled(report):
+    # Each kernel that takes activations is compiled for fp32, fp16 and bf16 (the finalize kernel sees only fp32).
+    dtypes: dict[str, set[str]] = {}
+    for k in report["kernels"]:
+        first_pointer = next(t for t in k["signature"].values() if t.startswith("*"))
+        dtypes.setdefault(k["kernel"].rsplit(".", 1)[-1], set()).add(first_pointer)
+    for name, seen in dtypes.items():
+        if name != "_group_norm_finalize_kernel":
+            assert seen == {"*fp32", "*fp16", "*bf16"}, name
+
+
+def test_resources_are_recorded(report):
+    for k in (k for k in report["kernels"] if k["error"] is None):  # failures are reported above
+        assert k["registers"] and 0 < k["registers"] <= 255, k
+        assert 0 <= k["shared_bytes"] <= report["shared_memory_limit"], k
