@@ -336,7 +336,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "refs": json.dumps({"p1": ["the cube moved"]}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "word2idx": json.dumps(
-            {w: i for i, w in enumerate("[PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK] the cube".split())}
+            {w: i for i, w in enumerate(["[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "the", "cube"])}
         ),
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}

@@ -19,10 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from procap import validate
     from procap.checkpoint import save_checkpoint
     from procap.convert import convert_authors_checkpoint
-
-    from procap import validate
 
     out = Path(args.out)
     validate.input_file(args.checkpoint, "authors' checkpoint")
