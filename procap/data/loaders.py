@@ -76,8 +76,8 @@ def _clevr_captions(path: Path) -> dict[int, list[str]]:
             index = _index_of(name)
         except ValueError:
             raise ProCapError(f"CLEVR-Change caption file {path} has a malformed image name {name!r}.") from None
-        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-            raise ProCapError(f"CLEVR-Change caption file {path} must map {name!r} to a list of captions.")
+        if not isinstance(caps, list) or not caps or not all(isinstance(c, str) and c.strip() for c in caps):
+            raise ProCapError(f"CLEVR-Change caption file {path} must map {name!r} to a non-empty list of captions.")
         captions[index] = caps
     return captions
 
