@@ -6,20 +6,26 @@ follow BOS). Two providers run in the same session:
 
 - ``eager_fp32``: ``ProCap.generate`` in fp32 at batch 32, the full prefix recomputed every step (no KV cache),
   mirroring the authors' protocol;
-- ``fast``: ``procap.fast.Captioner`` (bf16, static KV cache, CUDA graphs) at batch 1 / 8 / 32 / 128.
+- ``fast``: ``procap.fast.Captioner`` (bf16, static KV cache, CUDA graphs) at batch 1 / 8 / 32 / 128, with the
+  decoding step captured (``decode_graph``) or the whole forward (``whole_graph``, batch 1 and 8);
+- ``fast_compiled`` (CUDA, k = 2): the same with ``torch_compile=True`` (VQGAN encoder and procedure encoder through
+  ``torch.compile``), the first call's compile time reported apart as ``compile_s``.
 
 VQGAN, encoder and decoder are all inside the timing; image decoding from disk is not. Reported in
 ``extra_info``: TPS under the paper's counting (24 tokens per caption) and up to EOS, latency per batch,
 captions/s, peak memory, model FLOPs per pair (``torch.utils.flop_counter``, KV-cached decoding, attention via
 the math backend so every matmul is counted), MFU against the bf16 peak, the ratio to the paper's A40 TPS and
 NVML telemetry. On a CPU the suite runs the ``tiny`` preset at small batches so CI exercises it.
+``PROCAP_BENCH_K=2`` narrows the k sweep.
 
 Run: ``pytest bench/test_e2e.py --benchmark-only --benchmark-json bench/results/<name>.json``.
 """
 
 from __future__ import annotations
 
+import os
 import resource
+import time
 
 import pytest
 import torch
@@ -32,7 +38,8 @@ from procap.fast import Captioner
 from procap.model.decoder import PAD_ID
 from procap.model.procap import ProCap
 
-KEYFRAMES = (1, 2, 4, 7)
+# PROCAP_BENCH_K (e.g. "2") narrows the k sweep, as bench/gpu_check.sh does.
+KEYFRAMES = tuple(int(k) for k in os.environ.get("PROCAP_BENCH_K", "1,2,4,7").split(","))
 STEPS = 24  # decoding steps (tokens) per caption, the paper's counting
 GPU_BATCHES, CPU_BATCHES = (1, 8, 32, 128), (1, 4)
 REFERENCE_BATCH = {"cuda": 32, "cpu": 4}
@@ -138,7 +145,7 @@ def _report(
             "preset": preset,
             "steps": STEPS,
             "dtype": "float32" if provider == "eager_fp32" else str(_dtype(device)).replace("torch.", ""),
-            "attention_backend": select_backend(device, _dtype(device) if provider == "fast" else torch.float32),
+            "attention_backend": select_backend(device, torch.float32 if provider == "eager_fp32" else _dtype(device)),
             "latency_s_per_batch": seconds,
             "captions_per_s": batch / seconds,
             "tps_paper": tps,
@@ -230,3 +237,41 @@ def test_e2e_fast(benchmark, bench_device, k, batch, capture_memory):
         benchmark.extra_info["speedup_vs_eager_fp32"] = tps / _reference_tps[k]
     benchmark.extra_info["cuda_graphs"] = captioner.use_graphs
     benchmark.extra_info["capture_memory"] = capture_memory
+
+
+@pytest.mark.parametrize("capture_memory", [False, True], ids=["decode_graph", "whole_graph"])
+@pytest.mark.parametrize("batch", GPU_BATCHES)
+def test_e2e_fast_compiled(benchmark, bench_device, batch, capture_memory):
+    """``Captioner(torch_compile=True)`` at k = 2 (CUDA only): the compiled VQGAN and encoder against the eager
+    fast path and the whole-forward CUDA graph; the first call's compile time is reported apart (``compile_s``)."""
+    if bench_device.type != "cuda":
+        pytest.skip("torch.compile is measured on CUDA only (Inductor's CPU compile is minutes on a CPU runner)")
+    if 2 not in KEYFRAMES:
+        pytest.skip("the compiled path is measured at k = 2")
+    if capture_memory and batch > 8:
+        pytest.skip("whole-graph capture is measured at batch 1 and 8 only")
+    model = _model(2, bench_device)
+    captioner = Captioner(
+        model,
+        _NoVocab(),
+        device=bench_device,
+        dtype=_dtype(bench_device),
+        max_len=STEPS + 1,
+        batch_sizes=(batch,),
+        capture_memory=capture_memory,
+        torch_compile=True,
+    )
+    before, after = _images(model, batch, bench_device)
+    start = time.perf_counter()
+    captioner.generate(before, after)  # compiles (and captures) here, outside the timing
+    synchronize(bench_device)
+    compile_seconds = time.perf_counter() - start
+    tokens, telemetry = _run(
+        benchmark, bench_device, lambda: captioner.generate(before, after), 30 if batch <= 8 else 10
+    )
+    tps = _report(benchmark, bench_device, 2, batch, tokens, "fast_compiled", telemetry, "model_flops_per_pair")
+    if 2 in _reference_tps:
+        benchmark.extra_info["speedup_vs_eager_fp32"] = tps / _reference_tps[2]
+    benchmark.extra_info.update(
+        {"cuda_graphs": captioner.use_graphs, "capture_memory": capture_memory, "compile_s": compile_seconds}
+    )

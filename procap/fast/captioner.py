@@ -11,6 +11,10 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 - that decoding step captured in a CUDA graph per batch bucket (the batch is padded up to the bucket) and
   replayed ``max_len - 1`` times with no host synchronisation; one copy out at the end.
 
+Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
+then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
+compilation). The first call of each batch bucket compiles; benchmarks time it separately.
+
 Everything kept per bucket (decoding state, static inputs, graphs) lives in one :class:`~procap.fast.bucket.Bucket`.
 Process-wide switches (``cudnn.benchmark``, TF32) are options, set only while the Captioner runs and restored after.
 The oracle is ``ProCap.generate``: in fp32 the tokens are equal.
@@ -87,6 +91,9 @@ class Captioner:
         cudnn_benchmark: let cuDNN time its convolution algorithms (VQGAN) while the Captioner runs on CUDA;
             the process's setting is restored after every call.
         allow_tf32: TF32 matmuls/convolutions while the Captioner runs (None: leave the process's settings).
+        torch_compile: compile the VQGAN encoder and the procedure encoder with ``torch.compile`` (never required):
+            True, or a dict of ``torch.compile`` keyword arguments (e.g. ``{"mode": "max-autotune-no-cudagraphs"}``;
+            ``dynamic`` defaults to False: one graph per bucket shape). The first call per bucket compiles.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -109,6 +116,7 @@ class Captioner:
         capture_memory: bool = False,
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
+        torch_compile: bool | dict[str, Any] = False,
     ) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
@@ -124,6 +132,7 @@ class Captioner:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
         self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
+        self.torch_compile = torch_compile
         self._requested = (use_graphs, pad_to_bucket)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
@@ -183,6 +192,10 @@ class Captioner:
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
                 )
             )
+        if self.torch_compile:
+            options = {"dynamic": False, **({} if self.torch_compile is True else dict(self.torch_compile))}
+            for module in (model.vqgan.encoder, model.encoder):
+                module.compile(**options)  # in place: state-dict keys and hooks stay as they are
         return model
 
     @contextlib.contextmanager

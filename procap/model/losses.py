@@ -11,6 +11,9 @@ def msm_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked sequence modeling: cross-entropy over masked positions only.
 
+    With a mask, every position's cross-entropy is computed and weighted by the mask (no boolean gather, whose
+    size the host would have to read from the device).
+
     Args:
         logits: (B, N, K) code logits, or (M, K) already gathered at the masked positions.
         targets: (B, N) or (M,) codebook indices.
@@ -20,13 +23,12 @@ def msm_loss(
         ``(loss, accuracy)``: mean CE over masked positions and the argmax accuracy there. With nothing masked
         both are 0, and the loss stays connected to ``logits`` (zero gradient) so ``backward`` works.
     """
-    picked, wanted = (logits, targets) if mask is None else (logits[mask], targets[mask])
-    if picked.shape[0] == 0:
-        zero = logits.sum() * 0.0
-        return zero, zero.detach()
-    loss = F.cross_entropy(picked.float(), wanted)
-    accuracy = (picked.argmax(-1) == wanted).float().mean()
-    return loss, accuracy
+    flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+    weight = torch.ones_like(flat_targets, dtype=torch.float32) if mask is None else mask.reshape(-1).float()
+    count = weight.sum().clamp(min=1.0)
+    loss = (F.cross_entropy(flat_logits, flat_targets, reduction="none") * weight).sum() / count
+    correct = (flat_logits.argmax(-1) == flat_targets).float() * weight
+    return loss, (correct.sum() / count).detach()
 
 
 def pair_bce(

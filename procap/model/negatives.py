@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from procap.config import NEGATIVE_WARPS
 
 BATCH_FRAME_SWAP, FRAME_SHUFFLE, COLOR_SHIFT, AFFINE = range(len(NEGATIVE_WARPS))
+MAX_ANGLE, MAX_TRANSLATE, MAX_SCALE = 30.0, 0.1, 0.1  # the affine warp's ranges (degrees, fraction, fraction)
 
 
 def _uniform(lo: float, hi: float, generator: torch.Generator | None) -> float:
@@ -35,8 +36,7 @@ def _randint(high: int, generator: torch.Generator | None) -> int:
     return int(torch.randint(high, (), generator=generator).item())
 
 
-def frame_shuffle(video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Reorder the frames of one video (T, 3, S, S) by a uniformly drawn non-identity permutation (T >= 2)."""
+def _frame_shuffle(video: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, list[int]]:
     num_frames = video.shape[0]
     if num_frames < 2:
         raise ValueError("frame_shuffle needs at least two frames")
@@ -44,26 +44,42 @@ def frame_shuffle(video: torch.Tensor, generator: torch.Generator | None = None)
     while True:  # rejection sampling: at most T!/(T!-1) tries on average
         perm = torch.randperm(num_frames, generator=generator)
         if not torch.equal(perm, identity):
-            return video[perm.to(video.device)]
+            return video[perm.to(video.device)], (perm != identity).nonzero().flatten().tolist()
 
 
-def batch_frame_swap(frames: torch.Tensor, index: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample ``index`` of ``frames`` (B, T, 3, S, S) with one frame taken from another sample (B >= 2)."""
+def frame_shuffle(video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Reorder the frames of one video (T, 3, S, S) by a uniformly drawn non-identity permutation (T >= 2)."""
+    return _frame_shuffle(video, generator)[0]
+
+
+def _batch_frame_swap(
+    frames: torch.Tensor, index: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, list[int]]:
     batch, num_frames = frames.shape[:2]
     other = _randint(batch - 1, generator)
     other += other >= index  # uniform over the other B - 1 samples
     out = frames[index].clone()
-    out[_randint(num_frames, generator)] = frames[other, _randint(num_frames, generator)]
-    return out
+    target = _randint(num_frames, generator)
+    out[target] = frames[other, _randint(num_frames, generator)]
+    return out, [target]
 
 
-def color_shift(video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Shift one RGB channel of one frame of ``video`` (T, 3, S, S) by delta, 0.1 <= |delta| <= 0.5, clamp to [0, 1]."""
+def batch_frame_swap(frames: torch.Tensor, index: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample ``index`` of ``frames`` (B, T, 3, S, S) with one frame taken from another sample (B >= 2)."""
+    return _batch_frame_swap(frames, index, generator)[0]
+
+
+def _color_shift(video: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, list[int]]:
     out = video.clone()
     frame, channel = _randint(video.shape[0], generator), _randint(3, generator)
     delta = _uniform(0.1, 0.5, generator) * (1.0 if torch.rand((), generator=generator) < 0.5 else -1.0)
     out[frame, channel] = (out[frame, channel] + delta).clamp(0.0, 1.0)
-    return out
+    return out, [frame]
+
+
+def color_shift(video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Shift one RGB channel of one frame of ``video`` (T, 3, S, S) by delta, 0.1 <= |delta| <= 0.5, clamp to [0, 1]."""
+    return _color_shift(video, generator)[0]
 
 
 def affine_matrix(angle_deg: float, translate: tuple[float, float], scale: float) -> torch.Tensor:
@@ -81,11 +97,17 @@ def affine_matrix(angle_deg: float, translate: tuple[float, float], scale: float
 def random_affine(
     video: torch.Tensor,
     generator: torch.Generator | None = None,
-    max_angle: float = 30.0,
-    max_translate: float = 0.1,
-    max_scale: float = 0.1,
+    max_angle: float = MAX_ANGLE,
+    max_translate: float = MAX_TRANSLATE,
+    max_scale: float = MAX_SCALE,
 ) -> torch.Tensor:
     """Warp one frame of ``video`` (T, 3, S, S) by a random affine transform (reflection padding)."""
+    return _random_affine(video, generator, max_angle, max_translate, max_scale)[0]
+
+
+def _random_affine(
+    video: torch.Tensor, generator: torch.Generator | None, max_angle: float, max_translate: float, max_scale: float
+) -> tuple[torch.Tensor, list[int]]:
     out = video.clone()
     frame = _randint(video.shape[0], generator)
     theta = affine_matrix(
@@ -97,22 +119,27 @@ def random_affine(
     grid = F.affine_grid(theta[None].to(video.device), list(image.shape), align_corners=False)
     warped = F.grid_sample(image, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
     out[frame] = warped[0].to(video.dtype)
-    return out
+    return out, [frame]
 
 
 def consistency_negatives(
-    frames: torch.Tensor, probs: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25), generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    frames: torch.Tensor,
+    probs: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25),
+    generator: torch.Generator | None = None,
+    return_changed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Warp every sample of a batch of procedures by one randomly chosen warp.
 
     Args:
         frames: (B, T, 3, S, S) images in [0, 1].
         probs: probabilities over ``NEGATIVE_WARPS`` (batch_frame_swap, frame_shuffle, color_shift, affine).
         generator: optional CPU generator for reproducible draws.
+        return_changed: also return which frames each warp wrote.
 
     Returns:
         ``(negatives, kinds)``: (B, T, 3, S, S) warped frames (no gradient) and (B,) int64 indices into
-        ``NEGATIVE_WARPS`` saying which warp each sample got.
+        ``NEGATIVE_WARPS`` saying which warp each sample got; with ``return_changed`` also a (B, T) bool CPU tensor,
+        True where a warp wrote the frame (known from the draws, so reading it never waits on the device).
     """
     if frames.dim() != 5:
         raise ValueError(f"frames must be (B, T, 3, S, S), got {tuple(frames.shape)}")
@@ -120,17 +147,20 @@ def consistency_negatives(
     weights = torch.tensor(probs, dtype=torch.float32)
     kinds = torch.multinomial(weights.expand(frames.shape[0], -1), 1, generator=generator).squeeze(1)
     out = []
+    changed = torch.zeros(frames.shape[:2], dtype=torch.bool)
     for i in range(frames.shape[0]):
         kind = int(kinds[i])
         if kind == BATCH_FRAME_SWAP and frames.shape[0] < 2:
             kind = FRAME_SHUFFLE
             kinds[i] = kind
         if kind == BATCH_FRAME_SWAP:
-            out.append(batch_frame_swap(frames, i, generator))
+            video, written = _batch_frame_swap(frames, i, generator)
         elif kind == FRAME_SHUFFLE:
-            out.append(frame_shuffle(frames[i], generator))
+            video, written = _frame_shuffle(frames[i], generator)
         elif kind == COLOR_SHIFT:
-            out.append(color_shift(frames[i], generator))
+            video, written = _color_shift(frames[i], generator)
         else:
-            out.append(random_affine(frames[i], generator))
-    return torch.stack(out), kinds
+            video, written = _random_affine(frames[i], generator, MAX_ANGLE, MAX_TRANSLATE, MAX_SCALE)
+        out.append(video)
+        changed[i, written] = True
+    return (torch.stack(out), kinds, changed) if return_changed else (torch.stack(out), kinds)

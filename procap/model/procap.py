@@ -125,16 +125,23 @@ class ProCap(nn.Module):
         return self.vqgan.codes(frames.flatten(0, 1)).view(frames.shape[0], -1)
 
     @torch.no_grad()
-    def _negative_features(self, frames: torch.Tensor, negatives: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def _negative_features(
+        self, negatives: torch.Tensor, changed: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
         """Features of the consistency negatives, re-encoding only the frames a warp changed.
 
-        The VQGAN dominates stage-1 compute and works per image, so a frame identical to the positive's frame at
-        the same position keeps its features; three of the four warps change a single frame.
+        The VQGAN dominates stage-1 compute and works per image, so a frame the warp left alone keeps the positive's
+        features; three of the four warps change a single frame. ``changed`` (B, T) lives on the CPU (it comes
+        from the warps' draws), so choosing the frames never waits on the device.
         """
-        changed = (negatives != frames).flatten(2).any(dim=-1)  # (B, T)
         out = features.clone()
-        if changed.any():
-            out[changed] = self.vqgan.features(negatives[changed]).to(out.dtype)
+        index = changed.flatten().nonzero().flatten()
+        if len(index):
+            if features.is_cuda:
+                index = index.pin_memory()  # an asynchronous copy needs pinned memory
+            index = index.to(features.device, non_blocking=True)
+            encoded = self.vqgan.features(negatives.flatten(0, 1).index_select(0, index))
+            out.flatten(0, 1).index_copy_(0, index, encoded.to(out.dtype))
         return out
 
     def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
@@ -215,11 +222,13 @@ class ProCap(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The 3B encoder inputs (positives, align negatives, csy negatives) and the positives' (B, N) mask."""
         b = frames.shape[0]
-        negatives, _ = consistency_negatives(frames, self.config.negative_probs, _on(generator, "cpu"))
+        negatives, _, changed = consistency_negatives(
+            frames, self.config.negative_probs, _on(generator, "cpu"), return_changed=True
+        )
         if mask_params is None:
             mask_params = self.sample_mask_params(b, frames.device, _on(generator, frames.device))
         features = self.frame_features(frames)
-        features = torch.cat([features, self._negative_features(frames, negatives, features)])
+        features = torch.cat([features, self._negative_features(negatives, changed, features)])
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         visual = self.with_difference(visual, features)
@@ -235,8 +244,8 @@ class ProCap(nn.Module):
         """Heads and losses on the encoder output (3B, 2 + L + N, D); see the module docstring's table."""
         b, length = captions.shape
         enc = self.encoder
-        # MSM head only on the positives' masked positions: (M, D) -> (M, n_embed), never the full (B, N, K).
-        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2 :][mask]), codes[mask])
+        # MSM head on every position, weighted by the mask: a boolean gather would wait on the device for its size.
+        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2 :]), codes, mask)
         judged = ~mask.all(dim=1)  # fully masked samples carry no evidence for align/csy
         true_negative = (captions != captions.roll(1, dims=0)).any(dim=1)
         align, align_acc = pair_bce(

@@ -180,3 +180,23 @@ def test_to_drops_cached_states(trained, pairs):
         captioner.generate(pairs[0][:2], pairs[1][:2]),
         oracle.generate(pairs[0][:2].double(), pairs[1][:2].double(), max_len=8),
     )
+
+
+@pytest.mark.parametrize("backend", ["recording", "aot_eager"])
+def test_torch_compile_path_equals_generate(trained, pairs, backend):
+    # The opt-in compiled VQGAN encoder and procedure encoder (graph capture and AOTAutograd without Inductor's
+    # codegen, cheap on a CPU): the tokens still equal the oracle's, and the model keeps its state-dict keys.
+    model, _, _ = trained
+    before, after = pairs[0][:3], pairs[1][:3]
+    graphs = []
+
+    def recording(graph_module, example_inputs):  # a torch.compile backend that runs the captured graph as it is
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    options = {"backend": recording if backend == "recording" else backend}
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), torch_compile=options)
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+    assert set(captioner.model.state_dict()) == set(model.state_dict())
+    if backend == "recording":
+        assert graphs, "torch.compile captured nothing"

@@ -112,3 +112,19 @@ def test_generator_makes_negatives_reproducible():
 def test_rejects_wrong_rank():
     with pytest.raises(ValueError, match="B, T, 3, S, S"):
         consistency_negatives(torch.rand(2, 3, 8, 8))
+
+
+@pytest.mark.parametrize("kind", [BATCH_FRAME_SWAP, FRAME_SHUFFLE, COLOR_SHIFT, AFFINE])
+def test_changed_frames_are_reported_from_the_draws(kind):
+    # Stage 1 re-encodes only these frames; the CPU mask must equal the frames that really differ.
+    frames = _frames(batch=4)
+    out, _, changed = consistency_negatives(frames, _only(kind), torch.Generator().manual_seed(kind), True)
+    assert changed.device.type == "cpu" and changed.dtype == torch.bool
+    assert torch.equal(changed, _changed_frames(out, frames))
+
+
+def test_reporting_changed_frames_keeps_the_draws():
+    frames = _frames()
+    a, kinds_a = consistency_negatives(frames, generator=torch.Generator().manual_seed(5))
+    b, kinds_b, _ = consistency_negatives(frames, generator=torch.Generator().manual_seed(5), return_changed=True)
+    assert torch.equal(a, b) and torch.equal(kinds_a, kinds_b)

@@ -61,6 +61,21 @@ def test_stage1_outputs_and_weighting():
     assert all(out[k].dim() == 0 and torch.isfinite(out[k]) for k in out)
 
 
+def test_stage1_never_reads_device_values_on_the_host():
+    # On the meta device every data-dependent host read (.item(), bool(), boolean-mask indexing) raises, so a stage-1
+    # forward and backward that runs there waits on the GPU nowhere (the old `if changed.any()` and the MSM head's
+    # boolean gathers did).
+    config = get_preset("tiny")
+    with torch.device("meta"):
+        model = ProCap(config)
+    t, s = config.num_frames, config.image_size
+    frames = torch.rand(3, t, 3, s, s, device="meta")
+    captions = torch.randint(8, config.vocab_size, (3, 9), device="meta")
+    out = model.stage1_loss(frames, captions, generator=torch.Generator().manual_seed(0))
+    out["loss"].backward()
+    assert out["loss"].device.type == "meta"
+
+
 def test_stage1_msm_reads_the_positive_rows(model, config):
     frames, captions = _frames(3, config), random_captions(3, 6, config.vocab_size)
     params = _fixed_masks(model, 3, RANDOM_PATCH)
@@ -335,7 +350,10 @@ def test_negative_features_reencode_only_changed_frames(model, config):
     negatives = frames.clone()
     negatives[0, 1] = torch.rand(3, 16, 16)  # one new frame
     negatives[2] = negatives[2].flip(0)  # a shuffle: every position changes
+    changed = torch.zeros(frames.shape[:2], dtype=torch.bool)  # what consistency_negatives reports, on the CPU
+    changed[0, 1] = True
+    changed[2] = True
     features = model.frame_features(frames)
-    got = model._negative_features(frames, negatives, features)
+    got = model._negative_features(negatives, changed, features)
     torch.testing.assert_close(got, model.frame_features(negatives), atol=1e-5, rtol=1e-5)
     assert torch.equal(got[1], features[1])
