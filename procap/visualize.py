@@ -13,6 +13,8 @@ Which head is read matters. The MSM head is trained only in stage 1, where the e
 - a **stage-2** checkpoint's encoder was fine-tuned for captioning while its MSM head stayed as stage 1 left it,
   so the frames show what the stage-1 head reads from the fine-tuned encoder; a stage-2 model trained without
   stage 1 has an untrained head, and its frames are noise;
+- with a caption (``condition``), the encoder gets stage 1's sequence ``{e_align, e_T, e_csy, frames}`` with the
+  keyframes fully masked: the reconstruction conditioned on the caption, as the head was trained;
 - the static-pair baseline (k = 0) has no procedure queries and the ``authors`` variant has no MSM head: both
   raise :class:`ProCapError`.
 """
@@ -52,7 +54,8 @@ class ImaginedProcedure:
         probabilities: (k, n) float32 probability the MSM head gave each chosen code.
         frames: (k, 3, S, S) float32 decoded frames in [0, 1] (clamped).
         before, after: (3, S, S) float32 inputs in [0, 1] on the CPU.
-        caption: the generated caption ('' without a vocabulary).
+        caption: the text under the strip: the generated caption, the ``condition`` caption, a note for a
+            stage-1 checkpoint (its decoder is untrained), or '' without a vocabulary.
         head: which encoder and MSM head produced the codes (see the module docstring).
         strip: the PIL image before | imagined frames | after with the caption underneath.
     """
@@ -88,20 +91,30 @@ def check_imaginable(model: Any) -> None:
 
 
 @torch.no_grad()
-def procedure_logits(model: Any, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+def procedure_logits(
+    model: Any, before: torch.Tensor, after: torch.Tensor, caption_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """MSM logits at the procedure-query positions.
 
     Args:
         model: a :class:`procap.model.procap.ProCap` (``procap`` variant, k >= 1), in eval mode.
         before, after: (B, 3, S, S) in [0, 1] on the model's device.
+        caption_ids: optional (B, L) caption ids; the encoder then sees the stage-1 sequence
+            ``{e_align, e_T, e_csy, frames}``, i.e. it reconstructs the procedure conditioned on the caption as in
+            stage-1 training (the keyframes fully masked). Without it: the stage-2 input, no caption.
 
     Returns:
         (B, k, n, n_embed) float32 logits, frame-major, positions row-major over the latent grid.
     """
     config = model.config
     n, k = config.tokens_per_frame, config.num_keyframes
-    out = model.encoder(model.procedure_tokens(before, after))  # (B, (k+2)*n, D)
-    logits = model.encoder.msm_head(out[:, n : (k + 1) * n])  # (B, k*n, n_embed)
+    tokens = model.procedure_tokens(before, after)  # (B, (k+2)*n, D): queries are e_m, as fully masked frames
+    offset = 0
+    if caption_ids is not None:
+        tokens = model.encoder.stage1_sequence(model.encoder.embed_caption(caption_ids), tokens)
+        offset = caption_ids.shape[1] + 2
+    out = model.encoder(tokens)
+    logits = model.encoder.msm_head(out[:, offset + n : offset + (k + 1) * n])  # (B, k*n, n_embed)
     return logits.float().view(before.shape[0], k, n, -1)
 
 
@@ -146,6 +159,7 @@ def imagine(
     vocab: Any = None,
     stage: str | None = None,
     tile: int | None = None,
+    condition: str | None = None,
 ) -> ImaginedProcedure:
     """Imagine the k procedure frames between ``before`` and ``after`` and render them as a strip.
 
@@ -157,6 +171,8 @@ def imagine(
         vocab: the checkpoint's vocabulary, to write the generated caption under the strip (None: no caption).
         stage: the checkpoint's training stage (``stage1``/``stage2``, from its metadata) for :attr:`head`.
         tile: side of each image in the strip (default: S, at least :data:`MIN_TILE`).
+        condition: optional caption text (needs ``vocab``) to condition the encoder on, as in stage 1 (see
+            :func:`procedure_logits`); the strip then shows it instead of a generated caption.
 
     Returns:
         An :class:`ImaginedProcedure` (codes, probabilities, frames, caption, strip).
@@ -172,16 +188,41 @@ def imagine(
     was_training = model.training
     model.eval()
     try:
-        codes, probs = choose_codes(procedure_logits(model, before, after)[0], sample, generator)  # (k, n)
+        caption_ids = _caption_ids(model, vocab, condition, device)
+        logits = procedure_logits(model, before, after, caption_ids)[0]
+        codes, probs = choose_codes(logits, sample, generator)  # (k, n)
         grid = config.grid_size
         frames = model.vqgan.decode_codes(codes, grid, grid).float().clamp(0.0, 1.0)  # (k, 3, S, S)
-        caption = model.caption_text(vocab, model.generate(before, after)[0].tolist()) if vocab is not None else ""
+        caption = _strip_caption(model, vocab, before, after, condition, stage)
     finally:
         model.train(was_training)
     before, after = before[0].cpu(), after[0].cpu()
     frames = frames.cpu()
     strip = render_strip(before, frames, after, caption, tile)
     return ImaginedProcedure(codes.cpu(), probs.cpu(), frames, before, after, caption, head_note(stage), strip)
+
+
+def _caption_ids(model: Any, vocab: Any, condition: str | None, device: torch.device) -> torch.Tensor | None:
+    """(1, max_caption_len) ids of ``condition``, or None without one."""
+    if condition is None:
+        return None
+    if vocab is None:
+        raise ProCapError("imagine needs the checkpoint's vocabulary to condition on a caption (vocab=None).")
+    ids = vocab.encode(condition, max_len=model.config.max_caption_len)
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def _strip_caption(
+    model: Any, vocab: Any, before: torch.Tensor, after: torch.Tensor, condition: str | None, stage: str | None
+) -> str:
+    """The text under the strip: the conditioning caption, or the generated one (none from a stage-1 decoder)."""
+    if condition is not None:
+        return f"given caption: {condition}"
+    if vocab is None:
+        return ""
+    if stage == "stage1":
+        return "(no caption: a stage-1 checkpoint's decoder is untrained)"
+    return model.caption_text(vocab, model.generate(before, after)[0].tolist())
 
 
 def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:

@@ -61,13 +61,13 @@ def saved(tmp_path_factory):
 def test_shapes_and_codes_match_the_head(saved):
     model, vocab, _ = load_checkpoint(saved["procap"])
     before, after = _pair()
-    result = imagine(model, before, after, vocab=vocab, stage="stage1")
+    result = imagine(model, before, after, vocab=vocab, stage="stage2")
     k, n, size = model.config.num_keyframes, model.config.tokens_per_frame, model.config.image_size
     assert result.codes.shape == (k, n) and result.codes.dtype == torch.int64
     assert result.probabilities.shape == (k, n)
     assert result.frames.shape == (k, 3, size, size)
     assert 0.0 <= result.frames.min() and result.frames.max() <= 1.0
-    assert "stage-1" in result.head
+    assert "stage-2 encoder" in result.head
     # The codes are the argmax of the MSM head read at the query positions, and the frames their VQGAN decoding.
     logits = procedure_logits(model, before[None], after[None])[0]
     assert torch.equal(result.codes, logits.argmax(dim=-1))
@@ -83,6 +83,27 @@ def test_query_positions_depend_on_the_inputs(saved):
     first = procedure_logits(model, before[None], after[None])
     second = procedure_logits(model, after[None], before[None])
     assert not torch.allclose(first, second)
+
+
+def test_caption_conditioning_uses_the_stage1_sequence(saved):
+    model, vocab, _ = load_checkpoint(saved["procap"])
+    before, after = _pair()
+    text = "the small red cube moved"
+    ids = torch.tensor([vocab.encode(text, max_len=model.config.max_caption_len)])
+    conditioned = procedure_logits(model, before[None], after[None], ids)
+    # the same positions read by hand from the stage-1 sequence
+    enc, n, k = model.encoder, model.config.tokens_per_frame, model.config.num_keyframes
+    out = enc(enc.stage1_sequence(enc.embed_caption(ids), model.procedure_tokens(before[None], after[None])))
+    start = ids.shape[1] + 2 + n
+    expected = enc.msm_head(out[:, start : start + k * n]).view(1, k, n, -1)
+    assert torch.allclose(conditioned, expected, atol=1e-5)
+    assert not torch.allclose(conditioned, procedure_logits(model, before[None], after[None]))
+    result = imagine(model, before, after, vocab=vocab, condition=text, stage="stage1")
+    assert result.caption == f"given caption: {text}" and "stage-1 encoder" in result.head
+    assert torch.equal(result.codes, conditioned[0].argmax(-1))
+    assert "decoder is untrained" in imagine(model, before, after, vocab=vocab, stage="stage1").caption
+    with pytest.raises(ProCapError, match="vocabulary"):
+        imagine(model, before, after, condition=text)
 
 
 def test_deterministic_argmax_and_seeded_sampling(saved):
@@ -156,6 +177,8 @@ def test_cli_writes_the_strip(saved, capsys):
         assert written.mode == "RGB" and written.width == 4 * MIN_TILE + 5 * GAP
     assert main([*argv[:-1], str(saved["folder"] / "sampled.png"), "--sample", "--seed", "3"]) == 0
     assert "sampled (seed 3)" in capsys.readouterr().out
+    assert main([*argv[:-1], str(saved["folder"] / "given.png"), "--caption", "the small red cube moved"]) == 0
+    assert "given caption: the small red cube moved" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

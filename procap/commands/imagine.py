@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="strip.png", help="image to write (default strip.png)")
     parser.add_argument("--sample", action="store_true", help="draw each code from the MSM head instead of argmax")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --sample draw (default 0)")
+    parser.add_argument(
+        "--caption", default=None, help="condition the encoder on this caption, as in stage 1 (stage-1 checkpoints)"
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")
 
@@ -45,13 +48,15 @@ def run(args: argparse.Namespace) -> int:
     before, after = load_image(args.before, size), load_image(args.after, size)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.sample else None
     stage = meta.get("extra", {}).get("stage")
-    result = imagine(model, before, after, args.sample, generator, vocab=vocab, stage=stage, tile=args.tile)
+    result = imagine(
+        model, before, after, args.sample, generator, vocab=vocab, stage=stage, tile=args.tile, condition=args.caption
+    )
     atomic_write(out, lambda tmp: result.strip.save(tmp, format=image_format(out)))
     k = result.codes.shape[0]
     how = f"sampled (seed {args.seed})" if args.sample else "most likely code"
     print(f"head: {result.head}")
     print(f"imagined {k} frames, {how}, mean probability of the chosen codes {result.probabilities.mean():.3f}")
-    print(f"caption: {result.caption}")
+    print(f"under the strip: {result.caption}")
     print(f"wrote {out} ({result.strip.width}x{result.strip.height})")
     return 0
 
