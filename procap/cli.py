@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "evaluate": "evaluate",
     "caption": "caption",
+    "imagine": "imagine",
     "convert": "convert",
     "score": "score",
     "info": "info",

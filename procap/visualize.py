@@ -1,0 +1,295 @@
+"""See the procedure a ProCap encoder imagines between two images (the paper's qualitative figures).
+
+:func:`imagine` runs the procedure encoder on the stage-2 input ``{e_bef, e_m x k*n, e_aft}`` (the model's own
+input path: :meth:`ProCap.procedure_tokens`, so the optional difference embedding is included), reads the MSM head
+at the k*n procedure-query positions, takes the most likely VQ code per position (or samples one), and decodes
+the codes with the frozen VQGAN into k frames. :func:`render_strip` lays out before | imagined frames | after with
+the generated caption underneath.
+
+Which head is read matters. The MSM head is trained only in stage 1, where the encoder sees the caption too:
+
+- a **stage-1** checkpoint gives the paper's picture: the stage-1 encoder and its trained head (here without the
+  caption, as at inference);
+- a **stage-2** checkpoint's encoder was fine-tuned for captioning while its MSM head stayed as stage 1 left it,
+  so the frames show what the stage-1 head reads from the fine-tuned encoder; a stage-2 model trained without
+  stage 1 has an untrained head, and its frames are noise;
+- with a caption (``condition``), the encoder gets stage 1's sequence ``{e_align, e_T, e_csy, frames}`` with the
+  keyframes fully masked: the reconstruction conditioned on the caption, as the head was trained;
+- the static-pair baseline (k = 0) has no procedure queries and the ``authors`` variant has no MSM head: both
+  raise :class:`ProCapError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from procap.errors import ProCapError
+
+MIN_TILE = 128  # small images (the tiny preset's 64 px) are enlarged so that the strip is readable
+GAP = 4  # pixels between tiles and around the strip
+FONT_SIZE = 14
+BACKGROUND = (255, 255, 255)
+TEXT = (0, 0, 0)
+
+HEAD_NOTES = {
+    "stage1": "stage-1 encoder with its trained MSM head (the paper's figures)",
+    "stage2": (
+        "stage-2 encoder (fine-tuned for captioning) with the MSM head as stage 1 left it: stage 2 does not train "
+        "the head, so the frames show what that head reads from the fine-tuned encoder (noise if the model skipped "
+        "stage 1)"
+    ),
+}
+
+
+@dataclass
+class ImaginedProcedure:
+    """What :func:`imagine` returns for one pair.
+
+    Attributes:
+        codes: (k, n) int64 VQ code per procedure-query position, row-major over the latent grid.
+        probabilities: (k, n) float32 probability the MSM head gave each chosen code.
+        frames: (k, 3, S, S) float32 decoded frames in [0, 1] (clamped).
+        before, after: (3, S, S) float32 inputs in [0, 1] on the CPU.
+        caption: the text under the strip: the generated caption, the ``condition`` caption, a note for a
+            stage-1 checkpoint (its decoder is untrained), or '' without a vocabulary.
+        head: which encoder and MSM head produced the codes (see the module docstring).
+        strip: the PIL image before | imagined frames | after with the caption underneath.
+    """
+
+    codes: torch.Tensor
+    probabilities: torch.Tensor
+    frames: torch.Tensor
+    before: torch.Tensor
+    after: torch.Tensor
+    caption: str
+    head: str
+    strip: Image.Image
+
+
+def head_note(stage: str | None) -> str:
+    """One line saying which encoder and MSM head a checkpoint of ``stage`` (``stage1``/``stage2``/None) offers."""
+    return HEAD_NOTES.get(stage or "", "encoder and MSM head of a checkpoint whose training stage is not recorded")
+
+
+def check_imaginable(model: Any) -> None:
+    """Raise :class:`ProCapError` (one sentence) when ``model`` cannot imagine a procedure."""
+    config = model.config
+    if config.variant == "authors":
+        raise ProCapError(
+            "this is an authors-variant checkpoint (converted, stage 2 only): it has no MSM head, so it cannot "
+            "imagine a procedure."
+        )
+    if config.num_keyframes == 0:
+        raise ProCapError(
+            "this checkpoint is a static-pair baseline (k=0): it has no procedure queries and its MSM head was "
+            "never trained, so there is no procedure to imagine."
+        )
+
+
+@torch.no_grad()
+def procedure_logits(
+    model: Any, before: torch.Tensor, after: torch.Tensor, caption_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """MSM logits at the procedure-query positions.
+
+    Args:
+        model: a :class:`procap.model.procap.ProCap` (``procap`` variant, k >= 1), in eval mode.
+        before, after: (B, 3, S, S) in [0, 1] on the model's device.
+        caption_ids: optional (B, L) caption ids; the encoder then sees the stage-1 sequence
+            ``{e_align, e_T, e_csy, frames}``, i.e. it reconstructs the procedure conditioned on the caption as in
+            stage-1 training (the keyframes fully masked). Without it: the stage-2 input, no caption.
+
+    Returns:
+        (B, k, n, n_embed) float32 logits, frame-major, positions row-major over the latent grid.
+    """
+    config = model.config
+    n, k = config.tokens_per_frame, config.num_keyframes
+    tokens = model.procedure_tokens(before, after)  # (B, (k+2)*n, D): queries are e_m, as fully masked frames
+    offset = 0
+    if caption_ids is not None:
+        tokens = model.encoder.stage1_sequence(model.encoder.embed_caption(caption_ids), tokens)
+        offset = caption_ids.shape[1] + 2
+    out = model.encoder(tokens)
+    logits = model.encoder.msm_head(out[:, offset + n : offset + (k + 1) * n])  # (B, k*n, n_embed)
+    return logits.float().view(before.shape[0], k, n, -1)
+
+
+def choose_codes(
+    logits: torch.Tensor, sample: bool = False, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one code per position: argmax, or a draw from the softmax with ``generator``.
+
+    Args:
+        logits: (..., n_embed).
+        sample: draw instead of taking the most likely code.
+        generator: RNG for the draw (on ``logits``' device); ignored without ``sample``.
+
+    Returns:
+        ``(codes (...) int64, probabilities (...) float32 of the chosen codes)``.
+    """
+    probs = logits.float().softmax(dim=-1)
+    if sample:
+        flat = probs.reshape(-1, probs.shape[-1])
+        codes = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    else:
+        codes = probs.argmax(dim=-1)
+    return codes, probs.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
+
+
+def _as_batch(image: torch.Tensor, size: int, name: str) -> torch.Tensor:
+    """(3, S, S) or (1, 3, S, S) -> (1, 3, S, S), with a one-sentence error on any other shape."""
+    if image.dim() == 3:
+        image = image.unsqueeze(0)
+    if image.dim() != 4 or image.shape[0] != 1 or tuple(image.shape[1:]) != (3, size, size):
+        raise ProCapError(f"{name} must be one image of shape (3, {size}, {size}), got {tuple(image.shape)}.")
+    return image.float()
+
+
+@torch.no_grad()
+def imagine(
+    model: Any,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    sample: bool = False,
+    generator: torch.Generator | None = None,
+    vocab: Any = None,
+    stage: str | None = None,
+    tile: int | None = None,
+    condition: str | None = None,
+) -> ImaginedProcedure:
+    """Imagine the k procedure frames between ``before`` and ``after`` and render them as a strip.
+
+    Args:
+        model: a :class:`procap.model.procap.ProCap` (``procap`` variant, k >= 1); run in eval mode, mode restored.
+        before, after: (3, S, S) or (1, 3, S, S) images in [0, 1] (any device; moved to the model's).
+        sample: draw each code from the MSM head's softmax instead of taking the most likely one.
+        generator: RNG for ``sample`` on the model's device (seed it for a reproducible draw).
+        vocab: the checkpoint's vocabulary, to write the generated caption under the strip (None: no caption).
+        stage: the checkpoint's training stage (``stage1``/``stage2``, from its metadata) for :attr:`head`.
+        tile: side of each image in the strip (default: S, at least :data:`MIN_TILE`).
+        condition: optional caption text (needs ``vocab``) to condition the encoder on, as in stage 1 (see
+            :func:`procedure_logits`); the strip then shows it instead of a generated caption.
+
+    Returns:
+        An :class:`ImaginedProcedure` (codes, probabilities, frames, caption, strip).
+
+    Raises:
+        ProCapError: the model has no MSM head or no procedure queries, or an image has the wrong shape.
+    """
+    check_imaginable(model)
+    config = model.config
+    device = next(model.parameters()).device
+    before = _as_batch(before, config.image_size, "before").to(device)
+    after = _as_batch(after, config.image_size, "after").to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        caption_ids = _caption_ids(model, vocab, condition, device)
+        logits = procedure_logits(model, before, after, caption_ids)[0]
+        codes, probs = choose_codes(logits, sample, generator)  # (k, n)
+        grid = config.grid_size
+        frames = model.vqgan.decode_codes(codes, grid, grid).float().clamp(0.0, 1.0)  # (k, 3, S, S)
+        caption = _strip_caption(model, vocab, before, after, condition, stage)
+    finally:
+        model.train(was_training)
+    before, after = before[0].cpu(), after[0].cpu()
+    frames = frames.cpu()
+    strip = render_strip(before, frames, after, caption, tile)
+    return ImaginedProcedure(codes.cpu(), probs.cpu(), frames, before, after, caption, head_note(stage), strip)
+
+
+def _caption_ids(model: Any, vocab: Any, condition: str | None, device: torch.device) -> torch.Tensor | None:
+    """(1, max_caption_len) ids of ``condition``, or None without one."""
+    if condition is None:
+        return None
+    if vocab is None:
+        raise ProCapError("imagine needs the checkpoint's vocabulary to condition on a caption (vocab=None).")
+    ids = vocab.encode(condition, max_len=model.config.max_caption_len)
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def _strip_caption(
+    model: Any, vocab: Any, before: torch.Tensor, after: torch.Tensor, condition: str | None, stage: str | None
+) -> str:
+    """The text under the strip: the conditioning caption, or the generated one (none from a stage-1 decoder)."""
+    if condition is not None:
+        return f"given caption: {condition}"
+    if vocab is None:
+        return ""
+    if stage == "stage1":
+        return "(no caption: a stage-1 checkpoint's decoder is untrained)"
+    return model.caption_text(vocab, model.generate(before, after)[0].tolist())
+
+
+def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
+    """PIL's default font: the scalable one where Pillow has FreeType, else its small bitmap font."""
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ImportError, OSError):
+        return ImageFont.load_default()
+
+
+def _to_pil(image: torch.Tensor, tile: int) -> Image.Image:
+    """(3, S, S) in [0, 1] -> RGB PIL image of side ``tile`` (nearest-neighbour, so VQ tokens stay crisp)."""
+    array = (image.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+    picture = Image.fromarray(array, mode="RGB")
+    return picture if picture.size == (tile, tile) else picture.resize((tile, tile), Image.NEAREST)
+
+
+def wrap_text(text: str, font: ImageFont.ImageFont, width: int) -> list[str]:
+    """Greedy word wrap of ``text`` into lines no wider than ``width`` pixels (a single long word stays whole)."""
+    lines: list[str] = []
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}" if lines else word
+        if lines and font.getlength(candidate) <= width:
+            lines[-1] = candidate
+        else:
+            lines.append(word)
+    return lines
+
+
+def strip_size(frames: int, tile: int, caption_lines: int, line_height: int) -> tuple[int, int]:
+    """(width, height) of a strip with ``frames`` imagined frames and ``caption_lines`` lines of caption."""
+    width = (frames + 2) * tile + (frames + 3) * GAP
+    height = GAP + line_height + GAP + tile + GAP + caption_lines * line_height + (GAP if caption_lines else 0)
+    return width, height
+
+
+def line_height(font: ImageFont.ImageFont) -> int:
+    """Pixel height of one text line in ``font`` (ascent + descent + 2 px leading)."""
+    return int(font.getbbox("Ag|")[3]) + 2
+
+
+def render_strip(
+    before: torch.Tensor, frames: torch.Tensor, after: torch.Tensor, caption: str = "", tile: int | None = None
+) -> Image.Image:
+    """Lay out before | frames | after with labels above and ``caption`` (wrapped) underneath.
+
+    Args:
+        before, after: (3, S, S) in [0, 1].
+        frames: (k, 3, S, S) in [0, 1].
+        caption: text under the images ('' for none).
+        tile: side of each image (default: S, at least :data:`MIN_TILE`).
+
+    Returns:
+        An RGB image of :func:`strip_size`.
+    """
+    tile = tile or max(before.shape[-1], MIN_TILE)
+    font = _font()
+    step = line_height(font)
+    images = [before, *frames, after]
+    labels = ["before", *(f"imagined {i + 1}" for i in range(len(frames))), "after"]
+    lines = wrap_text(caption, font, (len(images) * (tile + GAP)) - GAP)
+    strip = Image.new("RGB", strip_size(len(frames), tile, len(lines), step), BACKGROUND)
+    draw = ImageDraw.Draw(strip)
+    for index, (image, label) in enumerate(zip(images, labels)):
+        x = GAP + index * (tile + GAP)
+        draw.text((x, GAP), label, fill=TEXT, font=font)
+        strip.paste(_to_pil(image, tile), (x, 2 * GAP + step))
+    for number, line in enumerate(lines):
+        draw.text((GAP, 3 * GAP + step + tile + number * step), line, fill=TEXT, font=font)
+    return strip
