@@ -148,6 +148,17 @@ CASES += [
     case("wrong type", "convert --from authors {text_taming} --vocab {refs} --out {out}/m.safetensors", "{refs}"),
     case("unwritable", "convert --from authors {text_taming} --vocab {word2idx} --out {unwritable}", "--out"),
     case("existing", "convert --from authors {text_taming} --vocab {word2idx} --out {some_dir}", "--out"),
+    # imagine
+    case("missing", f"imagine --ckpt {{missing}} {PAIR} --out {{out}}/s.png", "{missing}"),
+    case("directory", f"imagine --ckpt {{some_dir}} {PAIR} --out {{out}}/s.png", "{some_dir}"),
+    case("empty", f"imagine --ckpt {{empty}} {PAIR} --out {{out}}/s.png", "{empty}"),
+    case("corrupt", f"imagine --ckpt {{text_ckpt}} {PAIR} --out {{out}}/s.png", "{text_ckpt}"),
+    case("wrong type", f"imagine --ckpt {{vqgan}} {PAIR} --out {{out}}/s.png", "{vqgan}"),
+    case("missing", "imagine --ckpt {ckpt} {bef} {missing} --out {out}/s.png", "{missing}"),
+    case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --seed -1", "--seed"),
+    case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --tile 2", "--tile"),
+    case("unwritable", f"imagine --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.png", "--out"),
+    case("existing", f"imagine --ckpt {{ckpt}} {PAIR} --out {{some_dir}}", "--out"),
     # evaluate
     case("missing", f"evaluate {EVAL_OK} --ckpt {{missing}}", "{missing}"),
     case("directory", f"evaluate {EVAL_OK} --ckpt {{some_dir}}", "is a directory"),
@@ -336,7 +347,12 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "refs": json.dumps({"p1": ["the cube moved"]}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "word2idx": json.dumps(
-            {w: i for i, w in enumerate(["[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "the", "cube"])}
+            {
+                w: i
+                for i, w in enumerate(
+                    ["[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "the", "cube"]
+                )
+            }
         ),
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}

@@ -31,9 +31,14 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--out {out} must end in one of {', '.join(IMAGE_SUFFIXES)}")
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
-    from procap.commands.caption import check_device
+    from procap import validate
 
-    check_device(args.device)
+    validate.input_file(args.ckpt, "checkpoint file")
+    for image in (args.before, args.after):
+        validate.input_file(image, "image file")
+    validate.output_file(out, "--out")
+    validate.number(args.seed, "--seed", minimum=0)
+    device_name = validate.device(args.device) if args.device else "cpu"
     import torch
 
     from procap.checkpoint import load_checkpoint
@@ -41,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.files import atomic_write
     from procap.visualize import check_imaginable, imagine
 
-    device = torch.device(args.device or "cpu")
+    device = torch.device(device_name)
     model, vocab, meta = load_checkpoint(args.ckpt, map_location=device)
     check_imaginable(model)
     size = model.config.image_size
