@@ -62,17 +62,17 @@ class DemoBudget:
 
 
 QUICK = DemoBudget(
-    scenes=200,
-    vqgan_steps=4,
-    vqgan_batch=8,
+    scenes=400,
+    vqgan_steps=40,  # a 4-step tokenizer's features barely separate change from distractor pairs
+    vqgan_batch=16,
     stage1_steps=10,
     stage1_batch=8,
-    stage2_steps=250,
-    stage2_batch=16,
-    stage2_lr=2e-3,
-    val_every=125,
-    val_pairs=24,
-    max_test_pairs=40,
+    stage2_steps=300,
+    stage2_batch=32,
+    stage2_lr=1e-3,
+    val_every=150,
+    val_pairs=40,
+    max_test_pairs=60,
     stage1_pairs=24,
 )
 FULL = DemoBudget(
