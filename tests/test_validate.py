@@ -1,0 +1,83 @@
+"""procap.validate: the checks every command makes before it starts (one sentence naming the file or argument)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from procap import validate
+from procap.errors import ProCapError
+
+
+def test_input_paths(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    assert validate.input_file(tmp_path / "f.txt", "--pred") == tmp_path / "f.txt"
+    with pytest.raises(ProCapError, match="--pred .* is a directory, not a file"):
+        validate.input_file(tmp_path, "--pred")
+    with pytest.raises(ProCapError, match="--pred .*nope does not exist"):
+        validate.input_file(tmp_path / "nope", "--pred")
+    with pytest.raises(ProCapError, match="--root .*f.txt is a file, not a folder"):
+        validate.input_dir(tmp_path / "f.txt", "--root")
+
+
+def test_output_paths_are_checked_without_creating_anything(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    validate.output_file(tmp_path / "new" / "deeper" / "out.json", "--out")  # missing parents are fine
+    validate.output_dir(tmp_path / "new" / "run", "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    with pytest.raises(ProCapError, match="is a directory; give the name of a file"):
+        validate.output_file(tmp_path, "--out")
+    with pytest.raises(ProCapError, match="f.txt is a file, not a folder"):
+        validate.output_file(tmp_path / "f.txt" / "out.json", "--out")
+    with pytest.raises(ProCapError, match="is an existing file, not a folder"):
+        validate.output_dir(tmp_path / "f.txt", "--out")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write into read-only folders")
+def test_a_read_only_folder_is_reported(tmp_path):
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(ProCapError, match="not writable"):
+            validate.output_file(locked / "out.json", "--out")
+        with pytest.raises(ProCapError, match="not a writable folder"):
+            validate.output_dir(locked, "--out")
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    "value,bounds,message",
+    [
+        (0, {"minimum": 1}, "--n must be at least 1, got 0"),
+        (-1.0, {"above": 0}, "--n must be greater than 0, got -1.0"),
+        (5.0, {"minimum": 0, "maximum": 1}, "--n must be at most 1, got 5.0"),
+        (float("nan"), {"minimum": 0}, "--n must be a finite number, got nan"),
+        (float("inf"), {}, "--n must be a finite number"),
+    ],
+)
+def test_numbers_out_of_range(value, bounds, message):
+    with pytest.raises(ProCapError, match=message):
+        validate.number(value, "--n", **bounds)
+
+
+def test_numbers_in_range_and_absent_pass():
+    validate.number(None, "--n", minimum=1)
+    validate.number(1, "--n", minimum=1, maximum=1)
+    validate.number(0.5, "--n", above=0, maximum=1)
+
+
+def test_devices():
+    import torch
+
+    assert validate.device("cpu") == torch.device("cpu")
+    assert validate.device(None).type in ("cpu", "cuda") and validate.device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ProCapError, match="--device 'bogus' is not a device name"):
+        validate.device("bogus")
+    with pytest.raises(ProCapError, match="--device cuda:99"):
+        validate.device("cuda:99")
+    if not torch.cuda.is_available():
+        with pytest.raises(ProCapError, match="no CUDA device is available"):
+            validate.device("cuda")
