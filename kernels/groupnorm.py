@@ -642,7 +642,12 @@ def group_norm_triton(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`group_norm_ref` (same arguments, same outputs)."""
-    return GroupNormFunction.apply(x, weight, bias, residual, num_groups, eps, silu)
+    tensors = (x, weight, bias) + (() if residual is None else (residual,))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return GroupNormFunction.apply(x, weight, bias, residual, num_groups, eps, silu)
+    # Inference (the frozen VQGAN): no autograd context to build and keep; the statistics are dropped.
+    y, s = group_norm_fwd(x, weight, bias, num_groups, eps, silu, residual)[:2]
+    return y if residual is None else (y, s)
 
 
 # ----------------------------------------------------------------------------------------------- dispatch
