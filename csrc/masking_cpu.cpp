@@ -183,7 +183,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> masking_b
                             masked_sums.data_ptr<float>(), batch, n_pos, dim);
   });
   const auto grid = sums.view({num_frames, grid_h, grid_w, dim});
-  return {grad_x, masked_sums.sum(0), grid.sum({1, 2}), grid.sum({0, 2}), grid.sum({0, 1})};
+  return {grad_x, masked_sums.sum(0), grid.sum(at::IntArrayRef{1, 2}), grid.sum(at::IntArrayRef{0, 2}),
+          grid.sum(at::IntArrayRef{0, 1})};
 }
 
 }  // namespace

@@ -64,7 +64,8 @@ def group_norm_ref(
         y (B, C, H, W) in x's dtype, or ``(y, x + residual)`` when a residual is given.
     """
     s = x if residual is None else x + residual
-    y = F.group_norm(s, num_groups, weight, bias, eps)
+    # CUDA's group_norm wants the affine parameters in the input's dtype (CPU accepts fp32 ones with bf16 input).
+    y = F.group_norm(s, num_groups, weight.to(s.dtype), bias.to(s.dtype), eps)
     if silu:
         y = y * torch.sigmoid(y)
     return y if residual is None else (y, s)

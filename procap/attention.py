@@ -260,6 +260,11 @@ def _run_backend(
             "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
             "sdpa_math": SDPBackend.MATH,
         }[backend]
+        if backend == "sdpa_flash" and q.is_cuda and attn_mask is not None:
+            # PyTorch's CUDA flash kernel has no mask input; asking for it with one fails with "No available kernel".
+            raise BackendUnavailableError(
+                "attention backend 'sdpa_flash' does not take attn_mask on CUDA; use 'sdpa' or 'auto'"
+            )
         with sdpa_kernel([kernel]):
             return _sdpa(q, k, v, causal, attn_mask)
     if backend == "flash":

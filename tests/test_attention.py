@@ -46,7 +46,9 @@ def _inputs(shape, dtype, device, with_mask):
     mask = None
     if with_mask:
         mask = torch.rand(b, 1, lq, lk, device=device) > 0.3
-        mask[..., -1] = True  # every query keeps a key that survives the causal cut: no all -inf rows
+        # Every query keeps the last key the causal cut leaves it (key i + Lk - Lq): no all -inf rows.
+        rows = torch.arange(lq, device=device)
+        mask[..., rows, (rows + lk - lq).clamp(min=0)] = True
     return q, k, v, mask, tuple(t.to(dtype) for t in (q, k, v))
 
 
@@ -60,6 +62,13 @@ def test_backend_matches_math(backend, dtype, device, causal, with_mask):
         pytest.skip(f"{backend} on {device}/{dtype}: {reason}")
     if backend == "flash" and with_mask:
         pytest.skip("flash-attn takes no attn_mask (checked in test_flash_rejects_mask)")
+    if backend == "sdpa_flash" and with_mask and device == "cuda":
+        q = torch.randn(1, 1, 4, 16, device=device, dtype=dtype)
+        with pytest.raises(BackendUnavailableError, match="attn_mask"):
+            attention(
+                q, q, q, causal=causal, attn_mask=torch.ones(4, 4, dtype=torch.bool, device=device), backend=backend
+            )
+        return
     for shape in SHAPES:
         if causal and shape[2] > shape[3]:
             continue

@@ -56,15 +56,30 @@ def test_captioner_equals_the_oracle_at_any_length(authors_model, fixture_images
 @requires_cuda
 def test_graph_replay_equals_eager_on_cuda(authors_model, fixture_images):
     model, vocab = authors_model
-    kwargs = {"device": "cuda", "dtype": torch.bfloat16, "batch_sizes": (1, 4, 8), "pad_to_bucket": True}
+    # cuDNN's timed algorithm choice can differ between two Captioners, and another convolution algorithm rounds
+    # bf16 differently; its fixed heuristic choice keeps the three paths on the same arithmetic.
+    kwargs = {
+        "device": "cuda",
+        "dtype": torch.bfloat16,
+        "batch_sizes": (1, 4, 8),
+        "pad_to_bucket": True,
+        "cudnn_benchmark": False,
+    }
     graphed = Captioner(model, vocab, use_graphs=True, **kwargs)
     eager = Captioner(model, vocab, use_graphs=False, **kwargs)
     whole = Captioner(model, vocab, use_graphs=True, capture_memory=True, **kwargs)
+    # The whole-forward path encodes the padded bucket (3 pairs -> 4 rows), so its matrix products have other
+    # shapes than the eager memory's, and cuBLAS may sum them in another order: in bf16 this fixture's random
+    # decoder turns such last-bit differences into other tokens. Its reference is the same path run eagerly.
+    whole_eager = Captioner(model, vocab, use_graphs=False, capture_memory=True, **kwargs)
     before, after = fixture_images
     for batch in (1, 3, 8):  # new buckets are captured as they appear
         reference = eager.generate(before[:batch], after[:batch])
         assert torch.equal(graphed.generate(before[:batch], after[:batch]), reference)
-        assert torch.equal(whole.generate(before[:batch], after[:batch]), reference)
+        whole_reference = whole_eager.generate(before[:batch], after[:batch])
+        assert torch.equal(whole.generate(before[:batch], after[:batch]), whole_reference)
+        if batch in kwargs["batch_sizes"]:  # no padding: the same shapes, the same tokens
+            assert torch.equal(whole_reference, reference)
     assert (8, 24) in graphed.graphs and ("memory", 8, 24) in whole.graphs
 
 

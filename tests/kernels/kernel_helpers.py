@@ -36,9 +36,15 @@ def _cuda_ext_skip(op: str) -> str | None:
     return None
 
 
-def impl_params(ext_op: str) -> list:
-    """pytest params over the implementations of one op, each skipped with its reason when it cannot run."""
-    skips = {"reference": None, "triton": _triton_skip(), "cpp": _cpp_skip(), "cuda": _cuda_ext_skip(ext_op)}
+def impl_params(ext_op: str, cuda_kernel: bool = True) -> list:
+    """pytest params over the implementations of one op, each skipped with its reason when it cannot run.
+
+    ``cuda_kernel=False``: csrc/cuda has no kernel for the op (Triton serves CUDA), so there is no "cuda" param to
+    skip on a GPU machine.
+    """
+    skips = {"reference": None, "triton": _triton_skip(), "cpp": _cpp_skip()}
+    if cuda_kernel:
+        skips["cuda"] = _cuda_ext_skip(ext_op)
     return [
         pytest.param(impl, marks=pytest.mark.skipif(reason is not None, reason=reason or ""), id=impl)
         for impl, reason in skips.items()

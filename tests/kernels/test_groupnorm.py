@@ -84,7 +84,7 @@ def test_gradients_match_reference(dtype, silu, residual, use_sum):
     ref = _outputs(group_norm_ref(x, weight, bias, groups, 1e-6, silu, r))
     truth, leaves64 = _truth(x, r, weight, bias, groups, silu)
     n_out = 2 if use_sum else 1
-    grads_out = [torch.randn(shape) for _ in range(n_out)]
+    grads_out = [torch.randn(shape, device=x.device) for _ in range(n_out)]
     g_got = torch.autograd.grad([o.float() for o in got[:n_out]], leaves, grads_out)
     g_ref = torch.autograd.grad([o.float() for o in ref[:n_out]], leaves, grads_out)
     g_true = torch.autograd.grad(truth[:n_out], leaves64, [g.double() for g in grads_out])
@@ -95,7 +95,7 @@ def test_gradients_match_reference(dtype, silu, residual, use_sum):
 
 @pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
 def test_layouts_are_kept(channels_last):
-    x, _, weight, bias = _inputs((2, 64, 6, 5), torch.float32, "cpu", channels_last=channels_last)
+    x, _, weight, bias = _inputs((2, 64, 6, 5), torch.float32, impl_device("triton"), channels_last=channels_last)
     y = kernels.group_norm(x, weight, bias, 32, silu=True, impl="triton")
     assert y.stride() == x.stride()
     torch.testing.assert_close(y, group_norm_ref(x, weight, bias, 32, silu=True), rtol=1e-5, atol=1e-5)
@@ -113,8 +113,9 @@ def test_many_tiles_and_chunks_with_a_large_mean():
     # the spread loses every digit in E[x^2] - E[x]^2 in fp32; the Chan merges keep the variance. (torch 2.13's own
     # CPU group_norm in fp32 was off by 66 here, so the fp64 reference is the yardstick.)
     shape = (2, 64, 13, 11)
-    x = (torch.randn(shape) * 0.01 + 100.0).contiguous(memory_format=torch.channels_last)
-    weight, bias = torch.randn(64), torch.randn(64)
+    device = impl_device("triton")
+    x = (torch.randn(shape, device=device) * 0.01 + 100.0).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(64, device=device), torch.randn(64, device=device)
     truth = group_norm_ref(x.double(), weight.double(), bias.double(), 32, 1e-6, True)
     for block_hw, rows_per_chunk in [(16, 16), (16, 48), (32, 200)]:
         y = group_norm_fwd(x, weight, bias, 32, 1e-6, True, block_hw=block_hw, rows_per_chunk=rows_per_chunk)[0]
@@ -122,13 +123,13 @@ def test_many_tiles_and_chunks_with_a_large_mean():
 
 
 def test_bad_inputs_raise():
-    x, r, weight, bias = _inputs((2, 64, 3, 3), torch.float32, "cpu", residual=True)
+    x, r, weight, bias = _inputs((2, 64, 3, 3), torch.float32, impl_device("triton"), residual=True)
     with pytest.raises(ValueError, match="do not fit"):
         kernels.group_norm(x, weight, bias, 24, impl="triton")
     with pytest.raises(ValueError, match="residual"):
         kernels.group_norm(x, weight, bias, 32, residual=r[:1], impl="triton")
     with pytest.raises(ValueError, match="no compiled"):
-        kernels.group_norm(x, weight, bias, 32, impl="cpp")
+        kernels.group_norm(x.cpu(), weight.cpu(), bias.cpu(), 32, impl="cpp")
 
 
 def test_cpu_dispatch_is_the_reference_without_warning():
@@ -146,8 +147,9 @@ def test_vqgan_with_the_fused_kernels_matches_the_reference(monkeypatch):
     # variant) and its parameter gradients, Triton (interpreted) vs the reference.
     # The quantizer is left out: a near-tie could pick another code and hide what is compared.
     torch.manual_seed(0)
-    model = VQGAN(get_preset("tiny").vqgan).train()
-    images, latents = torch.rand(1, 3, 64, 64), torch.randn(1, 64, 8, 8)
+    device = impl_device("triton")
+    model = VQGAN(get_preset("tiny").vqgan).train().to(device)
+    images, latents = torch.rand(1, 3, 64, 64, device=device), torch.randn(1, 64, 8, 8, device=device)
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
@@ -159,7 +161,7 @@ def test_vqgan_with_the_fused_kernels_matches_the_reference(monkeypatch):
     monkeypatch.setenv("PROCAP_KERNELS", "triton")
     kernels.reset_dispatch()
     loss, grads = run()
-    assert kernels.chosen_impl("group_norm", "cpu", torch.float32, True) == "triton"
+    assert kernels.chosen_impl("group_norm", device.type, torch.float32, True) == "triton"
     torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
     assert len(grads) == len(ref_grads)
     for got, ref in zip(grads, ref_grads):

@@ -13,7 +13,7 @@ from procap.config import MaskingConfig
 from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, masking_ref
 from procap.model.masking import sample_mask_params
 
-IMPLS = impl_params("masking_fwd")
+IMPLS = impl_params("masking_fwd", cuda_kernel=False)  # CUDA runs the Triton kernel; csrc/cuda has none
 # (B, T, H, W, D): odd sizes so rows and D are never multiples of the kernels' blocks.
 SHAPES = [(4, 2, 3, 5, 97), (3, 4, 2, 2, 16), (2, 1, 2, 3, 300), (1, 1, 1, 1, 1)]
 

@@ -161,6 +161,8 @@ def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
     # l = 3 takes 2 midpoint calls per pair: after the 6th call two pairs are written and the third is in flight
     while time.time() < deadline and proc.poll() is None and (not log.exists() or len(log.read_text().split()) < 6):
         time.sleep(0.02)
+    if proc.poll() is not None:  # it must still be running to be killed: say why it stopped
+        pytest.fail(f"prepare exited with {proc.returncode} before the kill: {proc.stderr.read().decode()[-800:]}")
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0, err.decode()[-500:]

@@ -30,7 +30,14 @@ def small_model(monkeypatch):
 
 def test_one_step_reduces_loss(tmp_path, model, vocab, train_pairs):
     cfg = TrainConfig(
-        stage="train", out=str(tmp_path), steps=1, batch_size=8, lr=3e-3, warmup_frac=0.0, progress=False
+        stage="train",
+        out=str(tmp_path),
+        steps=1,
+        batch_size=8,
+        lr=3e-3,
+        warmup_frac=0.0,
+        progress=False,
+        device="cpu",  # the fixture model lives on the CPU; on a GPU machine "auto" would move only the batch
     ).resolved()
     data = PairDataset(train_pairs, vocab, 16, 12)
     batch = {k: torch.stack([data[i][k] for i in range(8)]) for k in ("before", "after", "caption")}
