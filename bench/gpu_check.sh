@@ -82,6 +82,14 @@ run_bounded() {  # run_bounded STEP NAME SECONDS CMD...: run with a time limit, 
   record "$step" "$name" "$code" "$((end - start))" "$*"
 }
 
+install_and_build() {  # install_and_build STEP: the venv, the editable install (builds the extension), a load check
+  run_bounded "$1" venv 120 "$SYSTEM_PYTHON" -m venv --system-site-packages "$VENV"
+  run_bounded "$1" install 300 "$VENV/bin/python" -m pip install --no-index --no-deps --no-build-isolation -e .
+  run_bounded "$1" extension 60 "$VENV/bin/python" -c "from procap.kernels import _ext; \
+print('extension loaded:', _ext.AVAILABLE, _ext.LOAD_ERROR or ''); \
+print('cpu ops:', _ext.has_kernel('vq_nearest', 'cpu'), 'cuda ops:', _ext.has_kernel('vq_nearest', 'cuda'))"
+}
+
 step_setup() {
   run_bounded setup environment 60 bash -c "nvidia-smi || echo 'no nvidia-smi'; $SYSTEM_PYTHON -c 'import torch, triton; \
 print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.is_available())'"
@@ -97,11 +105,7 @@ EOF
     echo "gpu_check: missing packages (nothing is downloaded; install them from a local wheelhouse): $missing"
   fi
   record setup missing_packages "$([ -z "$missing" ] && echo 0 || echo 1)" 0 "check imports: ${missing:-none missing}"
-  run_bounded setup venv 120 "$SYSTEM_PYTHON" -m venv --system-site-packages "$VENV"
-  run_bounded setup install 300 "$VENV/bin/python" -m pip install --no-index --no-deps --no-build-isolation -e .
-  run_bounded setup extension 60 "$VENV/bin/python" -c "from procap.kernels import _ext; \
-print('extension loaded:', _ext.AVAILABLE, _ext.LOAD_ERROR or ''); \
-print('cpu ops:', _ext.has_kernel('vq_nearest', 'cpu'), 'cuda ops:', _ext.has_kernel('vq_nearest', 'cuda'))"
+  install_and_build setup
   local tests="${GPU_CHECK_TESTS:-}"
   if [ -z "$tests" ]; then
     if [ "$DRY_RUN" = 1 ]; then tests="tests/kernels/test_dispatch.py tests/fast/test_nvtx.py"
@@ -139,11 +143,13 @@ result_dir="$ROOT/bench/results"
 [ "$DRY_RUN" = 1 ] && result_dir="$OUT"
 RESULT="$result_dir/$device-$(cat "$PARTS/date")-gpu-check.json"
 for step in "${STEPS[@]}"; do
-  if [ "$step" != setup ] && [ ! -x "$VENV/bin/python" ]; then
-    echo "gpu_check.sh: run the setup step first (it makes $VENV)" >&2
-    exit 2
-  fi
   rm -f "$PARTS/steps/$step.json"
+  if [ "$step" != setup ] && [ ! -x "$VENV/bin/python" ]; then
+    # A machine that starts bare for every command (as lent GPU machines do) has lost the setup step's venv:
+    # install and build again (about a minute), without the setup step's tests.
+    echo "gpu_check: no $VENV here (a fresh machine?): installing and building before the $step step"
+    install_and_build "$step"
+  fi
   "step_$step"
   py bench/gpu_check_report.py --parts "$PARTS" --out "$RESULT"
 done
