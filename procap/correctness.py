@@ -185,8 +185,8 @@ def caption_accuracy(predictions: Mapping[str, str], truths: Mapping[str, PairTr
     """Correctness of ``predictions`` (pair id -> caption) against ``truths``: overall and per change type.
 
     Returns:
-        ``{"change", "type", "object", "new_value", "distinct", "pairs", "change_pairs", "unparsed",
-        "per_type": {type: {...}}}``; fractions in [0, 1], None where nothing was there to count (e.g. the
+        ``{"change", "type", "object", "attributes": {size, color, material, shape}, "new_value", "distinct",
+        "pairs", "change_pairs", "unparsed", "per_type": {type: {...}}}``; fractions in [0, 1], None where nothing was there to count (e.g. the
         object without a ``scenes.json``).
     """
     ids = [i for i in predictions if i in truths]
@@ -208,6 +208,13 @@ def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mappi
         "change": _fraction(sum(parsed[i].claims_change == truths[i].is_change for i in ids), len(ids)),
         "type": _fraction(sum(parsed[i].type == truths[i].type for i in changes), len(changes)),
         "object": _fraction(sum(parsed[i].object == truths[i].object for i in with_object), len(with_object)),
+        # Each attribute of the changed object on its own: shows which one a model misses when "object" is low.
+        "attributes": {
+            a: _fraction(
+                sum((parsed[i].object or {}).get(a) == truths[i].object[a] for i in with_object), len(with_object)
+            )
+            for a in ATTRIBUTES
+        },
         "new_value": _fraction(sum(parsed[i].new_value == truths[i].new_value for i in with_value), len(with_value)),
         "distinct": _fraction(len({predictions[i] for i in changes}), len(changes)),
         "pairs": len(ids),

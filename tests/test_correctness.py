@@ -86,6 +86,8 @@ def test_wrong_object_wrong_type_and_no_change() -> None:
     assert acc["new_value"] == pytest.approx(1 / 2)
     assert acc["distinct"] == pytest.approx(4 / 4)
     assert acc["per_type"]["color"]["object"] == pytest.approx(1 / 2)
+    # wrong_colour names a green cube (colour wrong, the rest right); 'missed' names no object at all.
+    assert acc["attributes"] == pytest.approx({"size": 3 / 4, "color": 2 / 4, "material": 3 / 4, "shape": 3 / 4})
     assert acc["per_type"][NO_CHANGE]["change"] == pytest.approx(1 / 2)
 
 

@@ -100,4 +100,6 @@ def format_accuracy(accuracy: dict) -> str:
         f"object {pct(accuracy['object'])}, new value {pct(accuracy['new_value'])}, "
         f"distinct {pct(accuracy['distinct'])} ({accuracy['pairs']} pairs, {accuracy['change_pairs']} changes, "
         f"{accuracy['unparsed']} unparsed)"
+        + "; object attributes: "
+        + ", ".join(f"{name} {pct(value)}" for name, value in accuracy.get("attributes", {}).items())
     )
