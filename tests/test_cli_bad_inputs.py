@@ -135,6 +135,7 @@ for _stage in ("pretrain", "train"):
     ]
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
+    case("corrupt", f"pretrain {TRAIN_OK} --procedures {{corrupt_cache}}", "corrupt_cache"),
     case("out of range", f"train {TRAIN_OK} --warmup-frac 5", "--warmup-frac"),
     case("out of range", f"train {TRAIN_OK} --val-pairs 0", "--val-pairs"),
     case("out of range", f"train {TRAIN_OK} --decoder-lr 0", "--decoder-lr"),
@@ -367,6 +368,9 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     Image.new("RGB", (40, 40)).save(paths["big_png"])
     paths["some_dir"] = ws / "some_dir"
     paths["some_dir"].mkdir()
+    paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
+    paths["corrupt_cache"].mkdir()
+    (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")
     return paths
 
 

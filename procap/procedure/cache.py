@@ -192,6 +192,11 @@ class ProcedureCache:
             self.paths = {p.stem: p for p in sorted(directory.glob("*.h5"))}
         if not self.paths:
             raise ProCapError(f"procedure cache {root} holds no .h5 files.")
+        for path in self.paths.values():
+            if not h5py.is_hdf5(path):
+                raise ProCapError(
+                    f"procedure cache file {path} is not an HDF5 file (empty or damaged); rebuild it with `procap prepare`."
+                )
         self.manifest = read_manifest(directory) or {}
         if scores_file is None and not self.manifest:
             scores_file = _find_score_file(root if root.is_dir() else directory, directory)
@@ -212,7 +217,10 @@ class ProcedureCache:
         if group not in self._handles:
             if group not in self.paths:
                 raise KeyError(group)
-            self._handles[group] = h5py.File(self.paths[group], "r")
+            try:
+                self._handles[group] = h5py.File(self.paths[group], "r")
+            except OSError as exc:
+                raise ProCapError(f"cannot read procedure cache file {self.paths[group]} ({exc}).") from None
         return self._handles[group]
 
     def close(self) -> None:
@@ -231,6 +239,12 @@ class ProcedureCache:
                 f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
                 f"run `procap prepare` for this split."
             )
+        entry = self._open(group)[key]
+        if not isinstance(entry, h5py.Dataset) or entry.dtype != np.uint8 or entry.ndim != 4 or entry.shape[1] != 3:
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds {key} as {_describe(entry)}, "
+                f"not uint8 frames (T, 3, H, W); rebuild it with `procap prepare`."
+            )
         return group, key
 
     def frames(self, group: str, key: str, indices: list[int] | None = None) -> np.ndarray:
@@ -245,16 +259,41 @@ class ProcedureCache:
         """(s_bef (T,), s_aft (T,)) from our attributes, else from the score file."""
         attrs = self._open(group)[key].attrs
         if "s_bef" in attrs:
-            return torch.from_numpy(attrs["s_bef"][()]), torch.from_numpy(attrs["s_aft"][()])
+            return tuple(self._scores(attrs, name, group, key) for name in ("s_bef", "s_aft"))
         if self.score_file is None:
             raise ProCapError(
                 f"{self.paths[group]} stores no scores for {key}; pass the authors' score file (scores_file=...)."
             )
         return self.score_file(None, (score_subkey(group), key))
 
+    def _scores(self, attrs: h5py.AttributeManager, name: str, group: str, key: str) -> torch.Tensor:
+        """One stored similarity attribute as a float32 (T,) tensor, checked to be numbers."""
+        values = np.asarray(attrs[name][()]) if name in attrs else np.zeros(0, dtype=object)
+        if values.ndim != 1 or not np.issubdtype(values.dtype, np.number):
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds {name} of {key} as {values.dtype} "
+                f"{values.shape}, not a list of numbers; rebuild it with `procap prepare`."
+            )
+        return torch.from_numpy(values.astype(np.float32))
+
     def codes(self, group: str, key: str) -> np.ndarray | None:
         attrs = self._open(group)[key].attrs
-        return attrs["codes"][()] if "codes" in attrs else None
+        if "codes" not in attrs:
+            return None
+        codes = np.asarray(attrs["codes"][()])
+        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds codes of {key} as {codes.dtype} {codes.shape}, "
+                f"not integer VQ indices (T, n); rebuild it with `procap prepare`."
+            )
+        return codes
+
+
+def _describe(entry: object) -> str:
+    """How an HDF5 object looks, for messages: '<dtype> <shape>' for a dataset, else its kind."""
+    if isinstance(entry, h5py.Dataset):
+        return f"{entry.dtype} {entry.shape}"
+    return type(entry).__name__.lower()
 
 
 def _find_score_file(*folders: Path) -> Path | None:
