@@ -198,6 +198,7 @@ CASES += [
     case("corrupt", f"caption --ckpt {{text_ckpt}} {PAIR}", "{text_ckpt}"),
     case("corrupt", f"caption --ckpt {{huge_ckpt}} {PAIR}", "enc_dim"),
     case("wrong type", f"caption --ckpt {{vqgan}} {PAIR}", "{vqgan}"),
+    case("corrupt", f"caption --ckpt {{nan_ckpt}} {PAIR}", "{nan_ckpt}"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --batch-size 0", "--batch-size"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 1", "--max-len"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
@@ -304,6 +305,8 @@ def _datasets(ws: Path) -> dict[str, Path]:
 
 def _models(ws: Path, data: Path) -> dict[str, Path]:
     """A checkpoint, a VQGAN file and checkpoints with crafted metadata."""
+    from safetensors.torch import load_file, save_file
+
     from procap.checkpoint import save_checkpoint
     from procap.data import load_split
     from procap.train.common import build_vocab
@@ -320,7 +323,15 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
     huge_vqgan = _rewrite_metadata(
         vqgan, ws / "vqgan_huge.safetensors", vqgan_config=json.dumps({**vq_config, "ch": 10**7})
     )
-    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan}
+    nan_ckpt = ws / "nan.safetensors"  # a diverged run's weights: captioned '' with exit 0 before the check
+    save_file(
+        {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in load_file(ckpt).items()},
+        nan_ckpt,
+        metadata=_metadata(ckpt),
+    )
+    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
+        "nan_ckpt": nan_ckpt
+    }
 
 
 def _metadata(path: Path) -> dict[str, str]:
