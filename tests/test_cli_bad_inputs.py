@@ -136,6 +136,7 @@ for _stage in ("pretrain", "train"):
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
     case("corrupt", f"pretrain {TRAIN_OK} --procedures {{corrupt_cache}}", "corrupt_cache"),
+    case("empty", f"pretrain {TRAIN_OK} --procedures {{partial_cache}}", "partial_cache"),
     case("out of range", f"train {TRAIN_OK} --warmup-frac 5", "--warmup-frac"),
     case("out of range", f"train {TRAIN_OK} --val-pairs 0", "--val-pairs"),
     case("out of range", f"train {TRAIN_OK} --decoder-lr 0", "--decoder-lr"),
@@ -239,6 +240,17 @@ CASES += [
 
 
 # ---------------------------------------------------------------------------------------------- workspace
+def _partial_cache(root: Path) -> None:
+    import numpy as np
+
+    from procap.procedure.cache import CacheWriter
+
+    writer = CacheWriter(root)
+    ramp = np.linspace(1.0, 0.0, 3, dtype=np.float32)
+    writer.write("sc_videos", "999999.png", np.zeros((3, 3, 16, 16), np.uint8), ramp, ramp[::-1].copy())
+    writer.close()
+
+
 def _small_model(vocab_size: int):
     from procap.config import VQGANConfig, get_preset
     from procap.model.procap import ProCap
@@ -382,6 +394,8 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
     paths["corrupt_cache"].mkdir()
     (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")
+    paths["partial_cache"] = ws / "partial_cache"  # a valid cache without the training pairs (e.g. another split)
+    _partial_cache(paths["partial_cache"])
     return paths
 
 

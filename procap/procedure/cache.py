@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,8 +236,9 @@ class ProcedureCache:
         if group not in self.paths and len(self.paths) == 1:
             group = next(iter(self.paths))
         if group not in self.paths or key not in self._open(group):
+            where = self.paths.get(group, next(iter(self.paths.values())).parent / f"{group}.h5")
             raise ProCapError(
-                f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
+                f"procedure cache file {where} has no entry for pair {pair_id} (key {key}); "
                 f"run `procap prepare` for this split."
             )
         entry = self._open(group)[key]
@@ -350,6 +352,26 @@ class CachedProcedures:
             self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
             self._gen_pid = os.getpid()
         return self._generator
+
+    def check_pairs(self, pairs: Sequence[Any]) -> None:
+        """Every pair has a well-typed entry with one score per stored frame, checked before training starts.
+
+        Reads only HDF5 metadata and the score attributes, so a damaged cache fails in the first seconds instead of
+        at the batch that reaches the bad entry (with a half-started run folder left behind).
+
+        Raises:
+            ProCapError: naming the cache file and the first pair at fault.
+        """
+        for pair in pairs:
+            pair_id = str(getattr(pair, "id", pair))
+            group, key = self.cache.locate(pair_id)
+            s_bef, s_aft = self.cache.similarities(group, key)
+            total = self.cache.num_frames(group, key)
+            if s_bef.shape[0] != total or s_aft.shape[0] != total:
+                raise ProCapError(
+                    f"procedure cache file {self.cache.paths[group]} holds {s_bef.shape[0]} / {s_aft.shape[0]} "
+                    f"similarity scores for the {total} frames of {key}; rebuild it with `procap prepare`."
+                )
 
     def indices(self, pair_id: str) -> tuple[str, str, torch.Tensor]:
         """(group, key, (k + 2,) frame indices into the stored frames)."""
