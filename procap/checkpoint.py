@@ -230,9 +230,32 @@ def check_shapes(own: dict[str, Any], stored: dict[str, Any], path: Path | str) 
         raise ProCapError(f"weights in {path} do not fit the model: {'; '.join(parts)}")
 
 
+def check_finite(state: dict[str, torch.Tensor], path: Path | str) -> None:
+    """Floating-point weights must be finite: NaN weights caption '' (or garbage) without any error.
+
+    Raises:
+        ProCapError: naming the file and the first tensors holding NaN or infinite values.
+    """
+    bad = [
+        name
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and not value.is_meta  # shapes only (key-list checks): no values to test
+        and not bool(torch.isfinite(value).all())
+    ]
+    if bad:
+        raise ProCapError(
+            f"weights in {path} hold NaN or infinite values ({len(bad)} tensors, e.g. {', '.join(bad[:3])}); "
+            f"the run that saved them probably diverged."
+        )
+
+
 def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path | str) -> None:
-    """``load_state_dict(strict=True)`` with missing/unexpected keys and shape mismatches named in one sentence."""
+    """``load_state_dict(strict=True)`` with missing/unexpected keys, shape mismatches and non-finite values named
+    in one sentence."""
     check_shapes(module.state_dict(), state, path)
+    check_finite(state, path)
     module.load_state_dict(state, strict=True)
 
 

@@ -146,6 +146,9 @@ def _as_batch(image: torch.Tensor, size: int, name: str) -> torch.Tensor:
         image = image.unsqueeze(0)
     if image.dim() != 4 or image.shape[0] != 1 or tuple(image.shape[1:]) != (3, size, size):
         raise ProCapError(f"{name} must be one image of shape (3, {size}, {size}), got {tuple(image.shape)}.")
+    from procap.fast.inputs import check_pixels
+
+    check_pixels(image, f"{name} pixels")  # NaN or 0-255 floats would imagine garbage without an error
     return image.float()
 
 

@@ -135,6 +135,8 @@ for _stage in ("pretrain", "train"):
     ]
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
+    case("corrupt", f"pretrain {TRAIN_OK} --procedures {{corrupt_cache}}", "corrupt_cache"),
+    case("empty", f"pretrain {TRAIN_OK} --procedures {{partial_cache}}", "partial_cache"),
     case("out of range", f"train {TRAIN_OK} --warmup-frac 5", "--warmup-frac"),
     case("out of range", f"train {TRAIN_OK} --val-pairs 0", "--val-pairs"),
     case("out of range", f"train {TRAIN_OK} --decoder-lr 0", "--decoder-lr"),
@@ -197,6 +199,7 @@ CASES += [
     case("corrupt", f"caption --ckpt {{text_ckpt}} {PAIR}", "{text_ckpt}"),
     case("corrupt", f"caption --ckpt {{huge_ckpt}} {PAIR}", "enc_dim"),
     case("wrong type", f"caption --ckpt {{vqgan}} {PAIR}", "{vqgan}"),
+    case("corrupt", f"caption --ckpt {{nan_ckpt}} {PAIR}", "{nan_ckpt}"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --batch-size 0", "--batch-size"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 1", "--max-len"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
@@ -237,6 +240,17 @@ CASES += [
 
 
 # ---------------------------------------------------------------------------------------------- workspace
+def _partial_cache(root: Path) -> None:
+    import numpy as np
+
+    from procap.procedure.cache import CacheWriter
+
+    writer = CacheWriter(root)
+    ramp = np.linspace(1.0, 0.0, 3, dtype=np.float32)
+    writer.write("sc_videos", "999999.png", np.zeros((3, 3, 16, 16), np.uint8), ramp, ramp[::-1].copy())
+    writer.close()
+
+
 def _small_model(vocab_size: int):
     from procap.config import VQGANConfig, get_preset
     from procap.model.procap import ProCap
@@ -303,6 +317,8 @@ def _datasets(ws: Path) -> dict[str, Path]:
 
 def _models(ws: Path, data: Path) -> dict[str, Path]:
     """A checkpoint, a VQGAN file and checkpoints with crafted metadata."""
+    from safetensors.torch import load_file, save_file
+
     from procap.checkpoint import save_checkpoint
     from procap.data import load_split
     from procap.train.common import build_vocab
@@ -319,7 +335,15 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
     huge_vqgan = _rewrite_metadata(
         vqgan, ws / "vqgan_huge.safetensors", vqgan_config=json.dumps({**vq_config, "ch": 10**7})
     )
-    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan}
+    nan_ckpt = ws / "nan.safetensors"  # a diverged run's weights: captioned '' with exit 0 before the check
+    save_file(
+        {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in load_file(ckpt).items()},
+        nan_ckpt,
+        metadata=_metadata(ckpt),
+    )
+    return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
+        "nan_ckpt": nan_ckpt
+    }
 
 
 def _metadata(path: Path) -> dict[str, str]:
@@ -367,6 +391,11 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     Image.new("RGB", (40, 40)).save(paths["big_png"])
     paths["some_dir"] = ws / "some_dir"
     paths["some_dir"].mkdir()
+    paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
+    paths["corrupt_cache"].mkdir()
+    (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")
+    paths["partial_cache"] = ws / "partial_cache"  # a valid cache without the training pairs (e.g. another split)
+    _partial_cache(paths["partial_cache"])
     return paths
 
 

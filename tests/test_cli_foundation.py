@@ -29,12 +29,12 @@ def test_synth_then_vocab(tmp_path, capsys):
                 "--root",
                 str(tmp_path / "syn"),
                 "--out",
-                str(tmp_path / "vocab.json"),
+                str(tmp_path / "new" / "vocab.json"),  # a missing parent folder is created
             ]
         )
         == 0
     )
-    vocab = Vocabulary.load(tmp_path / "vocab.json")
+    vocab = Vocabulary.load(tmp_path / "new" / "vocab.json")
     assert "cube" in vocab or "sphere" in vocab or "cylinder" in vocab
 
 
@@ -51,11 +51,11 @@ def test_score_writes_metrics(tmp_path, capsys):
             "--metrics",
             "bleu,rouge",
             "--out",
-            str(tmp_path / "m.json"),
+            str(tmp_path / "a" / "b" / "m.json"),  # missing parent folders are created
         ]
     )
     assert code == 0
-    assert json.loads((tmp_path / "m.json").read_text())["ROUGE_L"] > 0.9
+    assert json.loads((tmp_path / "a" / "b" / "m.json").read_text())["ROUGE_L"] > 0.9
 
 
 @pytest.mark.parametrize(

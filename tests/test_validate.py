@@ -81,3 +81,36 @@ def test_devices():
     if not torch.cuda.is_available():
         with pytest.raises(ProCapError, match="no CUDA device is available"):
             validate.device("cuda")
+
+
+def test_a_read_only_folder_is_reported_whoever_runs(tmp_path, monkeypatch):
+    """As root, chmod cannot make a folder read-only, so os.access stands in for a read-only mount."""
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(validate.os, "access", lambda path, mode: False)
+    with pytest.raises(ProCapError, match=r"--out .*out.json cannot be written: folder .*ro is not writable"):
+        validate.output_file(tmp_path / "ro" / "out.json", "--out")
+    with pytest.raises(ProCapError, match="--out .*ro is not a writable folder"):
+        validate.output_dir(tmp_path / "ro", "--out")
+
+
+def test_a_refused_write_names_the_output_not_the_temporary_file(tmp_path, monkeypatch, capsys):
+    """A folder the checks cannot see is read-only (root on a read-only mount, /sys) fails when the temporary
+    file is made; the one sentence names --out's file and nothing is left behind."""
+    import json
+    import tempfile
+
+    from procap.cli import main
+
+    (tmp_path / "pred.json").write_text(json.dumps([{"image_id": "a", "caption": "the cube moved"}]))
+    (tmp_path / "refs.json").write_text(json.dumps({"a": ["the cube moved"]}))
+
+    def refuse(prefix: str = "", suffix: str = "", dir: str | None = None):
+        raise PermissionError(13, "Permission denied", os.path.join(dir or ".", f"{prefix}abc{suffix}"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    out = tmp_path / "scores.json"
+    argv = ["score", "--pred", str(tmp_path / "pred.json"), "--refs", str(tmp_path / "refs.json"), "--out", str(out)]
+    assert main([*argv, "--metrics", "bleu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"procap: error: cannot access {out} (Permission denied)."
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.json", "refs.json"]

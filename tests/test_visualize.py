@@ -167,6 +167,16 @@ def test_wrong_image_shape_is_one_sentence(saved):
         imagine(model, torch.rand(3, 32, 32), torch.rand(3, 64, 64))
 
 
+@pytest.mark.parametrize("fill,message", [(float("nan"), "NaN or infinite"), (200.0, "divide 0-255")])
+def test_non_finite_or_0_255_pixels_are_one_sentence(saved, fill, message):
+    """Was: NaN or 0-255 floats imagined frames and a caption ('' for NaN) without any error."""
+    model, _, _ = load_checkpoint(saved["procap"])
+    bad = torch.rand(3, 64, 64)
+    bad[0, 0, 0] = fill
+    with pytest.raises(ProCapError, match=f"after pixels .*{message}"):
+        imagine(model, torch.rand(3, 64, 64), bad)
+
+
 def test_cli_writes_the_strip(saved, capsys):
     out = saved["folder"] / "strips" / "strip.png"
     argv = ["imagine", "--ckpt", str(saved["procap"]), str(saved["before"]), str(saved["after"]), "--out", str(out)]

@@ -20,6 +20,7 @@ first; :meth:`VQGAN.decode` maps back to the [0, 1] scale (not clamped).
 from __future__ import annotations
 
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -294,6 +295,14 @@ def load_taming_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     from procap.validate import input_file
 
     path = input_file(path, "VQGAN checkpoint")
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    if not head:
+        raise ProCapError(f"VQGAN checkpoint {path} is empty.")
+    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":  # neither torch's zip format nor a legacy pickle
+        raise ProCapError(
+            f"VQGAN checkpoint {path} is not a torch checkpoint or is damaged (neither a complete zip archive nor a pickle)."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:

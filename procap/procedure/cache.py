@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,11 @@ class ProcedureCache:
             self.paths = {p.stem: p for p in sorted(directory.glob("*.h5"))}
         if not self.paths:
             raise ProCapError(f"procedure cache {root} holds no .h5 files.")
+        for path in self.paths.values():
+            if not h5py.is_hdf5(path):
+                raise ProCapError(
+                    f"procedure cache file {path} is not an HDF5 file (empty or damaged); rebuild it with `procap prepare`."
+                )
         self.manifest = read_manifest(directory) or {}
         if scores_file is None and not self.manifest:
             scores_file = _find_score_file(root if root.is_dir() else directory, directory)
@@ -212,7 +218,10 @@ class ProcedureCache:
         if group not in self._handles:
             if group not in self.paths:
                 raise KeyError(group)
-            self._handles[group] = h5py.File(self.paths[group], "r")
+            try:
+                self._handles[group] = h5py.File(self.paths[group], "r")
+            except OSError as exc:
+                raise ProCapError(f"cannot read procedure cache file {self.paths[group]} ({exc}).") from None
         return self._handles[group]
 
     def close(self) -> None:
@@ -227,9 +236,16 @@ class ProcedureCache:
         if group not in self.paths and len(self.paths) == 1:
             group = next(iter(self.paths))
         if group not in self.paths or key not in self._open(group):
+            where = self.paths.get(group, next(iter(self.paths.values())).parent / f"{group}.h5")
             raise ProCapError(
-                f"procedure cache has no entry for pair {pair_id} ({group}.h5 / {key}); "
+                f"procedure cache file {where} has no entry for pair {pair_id} (key {key}); "
                 f"run `procap prepare` for this split."
+            )
+        entry = self._open(group)[key]
+        if not isinstance(entry, h5py.Dataset) or entry.dtype != np.uint8 or entry.ndim != 4 or entry.shape[1] != 3:
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds {key} as {_describe(entry)}, "
+                f"not uint8 frames (T, 3, H, W); rebuild it with `procap prepare`."
             )
         return group, key
 
@@ -245,16 +261,41 @@ class ProcedureCache:
         """(s_bef (T,), s_aft (T,)) from our attributes, else from the score file."""
         attrs = self._open(group)[key].attrs
         if "s_bef" in attrs:
-            return torch.from_numpy(attrs["s_bef"][()]), torch.from_numpy(attrs["s_aft"][()])
+            return tuple(self._scores(attrs, name, group, key) for name in ("s_bef", "s_aft"))
         if self.score_file is None:
             raise ProCapError(
                 f"{self.paths[group]} stores no scores for {key}; pass the authors' score file (scores_file=...)."
             )
         return self.score_file(None, (score_subkey(group), key))
 
+    def _scores(self, attrs: h5py.AttributeManager, name: str, group: str, key: str) -> torch.Tensor:
+        """One stored similarity attribute as a float32 (T,) tensor, checked to be numbers."""
+        values = np.asarray(attrs[name][()]) if name in attrs else np.zeros(0, dtype=object)
+        if values.ndim != 1 or not np.issubdtype(values.dtype, np.number):
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds {name} of {key} as {values.dtype} "
+                f"{values.shape}, not a list of numbers; rebuild it with `procap prepare`."
+            )
+        return torch.from_numpy(values.astype(np.float32))
+
     def codes(self, group: str, key: str) -> np.ndarray | None:
         attrs = self._open(group)[key].attrs
-        return attrs["codes"][()] if "codes" in attrs else None
+        if "codes" not in attrs:
+            return None
+        codes = np.asarray(attrs["codes"][()])
+        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
+            raise ProCapError(
+                f"procedure cache file {self.paths[group]} holds codes of {key} as {codes.dtype} {codes.shape}, "
+                f"not integer VQ indices (T, n); rebuild it with `procap prepare`."
+            )
+        return codes
+
+
+def _describe(entry: object) -> str:
+    """How an HDF5 object looks, for messages: '<dtype> <shape>' for a dataset, else its kind."""
+    if isinstance(entry, h5py.Dataset):
+        return f"{entry.dtype} {entry.shape}"
+    return type(entry).__name__.lower()
 
 
 def _find_score_file(*folders: Path) -> Path | None:
@@ -311,6 +352,26 @@ class CachedProcedures:
             self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
             self._gen_pid = os.getpid()
         return self._generator
+
+    def check_pairs(self, pairs: Sequence[Any]) -> None:
+        """Every pair has a well-typed entry with one score per stored frame, checked before training starts.
+
+        Reads only HDF5 metadata and the score attributes, so a damaged cache fails in the first seconds instead of
+        at the batch that reaches the bad entry (with a half-started run folder left behind).
+
+        Raises:
+            ProCapError: naming the cache file and the first pair at fault.
+        """
+        for pair in pairs:
+            pair_id = str(getattr(pair, "id", pair))
+            group, key = self.cache.locate(pair_id)
+            s_bef, s_aft = self.cache.similarities(group, key)
+            total = self.cache.num_frames(group, key)
+            if s_bef.shape[0] != total or s_aft.shape[0] != total:
+                raise ProCapError(
+                    f"procedure cache file {self.cache.paths[group]} holds {s_bef.shape[0]} / {s_aft.shape[0]} "
+                    f"similarity scores for the {total} frames of {key}; rebuild it with `procap prepare`."
+                )
 
     def indices(self, pair_id: str) -> tuple[str, str, torch.Tensor]:
         """(group, key, (k + 2,) frame indices into the stored frames)."""

@@ -81,6 +81,8 @@ def pretrain(
     model.to(device)
     config = model.config
     source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
+    if hasattr(source, "check_pairs"):  # a procedure cache: every training pair is there and well typed
+        source.check_pairs(pairs)
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
 

@@ -212,5 +212,12 @@ def test_unsafe_or_malformed_files_raise(tmp_path):
         VQGAN.from_taming_checkpoint(no_state, small_vqgan_config())
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a torch file")
-    with pytest.raises(ProCapError, match="cannot be read safely"):
+    with pytest.raises(ProCapError, match="garbage.ckpt is not a torch checkpoint"):
         VQGAN.from_taming_checkpoint(garbage, small_vqgan_config())
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    with pytest.raises(ProCapError, match=r"empty.ckpt is empty\.$"):
+        VQGAN.from_taming_checkpoint(tmp_path / "empty.ckpt", small_vqgan_config())
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(no_state.read_bytes()[:100])  # a zip archive cut short
+    with pytest.raises(ProCapError, match="truncated.ckpt is not a torch checkpoint or is damaged"):
+        VQGAN.from_taming_checkpoint(truncated, small_vqgan_config())

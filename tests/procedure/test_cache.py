@@ -110,3 +110,46 @@ def test_authors_score_file_is_found_beside_their_videos(tmp_path):
     )
     source = CachedProcedures(tmp_path, 2)  # as `--procedures DIR` builds it: no scores_file argument
     assert source.indices("12")[2].tolist() == [0, 3, 4, 8]  # frame 4 is the exact middle; 3 and 5 tie
+
+
+@pytest.mark.parametrize("content", [b"", b"not an HDF5 file\n"], ids=["empty", "text"])
+def test_a_damaged_cache_file_names_the_file(tmp_path, content):
+    """Was: h5py's OSError ('file signature not found') as a traceback, exit 1."""
+    (tmp_path / "sc_videos.h5").write_bytes(content)
+    with pytest.raises(ProCapError, match=r"sc_videos.h5 is not an HDF5 file"):
+        CachedProcedures(tmp_path, 2)
+
+
+def _write_entry(tmp_path, frames, **attrs):
+    with h5py.File(tmp_path / "spot_videos.h5", "w") as f:
+        f["12"] = frames
+        f["12"].attrs.update(attrs)
+    return CachedProcedures(tmp_path / "spot_videos.h5", 2)
+
+
+RAMP = np.linspace(1, 0, 9).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "frames,attrs,message",
+    [
+        ("a string", {"s_bef": RAMP, "s_aft": RAMP}, "holds 12 as object"),
+        (np.zeros((9, 8, 8), np.uint8), {"s_bef": RAMP, "s_aft": RAMP}, r"holds 12 as uint8 \(9, 8, 8\)"),
+        (_frames().astype(np.float32), {"s_bef": RAMP, "s_aft": RAMP}, "holds 12 as float32"),
+        (_frames(), {"s_bef": np.array([b"x"] * 9), "s_aft": RAMP}, "s_bef of 12 as"),
+        (_frames(), {"s_bef": RAMP, "s_aft": np.ones((9, 2), np.float32)}, "s_aft of 12 as float32"),
+    ],
+    ids=["string", "rank-3", "float frames", "text scores", "2-d scores"],
+)
+def test_wrongly_typed_cache_entries_name_the_file(tmp_path, frames, attrs, message):
+    """Was: IndexError / TypeError tracebacks from inside the sampler on the first training step."""
+    source = _write_entry(tmp_path, frames, **attrs)
+    with pytest.raises(ProCapError, match=message) as info:
+        source.sample("12")
+    assert "spot_videos.h5" in str(info.value)
+
+
+def test_wrongly_typed_codes_name_the_file(tmp_path):
+    source = _write_entry(tmp_path, _frames(), s_bef=RAMP, s_aft=RAMP[::-1], codes=np.full((9, 4), 0.5))
+    with pytest.raises(ProCapError, match="codes of 12 as float64"):
+        source.sample("12")

@@ -124,6 +124,22 @@ def test_weights_that_do_not_fit(tmp_path, model, vocab):
         load_checkpoint(tmp_path / "short.safetensors")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_name_the_file(tmp_path, model, vocab, value):
+    """Was: a checkpoint with NaN weights (a diverged run) loaded and captioned '' with exit 0."""
+    from safetensors.torch import save_file
+
+    path = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
+    tensors = load_file(path)
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[name][0] = value
+    with safe_open(str(path), framework="pt") as handle:
+        meta = handle.metadata()
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(ProCapError, match=f"bad.safetensors hold NaN or infinite values .*{name}"):
+        load_checkpoint(tmp_path / "bad.safetensors")
+
+
 def test_atomic_write_leaves_no_temp_files(tmp_path, model, vocab):
     save_checkpoint(tmp_path / "m.safetensors", model, vocab)
     save_checkpoint(tmp_path / "m.safetensors", model, vocab)  # overwrite in place

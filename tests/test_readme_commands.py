@@ -1,0 +1,92 @@
+"""The README's `prepare` / `evaluate` / `score` block runs as written (flags given or working defaults).
+
+The block assumes the output of `procap demo --quick --out runs/demo`; a tiny stand-in with the same layout (the
+synthetic benchmark at 16 px, a one-layer model and a small VQGAN) takes its place, so the commands run in seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from procap.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TINY_MODEL = {
+    "max_caption_len": 8,
+    "num_keyframes": 1,
+    "enc_dim": 16,
+    "enc_heads": 2,
+    "enc_mlp": 32,
+    "enc_layers": 1,
+    "dropout": 0.0,
+}
+TINY_MODEL |= {"dec_dim": 16, "dec_heads": 2, "dec_ffn": 32, "dec_layers": 1}
+
+
+def _tiny_vqgan():
+    from procap.config import VQGANConfig
+
+    return VQGANConfig(
+        resolution=16,
+        ch=32,
+        ch_mult=(1, 2),
+        num_res_blocks=1,
+        attn_resolutions=(),
+        z_channels=32,
+        embed_dim=8,
+        n_embed=32,
+    )
+
+
+def _readme_block() -> list[list[str]]:
+    """The argv of every `procap` line in the README block that follows 'these run as written'."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"these run as written.*?```bash\n(.*?)```", text, flags=re.DOTALL)
+    assert match, "README lost the block of commands that run as written after the quick demo"
+    lines = [line.split("#")[0].strip() for line in match.group(1).splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith("procap ")]
+
+
+def _demo_layout(root: Path) -> None:
+    """runs/demo/{data, vqgan/vqgan.safetensors, procap/best.safetensors} as `procap demo` writes them."""
+    from procap.checkpoint import save_checkpoint
+    from procap.config import get_preset
+    from procap.data import load_split
+    from procap.data.synthetic import generate
+    from procap.model.procap import ProCap
+    from procap.train.common import build_vocab
+    from procap.train.vqgan_train import save_vqgan
+
+    demo = root / "runs" / "demo"
+    generate(demo / "data", 12, size=16, seed=5, progress=False)
+    vocab = build_vocab(load_split("clevr-change", demo / "data", "train"), "clevr-change")
+    model = ProCap(get_preset("tiny", vqgan=_tiny_vqgan(), image_size=16, vocab_size=len(vocab), **TINY_MODEL))
+    save_checkpoint(demo / "procap" / "best.safetensors", model, vocab)
+    save_vqgan(demo / "vqgan" / "vqgan.safetensors", model.vqgan)
+
+
+def test_the_readme_block_runs_as_written(tmp_path, monkeypatch, capsys):
+    commands = _readme_block()
+    assert [argv[0] for argv in commands] == ["prepare", "evaluate", "score"]
+    _demo_layout(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        code = main(argv)
+        assert code == 0, (argv, capsys.readouterr().err)
+    assert (tmp_path / "runs" / "cache" / "sc_videos.h5").is_file()
+    assert (tmp_path / "runs" / "eval" / "results.json").is_file()
+
+
+@pytest.mark.parametrize("phrase", ["download.pytorch.org/whl/cpu"])
+def test_the_readme_says_how_to_get_the_cpu_wheel(phrase):
+    assert phrase in README.read_text(encoding="utf-8")
+
+
+def test_the_readme_gives_one_time_for_the_quick_demo():
+    lines = [line for line in README.read_text(encoding="utf-8").splitlines() if "demo --quick" in line]
+    timed = [line for line in lines if re.search(r"\d+\s*(min|s\b|seconds|minutes)", line)]
+    assert len(timed) == 1, timed
