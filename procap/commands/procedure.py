@@ -81,6 +81,8 @@ def load_procedure(args: argparse.Namespace, pair):
         cache = ProcedureCache(args.cache)
         try:
             return (*procedure_from_cache(cache, pair.id), f"cache {args.cache}")
+        except (OSError, KeyError, ValueError) as exc:  # h5py's errors for a file that is not HDF5 or is damaged
+            raise ProCapError(f"--cache {args.cache} cannot be read as a procedure cache ({exc}).") from None
         finally:
             cache.close()
     import torch
