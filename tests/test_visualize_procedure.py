@@ -160,3 +160,15 @@ def test_cli_synthesizes_without_a_cache(dataset, tmp_path, capsys):
     assert "3 frames from synthesized now" in capsys.readouterr().out
     with Image.open(out) as image:
         assert image.width == procedure_strip_size(3 + 2, MIN_TILE, 0, 0)[0]
+
+
+def test_cli_warns_when_the_scores_cannot_tell_frames_apart(dataset, tmp_path, capsys):
+    """Equal similarities give equal confidences: top-k falls back to the earliest frames, and the CLI says so."""
+    data, pair = dataset
+    frames, _, _ = _procedure(size=32)
+    ones = torch.ones(L + 2)
+    _write_cache(tmp_path / "cache", pair.id, frames, ones, ones)
+    argv = ["procedure", "--data", str(data), "--pair", pair.id, "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--out", str(tmp_path / "s.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "note: the scores are nearly equal" in printed and "keyframes (topk, k=2): P1 P2" in printed
