@@ -7,7 +7,9 @@ run's ``log.jsonl`` and the ProCap checkpoint) and writes ``<folder>/report.html
 - the per-change-type breakdown (CIDEr and type accuracy),
 - training curves drawn with matplotlib (Agg, no display): stage-1 loss, stage-2 loss and validation CIDEr,
 - one test pair per change type: before / after, each model's caption, the references and the procedure the
-  ProCap checkpoint imagines (:func:`procap.visualize.imagine`).
+  ProCap checkpoint imagines (:func:`procap.visualize.imagine`),
+- the explicit procedure of one stage-1 training pair from the demo's procedure cache
+  (:func:`procap.visualize.explicit_procedure`: interpolated frames, confidence bars, sampled keyframes).
 
 Every image is embedded as a ``data:image/png;base64`` URI and the style sheet is inline: the file opens offline,
 and can be mailed or archived alone. The page is written atomically (temporary file + rename).
@@ -32,12 +34,16 @@ RUNS = (  # folder under the demo output, label in metrics.json (procap/commands
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
     ("static", "static pair (k=0)"),
 )
+STAGE1_NOTE = (
+    "What stage 1 trains on: the interpolated frames of a training pair, a bar per frame for its confidence score, "
+    "the sampled keyframes outlined in red (<code>procap procedure</code> draws any cached pair)."
+)
 ACCURACY_COLUMNS = ("change", "type", "object", "distinct")
 STYLE = """
 body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1400px; }
 table { border-collapse: collapse; margin: 1em 0; }
 th, td { border: 1px solid #bbb; padding: 4px 8px; text-align: right; }
-th:first-child, td:first-child, td.text { text-align: left; }
+th:first-child, td:first-child, .text { text-align: left; }
 .example { border-top: 1px solid #ccc; padding: 1em 0; }
 .pair img { margin-right: 8px; image-rendering: pixelated; }
 .caption-model { font-weight: bold; }
@@ -153,7 +159,8 @@ def _plot(axes: Any, logs: dict[str, list[dict]], key: str, title: str, marker: 
         points = [(r["step"], r[key]) for r in records if key in r and "step" in r]
         if points:
             steps, values = zip(*points)
-            axes.plot(steps, values, label=label, marker=marker)
+            # a short run logs a few points (the quick demo's stage 1: one): markers keep them visible
+            axes.plot(steps, values, label=label, marker=marker or ("o" if len(points) <= 20 else None))
     axes.set_title(title)
     axes.set_xlabel("step")
     if axes.lines:
@@ -228,7 +235,7 @@ def example_html(folder: Path, row: dict[str, Any], labels: list[str], imaginer:
         f"<div class='example' id='example-{html.escape(kind)}'>",
         f"<h3>{html.escape(kind)}: {html.escape(str(row['id']))}</h3>",
         f"<div class='pair'>{img_tag(before, 'before', width)}{img_tag(after, 'after', width)}</div>",
-        "<table><tr><th>model</th><th>caption</th></tr>",
+        "<table><tr><th>model</th><th class='text'>caption</th></tr>",
     ]
     for label in labels:
         caption = html.escape(str(row.get(label, "n/a")))
@@ -241,6 +248,39 @@ def example_html(folder: Path, row: dict[str, Any], labels: list[str], imaginer:
         parts.append(f"<p class='note'>no imagined procedure: {html.escape(imaginer.note)}</p>")
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def stage1_procedure_html(folder: Path, k: int = 2) -> str:
+    """The explicit procedure of the first cached training pair (a "move" pair when there is one), or a note."""
+    from procap.data import load_split
+    from procap.procedure import ProcedureCache
+    from procap.visualize import explicit_procedure, flat_scores_note, procedure_from_cache
+
+    cache_dir, data = folder / "procedures", folder / "data"
+    if not cache_dir.is_dir() or not data.is_dir():
+        return (
+            "<p class='note'>no procedure cache (the demo ran with --procedures crossfade, or this is not a demo)</p>"
+        )
+    cache = ProcedureCache(cache_dir)
+    try:
+        pairs = load_split("clevr-change", data, "train")
+        ordered = [p for p in pairs if p.change_type == "move"] + pairs
+        for pair in ordered:
+            try:
+                frames, s_bef, s_aft = procedure_from_cache(cache, pair.id)
+            except ProCapError:
+                continue
+            caption = f"{pair.id} ({pair.change_type}): {pair.captions[0] if pair.captions else ''}"
+            result = explicit_procedure(frames, s_bef, s_aft, k, caption=caption)
+            scores = ", ".join(f"{w:.4f}" for w in result.weights.tolist())
+            keys = ", ".join(f"P{i}" for i in result.keyframes.tolist())
+            note = f"{pair.id} ({pair.change_type}): confidence of P1..P{len(result.weights)}: {scores}; "
+            note += f"keyframes (top-{k}): {keys}"
+            note += f". Note: {flat_scores_note(result.weights)}." if flat_scores_note(result.weights) else ""
+            return f"{img_tag(result.strip, 'explicit procedure')}<p class='note'>{html.escape(note)}</p>"
+    finally:
+        cache.close()
+    return "<p class='note'>the procedure cache holds none of the training pairs</p>"
 
 
 def run_line(summary: dict[str, Any]) -> str:
@@ -273,6 +313,9 @@ def report_html(folder: Path, imagine_procedures: bool = True) -> str:
         "<h2 id='examples'>Examples (test split, one per change type)</h2>",
         f"<p class='note'>imagined procedures: {html.escape(imaginer.note)}</p>",
         *(example_html(folder, row, labels, imaginer) for row in example_rows(samples)),
+        "<h2 id='procedure'>A stage-1 training procedure (explicit)</h2>",
+        f"<p class='note'>{STAGE1_NOTE}</p>",
+        stage1_procedure_html(folder),
     ]
     head = f"<head><meta charset='utf-8'><title>ProCap demo report</title><style>{STYLE}</style></head>"
     return f"<!DOCTYPE html>\n<html>{head}<body>\n" + "\n".join(body) + "\n</body></html>\n"

@@ -410,6 +410,17 @@ def procedure_from_pair(
     return frames, s_bef.float().cpu(), s_aft.float().cpu()
 
 
+def flat_scores_note(weights: torch.Tensor, below: float = 1e-3) -> str:
+    """A warning when the confidences span less than ``below`` (the keyframes then follow rounding), else ''."""
+    spread = float(weights.max() - weights.min()) if weights.numel() > 1 else 1.0
+    if spread >= below:
+        return ""
+    return (
+        f"the scores are nearly equal (spread {spread:.1e}): the similarity model hardly tells the frames apart, "
+        "so the keyframes are decided by rounding and ties (top-k takes the earlier frame)"
+    )
+
+
 def procedure_strip_size(frames: int, tile: int, caption_lines: int, line_height: int) -> tuple[int, int]:
     """(width, height) of a procedure strip of ``frames`` images (l + 2) and ``caption_lines`` lines of caption."""
     width = frames * tile + (frames + 1) * GAP

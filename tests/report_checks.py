@@ -10,7 +10,7 @@ from pathlib import Path
 from PIL import Image
 
 PNG_PREFIX = "data:image/png;base64,"
-SECTIONS = ("metrics", "per-type", "curves", "examples")
+SECTIONS = ("metrics", "per-type", "curves", "examples", "procedure")
 
 
 class _Collector(HTMLParser):
@@ -48,7 +48,8 @@ def check_report_html(path: Path, change_types: set[str]) -> dict:
     """Parse ``path`` and assert it is a self-contained report; returns what was found.
 
     Asserts: it parses with every tag closed, every <img> is a base64 PNG data URI that decodes to a valid PNG,
-    nothing is loaded from elsewhere, the metrics / per-type / curves / examples sections are present, and
+    nothing is loaded from elsewhere, the metrics / per-type / curves / examples / stage-1 procedure sections are
+    present, and
     there is one example per change type in ``change_types``.
     """
     collector = _Collector()

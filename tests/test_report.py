@@ -17,6 +17,7 @@ from procap.config import get_preset
 from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
+from procap.procedure import confidence_weights, sample_keyframes
 from procap.report import REPORT_NAME, build_report, curves_png, example_rows
 from procap.visualize import MIN_TILE, imagine, strip_size
 
@@ -54,7 +55,7 @@ def test_report_without_checkpoint_says_so(tmp_path):
     folder = make_fake_demo(tmp_path / "demo")
     found = check_report_html(build_report(folder), set(FAKE_TYPES))
     assert len(found["images"]) == 1 + 2 * len(FAKE_TYPES)
-    assert "no ProCap checkpoint" in found["text"]
+    assert "no ProCap checkpoint" in found["text"] and "no procedure cache" in found["text"]
 
 
 def test_strip_is_what_imagine_draws_for_the_pair(tmp_path, checkpoint):
@@ -73,6 +74,30 @@ def test_strip_is_what_imagine_draws_for_the_pair(tmp_path, checkpoint):
 
 def _image_sources(path) -> list[str]:
     return re.findall(r'<img src="([^"]+)"', path.read_text(encoding="utf-8"))
+
+
+def test_stage1_section_draws_a_cached_training_pair(tmp_path):
+    """With data/ and procedures/ (as the demo leaves them) the report shows a cached pair's explicit procedure."""
+    from procap.data import load_split
+    from procap.data.synthetic import generate
+    from procap.procedure import CacheWriter, authors_key
+    from procap.visualize import procedure_strip_size
+
+    folder = make_fake_demo(tmp_path / "demo")
+    generate(folder / "data", 6, size=32, seed=2, progress=False)
+    moved = next(p for p in load_split("clevr-change", folder / "data", "train") if p.change_type == "move")
+    gen = torch.Generator().manual_seed(0)
+    frames = (torch.rand(9, 3, 32, 32, generator=gen) * 255).to(torch.uint8).numpy()
+    s_bef, s_aft = torch.linspace(1, 0, 9), torch.rand(9, generator=gen)
+    writer = CacheWriter(folder / "procedures")
+    writer.write(*authors_key(moved.id, "clevr-change"), frames, s_bef.numpy(), s_aft.numpy(), pair_id=moved.id)
+    writer.close()
+    found = check_report_html(build_report(folder, imagine_procedures=False), set(FAKE_TYPES))
+    assert len(found["images"]) == 1 + 2 * len(FAKE_TYPES) + 1
+    assert found["images"][-1][0] == procedure_strip_size(9, MIN_TILE, 0, 0)[0]
+    assert f"{moved.id} (move): confidence" in found["text"]
+    keys = sample_keyframes(confidence_weights(s_bef, s_aft), 2)[1:-1].tolist()
+    assert f"keyframes (top-2): P{keys[0]}, P{keys[1]}" in found["text"]
 
 
 def test_missing_or_broken_metrics_is_one_sentence(tmp_path):

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     from procap.commands.imagine import image_format
     from procap.files import atomic_write
-    from procap.visualize import explicit_procedure
+    from procap.visualize import explicit_procedure, flat_scores_note
 
     pair, split = find_pair(args.dataset, args.data, args.pair)
     frames, s_bef, s_aft, source = load_procedure(args, pair)
@@ -118,12 +118,8 @@ def run(args: argparse.Namespace) -> int:
     atomic_write(out, lambda tmp: result.strip.save(tmp, format=image_format(out)))
     print(f"pair {pair.id} ({split}), {count} frames from {source}")
     print("confidence: " + " ".join(f"P{i + 1}={w:.6f}" for i, w in enumerate(result.weights.tolist())))
-    spread = float(result.weights.max() - result.weights.min())
-    if count > 1 and spread < 1e-3:
-        print(
-            f"note: the scores are nearly equal (spread {spread:.1e}): the similarity model hardly tells the frames "
-            "apart, so the keyframes are decided by rounding and ties (top-k takes the earlier frame)"
-        )
+    if flat_scores_note(result.weights):
+        print(f"note: {flat_scores_note(result.weights)}")
     print(f"keyframes ({args.sampling}, k={args.keyframes}): " + " ".join(f"P{i}" for i in result.keyframes.tolist()))
     print(f"wrote {out} ({result.strip.width}x{result.strip.height})")
     return 0
