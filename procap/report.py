@@ -190,10 +190,12 @@ def split_pair_image(path: Path) -> tuple[Image.Image, Image.Image]:
 class Imaginer:
     """Loads the ProCap checkpoint once and imagines the procedure of a before/after pair (None if it cannot)."""
 
-    def __init__(self, checkpoint: Path) -> None:
+    def __init__(self, checkpoint: Path | None) -> None:
         self.model = self.vocab = self.stage = None
-        self.note = f"no ProCap checkpoint at {checkpoint}"
-        if checkpoint.is_file():
+        self.note = (
+            "not drawn (imagine_procedures=False)" if checkpoint is None else f"no ProCap checkpoint at {checkpoint}"
+        )
+        if checkpoint is not None and checkpoint.is_file():
             from procap.checkpoint import load_checkpoint
             from procap.visualize import check_imaginable, head_note
 
@@ -261,7 +263,10 @@ def stage1_procedure_html(folder: Path, k: int = 2) -> str:
         return (
             "<p class='note'>no procedure cache (the demo ran with --procedures crossfade, or this is not a demo)</p>"
         )
-    cache = ProcedureCache(cache_dir)
+    try:
+        cache = ProcedureCache(cache_dir)
+    except ProCapError as exc:  # an empty or foreign folder: the report still shows everything else
+        return f"<p class='note'>{html.escape(str(exc))}</p>"
     try:
         pairs = load_split("clevr-change", data, "train")
         ordered = [p for p in pairs if p.change_type == "move"] + pairs
@@ -299,7 +304,7 @@ def report_html(folder: Path, imagine_procedures: bool = True) -> str:
         raise ProCapError(f"demo metrics {folder / 'metrics.json'} holds no results.")
     samples = read_json(folder / "samples.json", "demo samples")
     labels = list(summary["results"])
-    imaginer = Imaginer(folder / "procap" / "best.safetensors" if imagine_procedures else Path("/nonexistent"))
+    imaginer = Imaginer(folder / "procap" / "best.safetensors" if imagine_procedures else None)
     curves = curves_png(folder)
     body = [
         "<h1>ProCap demo report</h1>",

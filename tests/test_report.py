@@ -100,6 +100,14 @@ def test_stage1_section_draws_a_cached_training_pair(tmp_path):
     assert f"keyframes (top-2): P{keys[0]}, P{keys[1]}" in found["text"]
 
 
+def test_empty_procedure_folder_leaves_a_note(tmp_path):
+    folder = make_fake_demo(tmp_path / "demo")
+    (folder / "procedures").mkdir()
+    (folder / "data").mkdir()
+    found = check_report_html(build_report(folder, imagine_procedures=False), set(FAKE_TYPES))
+    assert "holds no .h5 files" in found["text"] and "not drawn (imagine_procedures=False)" in found["text"]
+
+
 def test_missing_or_broken_metrics_is_one_sentence(tmp_path):
     with pytest.raises(ProCapError, match="metrics.json does not exist"):
         build_report(tmp_path)
