@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "evaluate": "evaluate",
     "caption": "caption",
     "imagine": "imagine",
+    "procedure": "procedure",
     "convert": "convert",
     "score": "score",
     "info": "info",

@@ -6,6 +6,12 @@ at the k*n procedure-query positions, takes the most likely VQ code per position
 the codes with the frozen VQGAN into k frames. :func:`render_strip` lays out before | imagined frames | after with
 the generated caption underneath.
 
+:func:`explicit_procedure` shows the other, explicit procedure of a training pair (stage-1 data): all l interpolated
+frames between before and after, each frame's confidence score as a bar underneath, and the k keyframes that
+:func:`procap.procedure.sample_keyframes` draws from those scores outlined in colour (:func:`render_procedure_strip`).
+:func:`procedure_from_cache` reads the frames and similarities a ``procap prepare`` cache stored;
+:func:`procedure_from_pair` synthesizes them now with an interpolator and a similarity model.
+
 Which head is read matters. The MSM head is trained only in stage 1, where the encoder sees the caption too:
 
 - a **stage-1** checkpoint gives the paper's picture: the stage-1 encoder and its trained head (here without the
@@ -34,6 +40,11 @@ GAP = 4  # pixels between tiles and around the strip
 FONT_SIZE = 14
 BACKGROUND = (255, 255, 255)
 TEXT = (0, 0, 0)
+BAR_HEIGHT = 8  # confidence bar under each interpolated frame
+BAR_COLOUR = (40, 110, 220)
+BAR_TRACK = (225, 225, 225)  # the bar's empty part: the full width is a score of 1
+KEY_COLOUR = (230, 60, 30)  # outline of the sampled keyframes
+KEY_BORDER = 3  # pixels, drawn in the gap around a tile (GAP must be larger)
 
 HEAD_NOTES = {
     "stage1": "stage-1 encoder with its trained MSM head (the paper's figures)",
@@ -295,4 +306,170 @@ def render_strip(
         strip.paste(_to_pil(image, tile), (x, 2 * GAP + step))
     for number, line in enumerate(lines):
         draw.text((GAP, 3 * GAP + step + tile + number * step), line, fill=TEXT, font=font)
+    return strip
+
+
+# ------------------------------------------------------------------------------ explicit procedure (stage-1 data)
+
+
+@dataclass
+class ExplicitProcedure:
+    """What :func:`explicit_procedure` returns for one pair.
+
+    Attributes:
+        frames: (l + 2, 3, S, S) float32 in [0, 1]: before, the l interpolated frames, after.
+        weights: (l,) float32 confidence of each interpolated frame, ``1 - softmax((s_bef - s_aft)^2)``.
+        keyframes: (k,) int64 indices into ``frames`` (1 .. l, temporal order) of the sampled keyframes.
+        strip: the PIL image (:func:`render_procedure_strip`).
+    """
+
+    frames: torch.Tensor
+    weights: torch.Tensor
+    keyframes: torch.Tensor
+    strip: Image.Image
+
+
+def explicit_procedure(
+    frames: torch.Tensor,
+    s_bef: torch.Tensor,
+    s_aft: torch.Tensor,
+    k: int = 2,
+    sampling: str = "topk",
+    generator: torch.Generator | None = None,
+    tile: int | None = None,
+    caption: str = "",
+) -> ExplicitProcedure:
+    """Confidence scores and keyframes of a procedure, drawn as a strip.
+
+    Args:
+        frames: (l + 2, 3, S, S) float in [0, 1] (or uint8 0..255): before, P_1 .. P_l, after.
+        s_bef, s_aft: (l + 2,) similarity of every frame to the before / after image.
+        k: keyframes to sample, 0 <= k <= l.
+        sampling: ``"topk"`` or ``"multinomial"`` (with ``generator``), as in stage-1 training.
+        generator: RNG of the multinomial draw.
+        tile: side of each image in the strip (default: S, at least :data:`MIN_TILE`).
+        caption: text under the strip ('' for none).
+
+    Returns:
+        An :class:`ExplicitProcedure`.
+    """
+    from procap.procedure.sampling import confidence_weights, sample_keyframes
+
+    if frames.dtype == torch.uint8:
+        frames = frames.float() / 255.0
+    if frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 3:
+        raise ProCapError(f"frames must be (l + 2, 3, S, S) with l >= 1, got {tuple(frames.shape)}.")
+    if s_bef.shape != (frames.shape[0],) or s_aft.shape != (frames.shape[0],):
+        raise ProCapError(
+            f"{frames.shape[0]} frames need {frames.shape[0]} similarities each, got {tuple(s_bef.shape)} and "
+            f"{tuple(s_aft.shape)}."
+        )
+    weights = confidence_weights(s_bef, s_aft)
+    keyframes = sample_keyframes(weights, k, sampling, generator)[1:-1]
+    frames = frames.float().clamp(0.0, 1.0).cpu()
+    strip = render_procedure_strip(frames, weights, keyframes, caption, tile)
+    return ExplicitProcedure(frames, weights, keyframes, strip)
+
+
+def procedure_from_cache(cache: Any, pair_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The stored procedure of one pair: ``(frames (l + 2, 3, S, S) uint8, s_bef (l + 2,), s_aft (l + 2,))``.
+
+    Args:
+        cache: a :class:`procap.procedure.ProcedureCache` (ours, or the authors' files with their score JSON).
+        pair_id: the pair's id; :class:`ProCapError` when the cache has no entry for it.
+    """
+    group, key = cache.locate(pair_id)
+    s_bef, s_aft = cache.similarities(group, key)
+    frames = torch.from_numpy(cache.frames(group, key))
+    if s_bef.shape[0] != frames.shape[0]:
+        raise ProCapError(f"cache entry {key}: {s_bef.shape[0]} similarity scores for {frames.shape[0]} frames.")
+    return frames, s_bef.float(), s_aft.float()
+
+
+@torch.no_grad()
+def procedure_from_pair(
+    pair: Any, interpolator: Any, similarity: Any, num_frames: int = 7, size: int = 224, direct: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Synthesize and score one pair's procedure now, as ``procap prepare`` would store it.
+
+    Args:
+        pair: a :class:`procap.data.ChangePair`.
+        interpolator: a :class:`procap.procedure.Interpolator` (e.g. ``FlowInterpolator()``).
+        similarity: a :class:`procap.procedure.Similarity` (e.g. ``VQGANSimilarity(vqgan)``).
+        num_frames: l in {3, 7, 15}.
+        size: side S the images are loaded at.
+        direct: all l frames from the endpoints' flow when the interpolator can (else recursive midpoints).
+
+    Returns:
+        ``(frames (l + 2, 3, S, S) uint8, s_bef (l + 2,), s_aft (l + 2,))``, quantised to uint8 like the cache.
+    """
+    from procap.procedure.interpolate import generate_procedure
+    from procap.procedure.pipeline import read_pair, to_uint8
+
+    before, after = read_pair(pair, size)
+    middle = generate_procedure(before, after, interpolator, num_frames, direct and hasattr(interpolator, "frames_at"))
+    frames = torch.from_numpy(to_uint8(torch.cat([before[None], middle, after[None]], dim=0)))
+    s_bef, s_aft = similarity(frames.float() / 255.0)
+    return frames, s_bef.float().cpu(), s_aft.float().cpu()
+
+
+def flat_scores_note(weights: torch.Tensor, below: float = 1e-3) -> str:
+    """A warning when the confidences span less than ``below`` (the keyframes then follow rounding), else ''."""
+    spread = float(weights.max() - weights.min()) if weights.numel() > 1 else 1.0
+    if spread >= below:
+        return ""
+    return (
+        f"the scores are nearly equal (spread {spread:.1e}): the similarity model hardly tells the frames apart, "
+        "so the keyframes are decided by rounding and ties (top-k takes the earlier frame)"
+    )
+
+
+def procedure_strip_size(frames: int, tile: int, caption_lines: int, line_height: int) -> tuple[int, int]:
+    """(width, height) of a procedure strip of ``frames`` images (l + 2) and ``caption_lines`` lines of caption."""
+    width = frames * tile + (frames + 1) * GAP
+    height = GAP + line_height + GAP + tile + GAP + BAR_HEIGHT + GAP + line_height + GAP
+    return width, height + caption_lines * line_height + (GAP if caption_lines else 0)
+
+
+def render_procedure_strip(
+    frames: torch.Tensor, weights: torch.Tensor, keyframes: torch.Tensor, caption: str = "", tile: int | None = None
+) -> Image.Image:
+    """before | P_1 .. P_l | after, a confidence bar and score under each P_i, keyframes outlined in colour.
+
+    Args:
+        frames: (l + 2, 3, S, S) in [0, 1].
+        weights: (l,) confidence scores in [0, 1]; a bar spanning the tile is a score of 1.
+        keyframes: (k,) indices into ``frames`` (1 .. l) to outline with :data:`KEY_COLOUR`.
+        caption: text under the strip ('' for none).
+        tile: side of each image (default: S, at least :data:`MIN_TILE`).
+
+    Returns:
+        An RGB image of :func:`procedure_strip_size`.
+    """
+    tile = tile or max(frames.shape[-1], MIN_TILE)
+    font = _font()
+    step = line_height(font)
+    count = frames.shape[0]
+    keys = {int(i) for i in keyframes}
+    lines = wrap_text(caption, font, count * (tile + GAP) - GAP)
+    strip = Image.new("RGB", procedure_strip_size(count, tile, len(lines), step), BACKGROUND)
+    draw = ImageDraw.Draw(strip)
+    top, bar_top = 2 * GAP + step, 3 * GAP + step + tile
+    for index in range(count):
+        x = GAP + index * (tile + GAP)
+        label = "before" if index == 0 else "after" if index == count - 1 else f"P{index}" + (" key" * (index in keys))
+        draw.text((x, GAP), label, fill=KEY_COLOUR if index in keys else TEXT, font=font)
+        if index in keys:
+            border = (x - KEY_BORDER, top - KEY_BORDER, x + tile + KEY_BORDER - 1, top + tile + KEY_BORDER - 1)
+            draw.rectangle(border, fill=KEY_COLOUR)
+        strip.paste(_to_pil(frames[index], tile), (x, top))
+        if 0 < index < count - 1:
+            score = float(weights[index - 1])
+            draw.rectangle((x, bar_top, x + tile - 1, bar_top + BAR_HEIGHT - 1), fill=BAR_TRACK)
+            filled = round(min(max(score, 0.0), 1.0) * tile)
+            if filled:
+                draw.rectangle((x, bar_top, x + filled - 1, bar_top + BAR_HEIGHT - 1), fill=BAR_COLOUR)
+            draw.text((x, bar_top + BAR_HEIGHT + GAP), f"{score:.3f}", fill=TEXT, font=font)
+    for number, line in enumerate(lines):
+        draw.text((GAP, 5 * GAP + 2 * step + tile + BAR_HEIGHT + number * step), line, fill=TEXT, font=font)
     return strip

@@ -48,6 +48,8 @@ TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
 EVAL_OK = "--ckpt {ckpt} --data {data} --out {out} --metrics BLEU-4"
 PAIR = "{bef} {aft}"
 CONVERT_OK = "--from authors {src} --vocab {{word2idx}} --out {{out}}/m.safetensors"
+PROC_OK = "--data {data} --pair CLEVR_semantic_000000.png --cache {some_dir} --out {out}/p.png"
+PROC_VQ = "--data {data} --pair CLEVR_semantic_000000.png --vqgan {vqgan} --out {out}/p.png"
 PREP_OK = "--dataset clevr-change --root {data} --vqgan {vqgan} --out {out} --workers 1"
 
 CASES = [
@@ -161,6 +163,22 @@ CASES += [
     case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --tile 2", "--tile"),
     case("unwritable", f"imagine --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.png", "--out"),
     case("existing", f"imagine --ckpt {{ckpt}} {PAIR} --out {{some_dir}}", "--out"),
+    # procedure
+    case("missing", f"procedure {PROC_OK} --data {{missing}}", "--data"),
+    case("directory", f"procedure {PROC_OK} --data {{file}}", "--data"),
+    case("wrong type", f"procedure {PROC_OK} --pair no_such_pair.png", "--pair"),
+    case("missing", f"procedure {PROC_OK} --cache {{missing}}", "--cache"),
+    case("empty", f"procedure {PROC_OK} --cache {{some_dir}}", "{some_dir}"),
+    case("corrupt", f"procedure {PROC_OK} --cache {{text_file}}", "--cache"),
+    case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --out {out}/p.png", "--cache"),
+    case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --vqgan {missing}", "--vqgan"),
+    case("out of range", f"procedure {PROC_OK} --keyframes -1", "--keyframes"),
+    case("out of range", f"procedure {PROC_VQ} --frames 3 --keyframes 4", "--keyframes"),
+    case("out of range", f"procedure {PROC_OK} --tile 2", "--tile"),
+    case("out of range", f"procedure {PROC_OK} --seed -1", "--seed"),
+    case("wrong type", f"procedure {PROC_OK} --out {{out}}/p.txt", "--out"),
+    case("unwritable", f"procedure {PROC_OK} --out {{unwritable}}.png", "--out"),
+    case("existing", f"procedure {PROC_OK} --out {{some_dir}}", "--out"),
     # evaluate
     case("missing", f"evaluate {EVAL_OK} --ckpt {{missing}}", "{missing}"),
     case("directory", f"evaluate {EVAL_OK} --ckpt {{some_dir}}", "is a directory"),

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from report_checks import check_report_html
 
 
 @pytest.mark.slow
@@ -52,4 +53,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert (tmp_path / path).is_file(), path
     samples = json.loads((tmp_path / "samples.json").read_text())
     assert samples and all((tmp_path / s["image"]).is_file() for s in samples)
+    # report.html: self-contained (base64 PNGs that decode), every section, one example per change type in samples
+    assert f"report: {tmp_path / 'report.html'}" in out
+    found = check_report_html(tmp_path / "report.html", {s["change_type"] for s in samples})
+    # curves; before, after and imagined strip per example; the explicit procedure of a cached training pair
+    assert len(found["images"]) == 1 + 3 * len({s["change_type"] for s in samples}) + 1
     print(f"quick demo took {elapsed:.0f} s")

@@ -4,6 +4,7 @@ static-pair baseline compared on caption metrics and correctness (the pipeline: 
 from __future__ import annotations
 
 import argparse
+import os
 
 HELP = "Run the whole pipeline on the embedded synthetic benchmark and compare ProCap with the static baseline."
 
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.commands.demo_pipeline import run_demo
+    from procap.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1)
     validate.number(args.workers, "--workers", minimum=0)
@@ -47,4 +49,5 @@ def run(args: argparse.Namespace) -> int:
         seeds=args.seeds,
     )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
+    print(f"report: {os.path.join(args.out, REPORT_NAME)}")
     return 0

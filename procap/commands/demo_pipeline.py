@@ -10,7 +10,9 @@ stage-1 procedures, then for every training seed train
 Budgets are equal in optimisation steps: the two models without stage 1 get the stage-1 steps as extra stage-2
 steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
 correctness (:mod:`procap.correctness`: change detected, type, object, new value, distinct captions); with
-several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation.
+several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation. Last,
+:func:`procap.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
+procedure, in one self-contained file.
 
 The benchmark, the VQGAN and the procedures are built once (from ``--seed``); the seeds vary model
 initialisation and batch order. Budgets depart from the paper where a CPU run needs it (docs/training.md).
@@ -466,6 +468,11 @@ def run_demo(
     }
     atomic_write_json(out / "metrics.json", summary, indent=1)
     print_summary(results, metrics, samples, summary, note)
+    clock.phase("report", "report.html: metrics, curves, examples with imagined procedures")
+    from procap.report import build_report
+
+    build_report(out)
+    clock.done()
     return summary
 
 

@@ -1,0 +1,125 @@
+"""`procap procedure --data ROOT --pair ID (--cache DIR | --vqgan CKPT) [--out strip.png]`: a pair's explicit
+procedure: the l interpolated frames, each frame's confidence score as a bar, the k sampled keyframes outlined."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from procap.data.datasets import DATASETS
+from procap.errors import ProCapError
+
+HELP = "Draw a training pair's explicit procedure: interpolated frames, confidence bars, sampled keyframes outlined."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="dataset root folder")
+    parser.add_argument("--pair", required=True, help="pair id (CLEVR-Change: the after image's name)")
+    parser.add_argument(
+        "--dataset", default="clevr-change", choices=sorted(DATASETS), help="dataset layout (default clevr-change)"
+    )
+    parser.add_argument("--cache", help="procedure cache from `procap prepare` (default: synthesize the frames now)")
+    parser.add_argument("--vqgan", help="VQGAN weights for the similarity scores when synthesizing (no --cache)")
+    parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l when synthesizing (default 7)")
+    parser.add_argument("--size", type=int, default=None, help="frame size when synthesizing (default: the VQGAN's)")
+    parser.add_argument(
+        "--recursive", dest="direct", action="store_false", help="recursive midpoints as in the paper when synthesizing"
+    )
+    parser.add_argument("-k", "--keyframes", type=int, default=2, help="keyframes to sample, k (default 2)")
+    parser.add_argument("--sampling", choices=("topk", "multinomial"), default="topk", help="keyframe sampling")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --sampling multinomial (default 0)")
+    parser.add_argument("--out", default="procedure.png", help="image to write (default procedure.png)")
+    parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")
+    parser.add_argument("--device", default=None, help="device of the VQGAN when synthesizing (default: cpu)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Paths, ranges and flag combinations, before anything is loaded or written."""
+    from procap import validate
+    from procap.commands.imagine import IMAGE_SUFFIXES
+
+    validate.input_dir(args.data, "--data")
+    out = Path(args.out)
+    if out.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ProCapError(f"--out {out} must end in one of {', '.join(IMAGE_SUFFIXES)}")
+    validate.output_file(out, "--out")
+    if args.tile is not None and not 8 <= args.tile <= 2048:
+        raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
+    validate.number(args.keyframes, "--keyframes", minimum=0)
+    validate.number(args.seed, "--seed", minimum=0)
+    validate.number(args.size, "--size", minimum=16, maximum=4096)
+    if args.cache is not None:
+        if not Path(args.cache).exists():
+            raise ProCapError(f"--cache {args.cache} does not exist; build it with `procap prepare`.")
+    elif args.vqgan is None:
+        raise ProCapError("--cache DIR or --vqgan CKPT is needed: read a prepared procedure or synthesize one now.")
+    else:
+        validate.input_file(args.vqgan, "--vqgan")
+    if args.device:
+        validate.device(args.device)
+
+
+def find_pair(dataset: str, root: str, pair_id: str):
+    """The pair ``pair_id`` from any split of the dataset, or a one-sentence error naming ``--pair``."""
+    from procap.data import load_split
+    from procap.data.datasets import SPLITS
+
+    for split in SPLITS:
+        for pair in load_split(dataset, root, split):
+            if pair.id == pair_id:
+                return pair, split
+    raise ProCapError(f"--pair {pair_id} is not a pair of {dataset} in {root} (no split lists it).")
+
+
+def load_procedure(args: argparse.Namespace, pair):
+    """(frames (l + 2, 3, S, S) uint8, s_bef, s_aft) from the cache or synthesized now, and where they came from."""
+    from procap.visualize import procedure_from_cache, procedure_from_pair
+
+    if args.cache is not None:
+        from procap.procedure import ProcedureCache
+
+        cache = ProcedureCache(args.cache)
+        try:
+            return (*procedure_from_cache(cache, pair.id), f"cache {args.cache}")
+        except (OSError, KeyError, ValueError) as exc:  # h5py's errors for a file that is not HDF5 or is damaged
+            raise ProCapError(f"--cache {args.cache} cannot be read as a procedure cache ({exc}).") from None
+        finally:
+            cache.close()
+    import torch
+
+    from procap.commands.prepare import default_size
+    from procap.procedure import FlowInterpolator, VQGANSimilarity
+    from procap.procedure.pipeline import load_vqgan
+
+    device = torch.device(args.device or "cpu")
+    size = args.size or default_size(args.vqgan)
+    similarity = VQGANSimilarity(load_vqgan(args.vqgan, device), device)
+    frames = procedure_from_pair(pair, FlowInterpolator(), similarity, args.frames, size, args.direct)
+    return (*frames, f"synthesized now (optical flow, l={args.frames}, {size} px)")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    import torch
+
+    from procap.commands.imagine import image_format
+    from procap.files import atomic_write
+    from procap.visualize import explicit_procedure, flat_scores_note
+
+    pair, split = find_pair(args.dataset, args.data, args.pair)
+    frames, s_bef, s_aft, source = load_procedure(args, pair)
+    count = frames.shape[0] - 2
+    if args.keyframes > count:
+        raise ProCapError(f"--keyframes must be at most l = {count} (the procedure's frames), got {args.keyframes}.")
+    generator = torch.Generator().manual_seed(args.seed) if args.sampling == "multinomial" else None
+    caption = f"{pair.id} ({split}, {pair.change_type or 'pair'}): {pair.captions[0] if pair.captions else ''}"
+    result = explicit_procedure(frames, s_bef, s_aft, args.keyframes, args.sampling, generator, args.tile, caption)
+    out = Path(args.out)
+    atomic_write(out, lambda tmp: result.strip.save(tmp, format=image_format(out)))
+    print(f"pair {pair.id} ({split}), {count} frames from {source}")
+    print("confidence: " + " ".join(f"P{i + 1}={w:.6f}" for i, w in enumerate(result.weights.tolist())))
+    if flat_scores_note(result.weights):
+        print(f"note: {flat_scores_note(result.weights)}")
+    print(f"keyframes ({args.sampling}, k={args.keyframes}): " + " ".join(f"P{i}" for i in result.keyframes.tolist()))
+    print(f"wrote {out} ({result.strip.width}x{result.strip.height})")
+    return 0

@@ -1,0 +1,53 @@
+"""tools/render_report.sh: headless Chromium renders a report.html (skipped without a chromium binary)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from report_checks import make_fake_demo
+
+from procap.report import build_report
+
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "render_report.sh"
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _saturated_fraction(path: Path) -> float:
+    """Share of strongly coloured pixels: the page's text and tables are grey; only its images are colourful."""
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("RGB")).astype(np.int16)
+    return float(((pixels.max(axis=-1) - pixels.min(axis=-1)) > 100).mean())
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+def test_chromium_renders_the_embedded_images(tmp_path):
+    folder = make_fake_demo(tmp_path / "demo")  # random-noise sample images: colourful wherever they show
+    report = build_report(folder, imagine_procedures=False)
+    shot = tmp_path / "shot.png"
+    done = subprocess.run(
+        [str(SCRIPT), str(report), str(shot), "1200", "2400"], check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    with Image.open(shot) as image:
+        assert image.format == "PNG" and image.size == (1200, 2400)
+    with_images = _saturated_fraction(shot)
+    # The same page with every image removed: the colourful pixels came from the embedded PNGs.
+    bare = tmp_path / "bare.html"
+    text = report.read_text(encoding="utf-8")
+    bare.write_text(re.sub(r"<img [^>]*>", "", text), encoding="utf-8")
+    subprocess.run([str(SCRIPT), str(bare), str(tmp_path / "bare.png"), "1200", "2400"], check=True)
+    assert _saturated_fraction(tmp_path / "bare.png") < 0.001 < with_images
+
+
+def test_script_refuses_a_missing_report(tmp_path):
+    done = subprocess.run(
+        [str(SCRIPT), str(tmp_path / "none.html"), str(tmp_path / "x.png")], check=False, capture_output=True
+    )
+    assert done.returncode == 2 and not (tmp_path / "x.png").exists()
+    assert len(done.stderr.decode().strip().splitlines()) == 1
