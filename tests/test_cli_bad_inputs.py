@@ -169,7 +169,7 @@ CASES += [
     case("wrong type", f"procedure {PROC_OK} --pair no_such_pair.png", "--pair"),
     case("missing", f"procedure {PROC_OK} --cache {{missing}}", "--cache"),
     case("empty", f"procedure {PROC_OK} --cache {{some_dir}}", "{some_dir}"),
-    case("corrupt", f"procedure {PROC_OK} --cache {{text_file}}", "--cache"),
+    case("corrupt", f"procedure {PROC_OK} --cache {{text_file}}", "{text_file}"),
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --out {out}/p.png", "--cache"),
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --vqgan {missing}", "--vqgan"),
     case("out of range", f"procedure {PROC_OK} --keyframes -1", "--keyframes"),
