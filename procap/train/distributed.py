@@ -11,6 +11,7 @@ Rank 0 writes checkpoints, logs and validation results; every rank reads them ba
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import random
 from dataclasses import dataclass
@@ -154,4 +155,8 @@ def wrap_ddp(module: torch.nn.Module, ctx: DistContext, device: torch.device, fr
 
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True, broadcast_buffers=False)
+    # No buffer broadcast on every forward (the trained parts hold no running statistics); the name changed in
+    # torch 2.13 (``forward_sync_buffers``), older releases only know ``broadcast_buffers``.
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True, **no_sync)
