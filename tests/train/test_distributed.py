@@ -48,7 +48,7 @@ def _run(spec: dict, nproc: int) -> subprocess.CompletedProcess:
     else:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         cmd = [*launcher, "--max-restarts=0", str(WORKER), json.dumps(spec)]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
 
 
 def _train(spec: dict, nproc: int) -> tuple[dict[int, float], float]:
