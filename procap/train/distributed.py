@@ -140,14 +140,17 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-def wrap_ddp(module: torch.nn.Module, ctx: DistContext, device: torch.device, frozen: list[str]) -> torch.nn.Module:
+def wrap_ddp(
+    module: torch.nn.Module, ctx: DistContext, device: torch.device, frozen: list[str], find_unused: bool = True
+) -> torch.nn.Module:
     """``DistributedDataParallel(module)`` for a multi-process job, ``module`` itself otherwise.
 
     Args:
         frozen: names of parameters and buffers DDP must neither broadcast nor reduce (the frozen VQGAN).
 
-    ``find_unused_parameters``: stage 1 does not use the decoder and stage 2 not the stage-1 heads; DDP leaves the
-    gradient of a parameter that no rank used untouched, so AdamW skips it exactly as in a single process.
+    ``find_unused``: stage 1 does not use the decoder and stage 2 not the stage-1 heads; DDP leaves the gradient
+    of a parameter that no rank used untouched, so AdamW skips it exactly as in a single process. A model that
+    uses every parameter (the VQGAN) passes False and saves a graph traversal per step.
     """
     if not ctx.enabled:
         return module
@@ -159,4 +162,4 @@ def wrap_ddp(module: torch.nn.Module, ctx: DistContext, device: torch.device, fr
     # torch 2.13 (``forward_sync_buffers``), older releases only know ``broadcast_buffers``.
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True, **no_sync)
+    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=find_unused, **no_sync)

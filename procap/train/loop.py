@@ -118,6 +118,7 @@ class Trainer:
         weight_fn: optional ``batch -> number of loss terms`` (e.g. non-PAD caption tokens) when ``loss`` is a
             mean over those terms: micro-batches and ranks are then weighted by it, so the step's loss and
             gradient equal those of one batch of the global size. Without it every micro-batch weighs the same.
+        find_unused: some trainable parameters get no gradient in this stage (DDP must look for them).
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class Trainer:
         metric: str | None = None,
         name: str = "train",
         weight_fn: WeightFn | None = None,
+        find_unused: bool = True,
     ) -> None:
         self.cfg, self.model, self.dataset, self.loss_fn = cfg, model, dataset, loss_fn
         self.save_weights, self.load_weights, self.validate, self.metric = save_weights, load_weights, validate, metric
@@ -152,7 +154,9 @@ class Trainer:
             raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
         distributed.seed_rank(cfg.seed, self.ctx)
-        self.wrapped = distributed.wrap_ddp(LossModule(model, loss_fn), self.ctx, self.device, frozen_names(model))
+        self.wrapped = distributed.wrap_ddp(
+            LossModule(model, loss_fn), self.ctx, self.device, frozen_names(model), find_unused
+        )
         self.optimizer, self.schedule = make_optimizer(self.total)
         self.log = JsonlLog(self.out / "log.jsonl")
         self.state = LoopState()

@@ -16,7 +16,7 @@ import torch
 from procap.checkpoint import load_checkpoint, load_weights, read_tensors, save_checkpoint
 from procap.config import get_preset
 from procap.errors import ProCapError
-from procap.kernels.masking import MaskParams
+from procap.kernels.masking import MaskParams, mask_from_params
 from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
@@ -121,6 +121,11 @@ def pretrain(
         masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
         return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"), mask_params=masks)
 
+    def masked_positions(batch: dict[str, Any]) -> torch.Tensor:
+        """MSM averages over masked positions: micro-batches and ranks are weighted by their count (Trainer)."""
+        masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, torch.device("cpu"))
+        return mask_from_params(masks, config.num_frames, config.grid_size, config.grid_size).sum()
+
     trainer = Trainer(
         cfg,
         model,
@@ -130,6 +135,7 @@ def pretrain(
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
         load_weights=weight_loader(model),
         name="stage1",
+        weight_fn=masked_positions,
     )
     state = trainer.fit()
     final = Path(cfg.out) / "stage1.safetensors"

@@ -148,6 +148,7 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         save_weights=lambda path, extra: save_vqgan(path, vqgan, extra),
         load_weights=load,
         name="vqgan",
+        find_unused=False,
     )
     trainer.fit()
     final = Path(cfg.out) / "vqgan.safetensors"
