@@ -10,11 +10,13 @@ Rank 0 writes checkpoints, logs and validation results; every rank reads them ba
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,12 +76,42 @@ def setup(device: torch.device, timeout_minutes: float = 30.0) -> tuple[DistCont
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        # A torchrun restart can reuse the agent's store: without a per-attempt prefix the new workers may read
+        # the dead workers' addresses (gloo: "Connection refused" on restart).
+        store = dist.PrefixStore(f"procap/attempt{restart_count()}", store)
         dist.init_process_group(
             backend,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
             device_id=device if backend == "nccl" else None,
         )
     return ctx, device
+
+
+def restart_count() -> int:
+    """How many times ``torchrun --max-restarts`` has restarted this job's workers (0 on the first attempt)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def resume_after_restart(cfg: Any) -> Any:
+    """``cfg`` with ``resume=True`` when torchrun restarted the workers and ``<out>`` holds a saved state.
+
+    ``torchrun --max-restarts N`` runs the same command again after a failure; without this the restarted job
+    would start from step 0 (or, with ``--resume`` on the first attempt, fail for lack of a checkpoint).
+    """
+    from procap.checkpoint import state_paths
+
+    last = Path(cfg.out) / "last.safetensors"
+    if cfg.resume or restart_count() == 0 or not (last.is_file() and state_paths(last)[1].is_file()):
+        return cfg
+    return dataclasses.replace(cfg, resume=True)
 
 
 def teardown() -> None:

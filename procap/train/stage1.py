@@ -101,7 +101,7 @@ def pretrain(
         vocab: vocabulary to use (default: built from the training captions).
         cache: shared in-memory image cache.
     """
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     model, vocab = _model_and_vocab(cfg, pairs, vocab)

@@ -128,7 +128,7 @@ def train(
         truths: ground truth per pair id for validation correctness (default: read from ``cfg.data`` on
             CLEVR-Change, see :func:`procap.correctness.scene_truths`).
     """
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)

@@ -117,7 +117,7 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     from procap.data import load_split
     from procap.model.vqgan import VQGAN
 
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     if pairs is None:
         if cfg.data is None:

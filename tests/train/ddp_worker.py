@@ -3,7 +3,7 @@
 Usage: ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/train/ddp_worker.py '<json>'``.
 The JSON names the stage (``pretrain`` / ``train``), the synthetic dataset root, the run folder and TrainConfig
 fields; ``model`` holds overrides of the 16 px test model; ``die_at`` makes rank 1 exit hard at that loss call
-(a crashed rank). The model is the test configuration of ``tests/train/conftest.py``.
+(a crashed rank) on the first attempt (not after a ``torchrun --max-restarts`` restart). The model is the test configuration of ``tests/train/conftest.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def _die_on_rank1_at(call: int, method: str) -> None:
 
     def dying(self, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == call and os.environ.get("RANK") == "1":
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if calls["n"] == call and os.environ.get("RANK") == "1" and first_attempt:
             os._exit(3)  # a crashed process: no cleanup, no message to the others
         return original(self, *args, **kwargs)
 

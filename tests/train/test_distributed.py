@@ -38,7 +38,7 @@ def _config(out: Path, **kw) -> dict:
     return {**base, **kw}
 
 
-def _run(spec: dict, nproc: int) -> subprocess.CompletedProcess:
+def _run(spec: dict, nproc: int, max_restarts: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
@@ -46,7 +46,7 @@ def _run(spec: dict, nproc: int) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(WORKER), json.dumps(spec)]
     else:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        cmd = [*launcher, "--max-restarts=0", str(WORKER), json.dumps(spec)]
+        cmd = [*launcher, f"--max-restarts={max_restarts}", str(WORKER), json.dumps(spec)]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
 
 
@@ -129,3 +129,17 @@ def test_dead_rank_fails_the_job_and_resume_continues_exactly(runs, tmp_path, cl
     resumed, _ = _train(spec, 2)
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), step
+
+
+def test_torchrun_restart_resumes_from_the_last_save(runs, tmp_path, clevr_root):
+    """With --max-restarts 1 the job survives the dead rank: the restarted workers resume from step 3 by themselves."""
+    reference = runs["pretrain", "ddp"][0]
+    out = tmp_path / "restarted"
+    spec = {"stage": "pretrain", "data": str(clevr_root), "model": MODEL_NO_INBATCH, "die_at": 5}
+    spec["config"] = _config(out, batch_size=2, save_every=3)
+    done = _run(spec, 2, max_restarts=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [r for r in JsonlLog(out / "log.jsonl").records() if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 4, 5, 6]  # step 4 of the first attempt, then resumed at 3
+    for record in records[-3:]:
+        assert record["loss"] == pytest.approx(reference[record["step"]], rel=1e-6, abs=1e-7)
