@@ -42,6 +42,9 @@ class TrainConfig:
     epochs: int | None = None
     batch_size: int | None = None  # per process; the global batch is batch_size x processes x grad_accum
     grad_accum: int = 1  # micro-batches per optimizer step (reach a large global batch on a small machine)
+    # stage-1 masks drawn per item from (seed, epoch, index) instead of per batch from the global RNG; None: only
+    # when the step is split (torchrun processes or grad_accum > 1), so a plain run keeps its exact old behaviour
+    item_masks: bool | None = None
     lr: float | None = None  # stage 1 / VQGAN peak lr; stage 2: sets both encoder and decoder lr
     lr_start: float | None = None
     warmup_steps: int | None = None

@@ -225,7 +225,7 @@ class Trainer:
 
     def _micro_scales(self, batches: list[dict[str, Any]]) -> list[float | torch.Tensor]:
         """Loss multipliers that make DDP's rank average over micro-batch means the global batch's mean."""
-        if self.weight_fn is None:
+        if self.weight_fn is None or self.sampler.parts == 1:  # one part: its own mean is the batch's
             return [1.0 / len(batches)] * len(batches)
         counts = [self.weight_fn(b).to(self.device, torch.float32) for b in batches]
         total = distributed.all_sum(torch.stack(counts).sum(), self.ctx).clamp(min=1.0)

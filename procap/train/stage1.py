@@ -114,11 +114,14 @@ def pretrain(
     dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
 
     cached = cache_tokenizer(model) if cfg.cache_features else None
+    per_item = cfg.item_masks if cfg.item_masks is not None else ctx.world * cfg.grad_accum > 1
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         if cached is not None:
             cached.remember(batch["frames"].flatten(0, 1))
-        masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
+        masks = None  # drawn per batch from the global RNG inside stage1_loss
+        if per_item:
+            masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
         return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"), mask_params=masks)
 
     def masked_positions(batch: dict[str, Any]) -> torch.Tensor:
@@ -135,7 +138,7 @@ def pretrain(
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
         load_weights=weight_loader(model),
         name="stage1",
-        weight_fn=masked_positions,
+        weight_fn=masked_positions if per_item else None,
     )
     state = trainer.fit()
     final = Path(cfg.out) / "stage1.safetensors"

@@ -35,6 +35,7 @@ MODEL_NO_INBATCH = {"align_weight": 0.0, "csy_weight": 0.0}
 
 def _config(out: Path, **kw) -> dict:
     base = {"out": str(out), "steps": 6, "lr": 1e-3, "warmup_steps": 2, "seed": 5, "dist_timeout": 1.0}
+    base["item_masks"] = True  # the single-process references draw stage-1 masks as the split runs do
     return {**base, **kw}
 
 
@@ -143,3 +144,53 @@ def test_torchrun_restart_resumes_from_the_last_save(runs, tmp_path, clevr_root)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 4, 5, 6]  # step 4 of the first attempt, then resumed at 3
     for record in records[-3:]:
         assert record["loss"] == pytest.approx(reference[record["step"]], rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize(("replicas", "accumulation"), [(2, 1), (1, 2), (2, 2), (3, 1)])
+def test_sharded_sampler_cuts_the_single_process_batches(replicas, accumulation):
+    from procap.train.datasets import EpochBatchSampler
+
+    batch = 2
+    single = EpochBatchSampler(26, batch * replicas * accumulation, seed=7)
+    ranks = [
+        EpochBatchSampler(26, batch, 7, num_replicas=replicas, rank=r, accumulation=accumulation)
+        for r in range(replicas)
+    ]
+    for sampler in (single, *ranks):
+        sampler.set_epoch(3, start_batch=1)  # a resumed epoch starts at the same optimizer step
+    per_rank = [list(s) for s in ranks]
+    assert all(len(m) == len(single) * accumulation for m in per_rank)
+    for step, expected in enumerate(single):
+        micro = [per_rank[r][step * accumulation + a] for r in range(replicas) for a in range(accumulation)]
+        assert all(len(m) == batch for m in micro)
+        assert [i for m in micro for i in m] == expected  # rank-major contiguous blocks of the same permutation
+
+
+def test_sampler_refuses_a_global_batch_larger_than_the_data():
+    from procap.train.datasets import EpochBatchSampler
+
+    with pytest.raises(ValueError, match="larger than the 5 training items"):
+        EpochBatchSampler(5, 2, num_replicas=2, accumulation=2)
+    assert len(EpochBatchSampler(5, 8)) == 1  # one process keeps clamping to the data, as before
+
+
+def test_training_state_keeps_every_ranks_rng(tmp_path, model):
+    import torch
+
+    from procap.checkpoint import capture_rng_state, load_training_state, save_training_state
+
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(1)
+    rank0 = capture_rng_state()
+    torch.manual_seed(2)
+    rank1 = capture_rng_state()
+    expected_rank1 = torch.rand(3)
+    save_training_state(tmp_path / "last.safetensors", optimizer, {"step": 4}, rank_rngs=[rank0, rank1])
+    load_training_state(tmp_path / "last.safetensors", optimizer, rank=1)
+    assert torch.equal(torch.rand(3), expected_rank1)
+    load_training_state(tmp_path / "last.safetensors", optimizer, rank=0)
+    assert torch.equal(torch.get_rng_state(), rank0[0]["rng/torch"])
+    from procap.errors import ProCapError
+
+    with pytest.raises(ProCapError, match="saved by 2 process"):
+        load_training_state(tmp_path / "last.safetensors", optimizer, rank=2)
