@@ -76,6 +76,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
     if stage == "pretrain":
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
+        o.add_argument(
+            "--item-masks",
+            action="store_true",
+            default=None,
+            help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
+            "or --grad-accum > 1), so it matches a split run with the same global batch",
+        )
     if stage in ("pretrain", "train"):
         m = parser.add_argument_group("model")
         m.add_argument("--vqgan", help="VQGAN weights from `procap vqgan` (default: the preset's untrained tokenizer)")
