@@ -154,9 +154,8 @@ class Trainer:
             raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
         distributed.seed_rank(cfg.seed, self.ctx)
-        self.wrapped = distributed.wrap_ddp(
-            LossModule(model, loss_fn), self.ctx, self.device, frozen_names(model), find_unused
-        )
+        module = LossModule(model, loss_fn)  # names as DDP sees them: "model.vqgan..."
+        self.wrapped = distributed.wrap_ddp(module, self.ctx, self.device, frozen_names(module), find_unused)
         self.optimizer, self.schedule = make_optimizer(self.total)
         self.log = JsonlLog(self.out / "log.jsonl")
         self.state = LoopState()
