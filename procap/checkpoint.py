@@ -364,25 +364,42 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any])
     random.setstate((version, tuple(int(x) for x in tensors["rng/python"].tolist()), gauss_next))
 
 
-def save_training_state(checkpoint: Path | str, optimizer: torch.optim.Optimizer, scalars: dict[str, Any]) -> None:
+def save_training_state(
+    checkpoint: Path | str,
+    optimizer: torch.optim.Optimizer,
+    scalars: dict[str, Any],
+    rank_rngs: list[tuple[dict[str, torch.Tensor], dict[str, Any]]] | None = None,
+) -> None:
     """Write the optimizer, RNG states and ``scalars`` (step, epoch, schedule, best metric...) beside ``checkpoint``.
 
     The JSON file is written last and names the tensor file's step, so a crash between the two writes leaves
     a state that :func:`load_training_state` rejects instead of silently mixing two steps.
+
+    Args:
+        rank_rngs: for a data-parallel job, every rank's :func:`capture_rng_state` in rank order (rank 0 first,
+            this process); stored as ``rank<r>/rng/...`` so that each rank resumes its own streams.
     """
     tensor_path, json_path = state_paths(checkpoint)
     optim_tensors, optim_skeleton = _flatten_optimizer(optimizer.state_dict())
-    rng_tensors, rng_scalars = capture_rng_state()
+    rng_tensors, rng_scalars = capture_rng_state() if rank_rngs is None else rank_rngs[0]
+    extra_tensors, extra_scalars = {}, {}
+    for rank, (tensors, rank_scalars) in enumerate(rank_rngs or []):
+        if rank > 0:
+            extra_tensors.update({f"rank{rank}/{k}": v for k, v in tensors.items()})
+            extra_scalars[str(rank)] = rank_scalars
     token = f"{scalars.get('step', 0)}-{os.urandom(8).hex()}"  # os.urandom: must not advance the RNGs saved above
-    atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors}, {"token": token})
+    atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors, **extra_tensors}, {"token": token})
     payload = {"format": FORMAT, "token": token, "optimizer": optim_skeleton, "rng": rng_scalars, **scalars}
+    payload.update(world=len(rank_rngs or [None]), rank_rng=extra_scalars)
     atomic_write_json(json_path, payload, indent=1)
 
 
 def load_training_state(
-    checkpoint: Path | str, optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True
+    checkpoint: Path | str, optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True, rank: int = 0
 ) -> dict[str, Any]:
     """Restore what :func:`save_training_state` wrote; returns the scalars (``step``, ``epoch``, ...).
+
+    ``rank`` picks which data-parallel rank's RNG streams are restored (0: the single-process ones).
 
     Raises:
         ProCapError: the state files are missing, unreadable or from a different save than each other.
@@ -399,6 +416,14 @@ def load_training_state(
         raise ProCapError(f"training state files {tensor_path} and {json_path} come from different saves")
     if optimizer is not None:
         optimizer.load_state_dict(_unflatten_optimizer(payload["optimizer"], tensors))
-    if restore_rng:
+    if restore_rng and rank == 0:
         restore_rng_state(tensors, payload["rng"])
-    return {k: v for k, v in payload.items() if k not in ("optimizer", "rng", "token", "format")}
+    elif restore_rng:
+        if str(rank) not in payload.get("rank_rng", {}):
+            raise ProCapError(
+                f"{json_path} was saved by {payload.get('world', 1)} process(es); resume with the same number"
+            )
+        prefix = f"rank{rank}/"
+        own = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        restore_rng_state(own, payload["rank_rng"][str(rank)])
+    return {k: v for k, v in payload.items() if k not in ("optimizer", "rng", "token", "format", "rank_rng")}

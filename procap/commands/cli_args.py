@@ -44,7 +44,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o = parser.add_argument_group("optimisation")
     o.add_argument("--steps", type=int, help="optimisation steps (wins over --epochs)")
     o.add_argument("--epochs", type=int, help="epochs over the training pairs")
-    o.add_argument("--batch-size", type=int, help="batch size (paper: 8 stage 1, 16 stage 2)")
+    o.add_argument(
+        "--batch-size",
+        type=int,
+        help="batch size per process (paper: 8 stage 1, 16 stage 2, global); the global batch is "
+        "batch size x processes (torchrun) x --grad-accum and is logged at the start",
+    )
+    o.add_argument("--grad-accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
     o.add_argument("--lr", type=float, help="peak learning rate (stage 2: encoder and decoder)")
     o.add_argument("--warmup-steps", type=int, help="linear warm-up steps (stage 1 / VQGAN)")
     o.add_argument("--decay", choices=("none", "cosine", "linear"), help="lr after warm-up (paper: none)")
@@ -62,9 +68,21 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         help="save last checkpoint + state when this many minutes passed since the last save (default 5; "
         "0: off). Ctrl-C and SIGTERM also save before stopping",
     )
+    o.add_argument(
+        "--dist-timeout",
+        type=float,
+        help="minutes a process waits for the others under torchrun before the job fails (default 30)",
+    )
     o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
     if stage == "pretrain":
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
+        o.add_argument(
+            "--item-masks",
+            action="store_true",
+            default=None,
+            help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
+            "or --grad-accum > 1), so it matches a split run with the same global batch",
+        )
     if stage in ("pretrain", "train"):
         m = parser.add_argument_group("model")
         m.add_argument("--vqgan", help="VQGAN weights from `procap vqgan` (default: the preset's untrained tokenizer)")
@@ -101,6 +119,8 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
     "steps": {"minimum": 1},
     "epochs": {"minimum": 1},
     "batch_size": {"minimum": 1},
+    "grad_accum": {"minimum": 1},
+    "dist_timeout": {"above": 0},
     "max_pairs": {"minimum": 1},
     "lr": {"above": 0},
     "lr_start": {"minimum": 0},

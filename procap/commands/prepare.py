@@ -55,6 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-codes", dest="store_codes", action="store_false", help="do not store the VQ codes of every frame"
     )
     parser.add_argument("--limit", type=int, help="only the first N pairs (N >= 1; quick runs)")
+    parser.add_argument(
+        "--shard",
+        help="I/N: build only pairs I, I+N, I+2N ... into OUT/shards/I-of-N (0 <= I < N; one per machine or "
+        "process), then join them with --merge. Under torchrun each rank takes its shard and rank 0 merges",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="join OUT/shards/*-of-N into the cache OUT, checking every pair is there exactly once (give the same "
+        "--dataset, --root, --split and --limit as the shards)",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
@@ -68,6 +79,14 @@ def check_args(args: argparse.Namespace) -> None:
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     validate.input_dir(args.root, "--root")
     validate.output_dir(args.out, "--out")
+    if args.shard is not None:
+        from procap.procedure.shards import parse_shard
+
+        parse_shard(args.shard)
+        if args.merge:
+            raise ProCapError("--shard builds one shard and --merge joins them; pass one of the two")
+    if args.merge:
+        return  # the similarity and VQGAN settings come from the shards' manifests
     needs = {"vqgan": "vqgan", "dinov2": "dinov2_weights", "scores": "scores_file"}[args.similarity]
     if not getattr(args, needs):
         flag = f"--{needs.replace('_', '-')}"
@@ -90,13 +109,49 @@ def default_size(vqgan: str | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from procap.procedure.pipeline import options_from_args, prepare
+    from procap.train.distributed import env_context
 
     check_args(args)
+    if args.merge:
+        return _merge(args)
     if args.size is None:
         args.size = default_size(args.vqgan)
-    stats = prepare(options_from_args(args))
+    opts = options_from_args(args)
+    ctx = env_context()
+    if ctx.enabled and opts.shard is None:  # torchrun: one shard per rank, rank 0 merges when all are done
+        opts.shard = (ctx.rank, ctx.world)
+    stats = prepare(opts)
+    where = args.out if opts.shard is None else f"{args.out} shard {opts.shard[0]}/{opts.shard[1]}"
     print(
-        f"procedure cache {args.out}: {stats['written']} pairs written, {stats['skipped']} already done, "
+        f"procedure cache {where}: {stats['written']} pairs written, {stats['skipped']} already done, "
         f"{stats['total']} in total"
     )
+    if ctx.enabled and args.shard is None:
+        _wait_for_all_ranks()
+        if ctx.is_main:
+            return _merge(args)
+    return 0
+
+
+def _wait_for_all_ranks() -> None:
+    """Barrier over the torchrun job (gloo, CPU) with a timeout long enough for the slowest shard (a week)."""
+    import torch
+
+    from procap.train import distributed
+
+    ctx, _ = distributed.setup(torch.device("cpu"), timeout_minutes=7 * 24 * 60)
+    distributed.barrier(ctx)
+    distributed.teardown()
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from procap.procedure.pipeline import _load_pairs, options_from_args
+    from procap.procedure.shards import merge_shards
+
+    args.size = args.size or 224  # not used by a merge; PrepareOptions wants one
+    opts = options_from_args(args)
+    pairs = _load_pairs(opts)
+    pairs = pairs[: opts.limit] if opts.limit is not None else pairs
+    stats = merge_shards(opts.out, pairs, opts.dataset)
+    print(f"procedure cache {args.out}: merged {stats['merged']} pairs from {stats['shards']} shards")
     return 0

@@ -15,8 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from procap.commands.cli_args import config_from_args
+    from procap.train.distributed import env_context
     from procap.train.stage2 import train
 
     path = train(config_from_args("train", args))
-    print(f"best checkpoint: {path}")
+    if env_context().is_main:  # under torchrun: one line, not one per process
+        print(f"best checkpoint: {path}")
     return 0

@@ -15,8 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from procap.commands.cli_args import config_from_args
+    from procap.train.distributed import env_context
     from procap.train.vqgan_train import train_vqgan
 
     path = train_vqgan(config_from_args("vqgan", args))
-    print(f"VQGAN weights: {path}")
+    if env_context().is_main:  # under torchrun: one line, not one per process
+        print(f"VQGAN weights: {path}")
     return 0

@@ -57,6 +57,7 @@ class PrepareOptions:
     store_codes: bool = True  # VQ codes of every frame (needs --vqgan)
     score_batch: int = 8  # pairs scored per similarity / VQGAN call (written one by one afterwards)
     progress: bool = True
+    shard: tuple[int, int] | None = None  # (I, N): only pairs I, I + N, ... into OUT/shards/I-of-N (procedure.shards)
 
     def content_key(self) -> dict[str, Any]:
         """The fields a resumed run must share with the run that started the cache."""
@@ -278,6 +279,9 @@ def prepare(
         pairs: the pairs to process (default: ``load_split(opts.dataset, opts.root, split)`` per split).
         interpolator: default :class:`FlowInterpolator` (must pickle for ``workers > 1``).
 
+    With ``opts.shard = (I, N)`` only every N-th pair from pair I is processed, into ``OUT/shards/I-of-N``;
+    :func:`procap.procedure.shards.merge_shards` joins the shards (``procap prepare --merge``).
+
     Returns:
         ``{"written": n, "skipped": n, "total": n}``.
     """
@@ -286,6 +290,11 @@ def prepare(
     pairs = list(pairs) if pairs is not None else _load_pairs(opts)
     if opts.limit is not None:
         pairs = pairs[: opts.limit]
+    if opts.shard is not None:
+        from procap.procedure.shards import shard_dir, shard_pairs
+
+        pairs = shard_pairs(pairs, *opts.shard)
+        opts = dataclasses.replace(opts, out=str(shard_dir(opts.out, *opts.shard)), shard=None)
     vqgan = load_vqgan(opts.vqgan, device) if opts.vqgan else None
     similarity = build_similarity(opts, vqgan, device)
     keyed = [(authors_key(p.id, opts.dataset), p) for p in pairs]
@@ -389,4 +398,9 @@ def options_from_args(args: Any) -> PrepareOptions:
     values["splits"] = tuple(args.split or ["train"])
     values["num_frames"] = args.frames
     values["image_size"] = args.size
+    values.pop("shard", None)
+    if getattr(args, "shard", None):
+        from procap.procedure.shards import parse_shard
+
+        values["shard"] = parse_shard(args.shard)
     return PrepareOptions(**values)

@@ -40,7 +40,11 @@ class TrainConfig:
     out: str = "runs/procap"
     steps: int | None = None
     epochs: int | None = None
-    batch_size: int | None = None
+    batch_size: int | None = None  # per process; the global batch is batch_size x processes x grad_accum
+    grad_accum: int = 1  # micro-batches per optimizer step (reach a large global batch on a small machine)
+    # stage-1 masks drawn per item from (seed, epoch, index) instead of per batch from the global RNG; None: only
+    # when the step is split (torchrun processes or grad_accum > 1), so a plain run keeps its exact old behaviour
+    item_masks: bool | None = None
     lr: float | None = None  # stage 1 / VQGAN peak lr; stage 2: sets both encoder and decoder lr
     lr_start: float | None = None
     warmup_steps: int | None = None
@@ -54,6 +58,7 @@ class TrainConfig:
     device: str = "auto"
     amp: bool = True  # bf16 autocast, CUDA only
     resume: bool = False
+    dist_timeout: float = 30.0  # minutes a collective may wait for the other ranks (torchrun) before failing
     seed: int = 0
     workers: int = 0
     init: str | None = None  # stage 2: stage-1 checkpoint; stage 1: optional checkpoint to continue from
@@ -79,6 +84,10 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
         if self.decay not in ("none", "cosine", "linear"):
             raise ValueError(f"decay must be none, cosine or linear, got {self.decay!r}")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
         try:
             self.val_metrics = tuple(metric_names(self.val_metrics))
         except ProCapError as exc:

@@ -211,22 +211,66 @@ class ImageDataset(Dataset):
 class EpochBatchSampler(Sampler[list[int]]):
     """Shuffled, fixed-size batches whose order depends only on (seed, epoch); can start mid-epoch.
 
-    Resuming at batch ``b`` of epoch ``e`` replays exactly the batches an uninterrupted run would have seen.
-    The last incomplete batch is dropped so every step has the same shape.
+    Resuming at step ``b`` of epoch ``e`` replays exactly the batches an uninterrupted run would have seen.
+    The last incomplete global batch is dropped so every step has the same shape.
+
+    Data parallelism and gradient accumulation (``DistributedSampler``-style, but keeping the single-process
+    order): a step consumes one *global* batch of ``batch_size x num_replicas x accumulation`` items, the
+    next slice of the same (seed, epoch) permutation a single process with that batch size would use. Rank
+    ``r`` takes the ``r``-th contiguous ``batch_size x accumulation`` block of it and yields it as
+    ``accumulation`` micro-batches of ``batch_size``; so the union over ranks and micro-batches of a step is
+    the same set of items whatever the split.
+
+    Args:
+        num_items: dataset length.
+        batch_size: per-process micro-batch size.
+        seed: with the epoch, fixes the permutation.
+        num_replicas, rank: data-parallel world size and this process's rank.
+        accumulation: micro-batches per optimizer step.
     """
 
-    def __init__(self, num_items: int, batch_size: int, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        num_items: int,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+        accumulation: int = 1,
+    ) -> None:
         if num_items <= 0:
             raise ValueError("cannot batch an empty dataset")
-        self.num_items, self.batch_size = num_items, min(batch_size, num_items)
+        if not 0 <= rank < num_replicas or accumulation < 1 or batch_size < 1:
+            raise ValueError(f"bad sharding: rank {rank} of {num_replicas}, accumulation {accumulation}")
+        self.parts = num_replicas * accumulation
+        if self.parts == 1:
+            batch_size = min(batch_size, num_items)  # single process: a batch larger than the data is the data
+        elif batch_size * self.parts > num_items:
+            raise ValueError(
+                f"a global batch of {batch_size} x {num_replicas} processes x {accumulation} accumulation steps "
+                f"is larger than the {num_items} training items"
+            )
+        self.num_items, self.batch_size = num_items, batch_size
+        self.rank, self.accumulation = rank, accumulation
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.start_batch = 0, 0
 
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.parts
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_items // self.global_batch
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Start at optimizer step ``start_batch`` of ``epoch``."""
         self.epoch, self.start_batch = epoch, start_batch
 
     def __len__(self) -> int:
-        return self.num_items // self.batch_size
+        """Micro-batches this rank yields per epoch (``steps_per_epoch x accumulation``)."""
+        return self.steps_per_epoch * self.accumulation
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
@@ -234,5 +278,9 @@ class EpochBatchSampler(Sampler[list[int]]):
             order = torch.randperm(self.num_items, generator=gen).tolist()
         else:
             order = list(range(self.num_items))
-        for b in range(self.start_batch, len(self)):
-            yield order[b * self.batch_size : (b + 1) * self.batch_size]
+        block = self.batch_size * self.accumulation
+        for step in range(self.start_batch, self.steps_per_epoch):
+            first = step * self.global_batch + self.rank * block
+            for micro in range(self.accumulation):
+                start = first + micro * self.batch_size
+                yield order[start : start + self.batch_size]

@@ -5,12 +5,19 @@ on CUDA, gradient clipping, a tqdm bar showing loss and throughput, a JSONL log,
 the best checkpoint, and ``last`` checkpoints plus training state for ``--resume``. Resuming restores the
 weights, optimizer, schedule step, position in the epoch and every RNG, so the continued run computes the same
 losses as an uninterrupted one.
+
+Under ``torchrun`` the same loop is data-parallel (:mod:`procap.train.distributed`): the model runs inside
+``DistributedDataParallel`` (the frozen VQGAN excluded), each rank takes its slice of every global batch
+(:class:`~procap.train.datasets.EpochBatchSampler`), ``grad_accum`` micro-batches make one optimizer step, and only
+rank 0 writes checkpoints, the log and validation results (validation runs on rank 0 while the others wait).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,9 +27,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from procap.checkpoint import load_training_state, save_training_state, state_paths
+from procap.checkpoint import capture_rng_state, load_training_state, save_training_state, state_paths
 from procap.errors import ProCapError
 from procap.files import atomic_write_text
+from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
@@ -32,6 +40,25 @@ LossFn = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
 SaveFn = Callable[[Path, dict[str, Any]], None]
 LoadFn = Callable[[Path], None]
 ValidateFn = Callable[[int], dict[str, float]]
+WeightFn = Callable[[dict[str, Any]], torch.Tensor]
+
+
+class LossModule(torch.nn.Module):
+    """``model`` plus its loss as one ``forward(batch)``: what DDP wraps, so its gradient hooks see every step."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return self.loss_fn(batch)
+
+
+def frozen_names(module: torch.nn.Module) -> list[str]:
+    """Parameters that do not train and the buffers of submodules holding them (DDP leaves both alone)."""
+    names = [n for n, p in module.named_parameters() if not p.requires_grad]
+    owners = {n.rsplit(".", 1)[0] + "." for n in names if "." in n}
+    return names + [n for n, _ in module.named_buffers() if any(n.startswith(o) for o in owners)]
 
 
 class JsonlLog:
@@ -88,7 +115,10 @@ class Trainer:
         save_weights: ``(path, extra)`` writes the model weights (a checkpoint) to ``path``.
         load_weights: ``(path)`` loads them back (for ``--resume``).
         validate: optional ``(step) -> metrics``; ``metric`` names the one that picks ``best.safetensors``.
-        items_fn: number of items (pairs/images) and tokens in a batch, for throughput.
+        weight_fn: optional ``batch -> number of loss terms`` (e.g. non-PAD caption tokens) when ``loss`` is a
+            mean over those terms: micro-batches and ranks are then weighted by it, so the step's loss and
+            gradient equal those of one batch of the global size. Without it every micro-batch weighs the same.
+        find_unused: some trainable parameters get no gradient in this stage (DDP must look for them).
     """
 
     def __init__(
@@ -103,13 +133,29 @@ class Trainer:
         validate: ValidateFn | None = None,
         metric: str | None = None,
         name: str = "train",
+        weight_fn: WeightFn | None = None,
+        find_unused: bool = True,
     ) -> None:
         self.cfg, self.model, self.dataset, self.loss_fn = cfg, model, dataset, loss_fn
         self.save_weights, self.load_weights, self.validate, self.metric = save_weights, load_weights, validate, metric
-        self.name, self.device = name, cfg.torch_device()
+        self.weight_fn, self.name = weight_fn, name
+        self.ctx, self.device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
         self.out = Path(cfg.out)
-        self.sampler = EpochBatchSampler(len(dataset), cfg.batch_size, cfg.seed)
-        self.total = total_steps(cfg, len(self.sampler))
+        try:
+            self.sampler = EpochBatchSampler(
+                len(dataset),
+                cfg.batch_size,
+                cfg.seed,
+                num_replicas=self.ctx.world,
+                rank=self.ctx.rank,
+                accumulation=cfg.grad_accum,
+            )
+        except ValueError as exc:
+            raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
+        self.total = total_steps(cfg, self.sampler.steps_per_epoch)
+        distributed.seed_rank(cfg.seed, self.ctx)
+        module = LossModule(model, loss_fn)  # names as DDP sees them: "model.vqgan..."
+        self.wrapped = distributed.wrap_ddp(module, self.ctx, self.device, frozen_names(module), find_unused)
         self.optimizer, self.schedule = make_optimizer(self.total)
         self.log = JsonlLog(self.out / "log.jsonl")
         self.state = LoopState()
@@ -125,8 +171,10 @@ class Trainer:
         return self.out / "best.safetensors"
 
     def save_last(self) -> None:
+        """Rank 0 writes ``last`` and its training state (with every rank's RNG streams); all ranks must call."""
         self._saved_at = time.monotonic()
-        self.save_weights(self.last_path, {"step": self.state.step, "stage": self.name})
+        if self.ctx.is_main:
+            self.save_weights(self.last_path, {"step": self.state.step, "stage": self.name})
         scalars = {
             "step": self.state.step,
             "epoch": self.state.epoch,
@@ -136,8 +184,11 @@ class Trainer:
             "schedule": self.schedule.state_dict(),
             "history": self.state.history,
             "total_steps": self.total,
+            "global_batch": self.sampler.global_batch,
         }
-        save_training_state(self.last_path, self.optimizer, scalars)
+        rngs = distributed.gather_to_main(capture_rng_state(), self.ctx) if self.ctx.enabled else None
+        if self.ctx.is_main:
+            save_training_state(self.last_path, self.optimizer, scalars, rank_rngs=rngs)
 
     def _check_resumable(self) -> None:
         if not self.last_path.is_file() or not state_paths(self.last_path)[1].is_file():
@@ -149,7 +200,12 @@ class Trainer:
         """Restore weights, optimizer, schedule, position and RNGs from ``<out>/last.*``."""
         self._check_resumable()
         self.load_weights(self.last_path)
-        scalars = load_training_state(self.last_path, self.optimizer)
+        scalars = load_training_state(self.last_path, self.optimizer, rank=self.ctx.rank)
+        if scalars.get("global_batch", self.sampler.global_batch) != self.sampler.global_batch:
+            raise ProCapError(
+                f"--resume: {self.out} was trained with a global batch of {scalars['global_batch']}, this run has "
+                f"{self.sampler.global_batch} (batch size x processes x --grad-accum); keep them equal"
+            )
         self.schedule.load_state_dict(scalars["schedule"])
         best = scalars.get("best_metric")
         self.state = LoopState(
@@ -166,22 +222,43 @@ class Trainer:
         enabled = self.cfg.amp and self.device.type == "cuda"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def train_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Forward, backward, clip, optimizer and schedule step.
+    def _micro_scales(self, batches: list[dict[str, Any]]) -> list[float | torch.Tensor]:
+        """Loss multipliers that make DDP's rank average over micro-batch means the global batch's mean."""
+        if self.weight_fn is None or self.sampler.parts == 1:  # one part: its own mean is the batch's
+            return [1.0 / len(batches)] * len(batches)
+        counts = [self.weight_fn(b).to(self.device, torch.float32) for b in batches]
+        total = distributed.all_sum(torch.stack(counts).sum(), self.ctx).clamp(min=1.0)
+        return [c * self.ctx.world / total for c in counts]
 
-        Returns the step's scalars as detached device tensors: reading them syncs with the device, so
-        :meth:`fit` converts them only on logging steps (see :meth:`scalars`).
+    def train_step(self, batch: dict[str, Any] | list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Forward and backward over the step's micro-batches, then clip, optimizer and schedule step.
+
+        Args:
+            batch: one batch, or the ``grad_accum`` micro-batches of one optimizer step.
+
+        Returns:
+            The step's scalars as detached device tensors (this rank's; :meth:`fit` averages them over ranks on
+            logging steps): reading them syncs with the device, so :meth:`fit` converts them only then.
         """
-        self.model.train()
-        with self._autocast():
-            out = self.loss_fn(to_device(batch, self.device))
+        batches = batch if isinstance(batch, list) else [batch]
+        self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
-        out["loss"].backward()
+        record: dict[str, torch.Tensor] = {}
+        for i, (micro, scale) in enumerate(zip(batches, self._micro_scales(batches))):
+            last = i == len(batches) - 1
+            sync = self.wrapped.no_sync() if self.ctx.enabled and not last else contextlib.nullcontext()
+            with sync:
+                with self._autocast():
+                    out = self.wrapped(to_device(micro, self.device))
+                (out["loss"] * scale).backward()
+            for k, v in out.items():
+                if torch.is_tensor(v) and v.numel() == 1:
+                    part = v.detach().float() * (scale if k == "loss" else 1.0 / len(batches))
+                    record[k] = record[k] + part if k in record else part
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip) if self.cfg.grad_clip > 0 else None
         self.optimizer.step()
         self.schedule.step()
-        record = {k: v.detach() for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}
         if grad_norm is not None:
             record["grad_norm"] = grad_norm.detach()
         return record
@@ -195,8 +272,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def run_validation(self) -> dict[str, float]:
+        """Validate on rank 0 (the others wait at a barrier) and keep ``best``; returns rank 0's metrics."""
         if self.validate is None:
             return {}
+        if not self.ctx.is_main:
+            distributed.barrier(self.ctx)
+            return {}
+        try:
+            return self._validate_main()
+        finally:
+            distributed.barrier(self.ctx)
+
+    def _validate_main(self) -> dict[str, float]:
         self.model.eval()
         metrics = self.validate(self.state.step)
         record = {"step": self.state.step, "epoch": self.state.epoch, **{f"val/{k}": v for k, v in metrics.items()}}
@@ -233,29 +320,83 @@ class Trainer:
         minutes = self.cfg.save_minutes or 0
         return self._due(self.cfg.save_every) or (minutes > 0 and time.monotonic() - self._saved_at >= 60 * minutes)
 
-    def _stop_if_requested(self, stop: StopRequests) -> None:
-        """After a complete step: on Ctrl-C / SIGTERM save ``last`` and raise :class:`TrainingInterrupted`."""
-        if stop.signum is None:
-            return
-        self.save_last()
-        raise TrainingInterrupted(
-            f"saved step {self.state.step} to {self.last_path}; continue with --resume", stop.signum
-        )
+    def _after_step(self, stop: StopRequests) -> None:
+        """Save when due and stop on Ctrl-C / SIGTERM, decided together by all ranks (one tiny collective).
+
+        The clock of ``--save-minutes`` and the arrival of a signal differ between ranks; acting on them alone
+        would leave one rank in a collective the others never join.
+        """
+        save, stopping = distributed.any_rank([self._save_due(), stop.signum is not None], self.ctx, self.device)
+        if save or stopping:
+            self.save_last()
+        if stopping:
+            raise TrainingInterrupted(
+                f"saved step {self.state.step} to {self.last_path}; continue with --resume", stop.signum or 15
+            )
 
     def fit(self) -> LoopState:
         """Train to ``total`` steps; returns the final state. Writes ``last``/``best`` checkpoints and the log.
 
-        The run folder is locked against a second writer for the whole run. Ctrl-C or SIGTERM end the step in
-        flight, save ``last`` (resumable with ``--resume``) and raise :class:`TrainingInterrupted`.
+        The run folder is locked against a second writer for the whole run (by rank 0, the only writer). Ctrl-C
+        or SIGTERM end the step in flight, save ``last`` (resumable with ``--resume``) and raise
+        :class:`TrainingInterrupted`.
         """
         if self.cfg.resume:
             self._check_resumable()  # before anything is created
-        self.out.mkdir(parents=True, exist_ok=True)
-        with RunFolderLock(self.out), StopRequests() as stop:
+        if self.ctx.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        lock = RunFolderLock(self.out) if self.ctx.is_main else contextlib.nullcontext()
+        with lock, StopRequests() as stop:
             if self.cfg.resume:
                 self.resume()
-            atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(self.cfg.to_dict(), indent=1))
-            return self._fit(stop)
+            if self.ctx.is_main:
+                config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
+                atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(config, indent=1))
+                if self.sampler.parts > 1:
+                    print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
+            state = self._fit(stop)
+        distributed.barrier(self.ctx)
+        return state
+
+    def layout(self) -> dict[str, int]:
+        """The data-parallel layout: per-process batch, processes, accumulation and the global batch per step."""
+        return {
+            "batch_per_process": self.sampler.batch_size,
+            "processes": self.ctx.world,
+            "grad_accum": self.cfg.grad_accum,
+            "global_batch": self.sampler.global_batch,
+        }
+
+    def layout_text(self) -> str:
+        lay = self.layout()
+        return (
+            f"global batch {lay['global_batch']} = {lay['batch_per_process']} per process x {lay['processes']} "
+            f"process(es) x {lay['grad_accum']} accumulation step(s)"
+        )
+
+    def _steps(self):
+        """The rest of the current epoch as lists of ``grad_accum`` micro-batches (one list per optimizer step)."""
+        group: list[dict[str, Any]] = []
+        for batch in self._loader():
+            group.append(batch)
+            if len(group) == self.cfg.grad_accum:
+                yield group
+                group = []
+
+    def _log_step(self, record: dict[str, torch.Tensor], rate: float, bar: Any) -> None:
+        values = self.scalars(distributed.all_mean(record, self.ctx))  # the only host sync of a training step
+        if not self.ctx.is_main:
+            return
+        bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
+        self.log.write(
+            {
+                "step": self.state.step,
+                "epoch": self.state.epoch,
+                "lr": self.schedule.lrs(),
+                "items_per_s": rate,
+                **values,
+            }
+        )
 
     def _fit(self, stop: StopRequests) -> LoopState:
         from tqdm.auto import tqdm
@@ -265,38 +406,25 @@ class Trainer:
             total=self.total,
             initial=self.state.step,
             desc=self.name,
-            disable=not self.cfg.progress,
+            disable=not (self.cfg.progress and self.ctx.is_main),
             dynamic_ncols=True,
             leave=False,
         )
         validated_at = -1
         t0, items = time.perf_counter(), 0
         while self.state.step < self.total:
-            for batch in self._loader():
-                record = self.train_step(batch)
+            for group in self._steps():
+                record = self.train_step(group)
                 self.state.step += 1
                 self.state.batch_in_epoch += 1
-                items += len(batch["index"]) if "index" in batch else self.cfg.batch_size
-                rate = items / max(time.perf_counter() - t0, 1e-9)
+                items += self.sampler.global_batch
                 bar.update(1)
                 if self._due(self.cfg.log_every) or self.state.step == self.total:
-                    values = self.scalars(record)  # the only host sync of a training step
-                    bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
-                    self.log.write(
-                        {
-                            "step": self.state.step,
-                            "epoch": self.state.epoch,
-                            "lr": self.schedule.lrs(),
-                            "items_per_s": rate,
-                            **values,
-                        }
-                    )
+                    self._log_step(record, items / max(time.perf_counter() - t0, 1e-9), bar)
                 if self._due(self.cfg.val_every):
                     self.run_validation()
                     validated_at = self.state.step
-                if self._save_due():
-                    self.save_last()
-                self._stop_if_requested(stop)
+                self._after_step(stop)
                 if self.state.step >= self.total:
                     break
             else:

@@ -10,17 +10,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from procap.checkpoint import load_checkpoint, load_weights, read_tensors, save_checkpoint
 from procap.config import get_preset
 from procap.errors import ProCapError
+from procap.kernels.masking import MaskParams, mask_from_params
+from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, ProcedureDataset, make_procedure_source
 from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
+
+_MASK_STREAM = 1  # separates the mask draws from other per-item streams keyed by (seed, epoch, index)
 
 
 def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
@@ -49,6 +54,30 @@ def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tupl
     return model, vocab
 
 
+def item_masks(
+    model: torch.nn.Module, indices: torch.Tensor, seed: int, epoch: int, device: torch.device
+) -> MaskParams:
+    """Stage-1 masks drawn per training item from (seed, epoch, item index), not per batch.
+
+    A sample's mask then does not depend on which batch, rank or micro-batch it lands in: a data-parallel or
+    gradient-accumulated run masks exactly what one process with the global batch masks, and resuming needs no
+    RNG state for it. The draws are tiny and made on the CPU, then copied to ``device``.
+
+    Args:
+        indices: (B,) dataset indices of the batch's items.
+
+    Returns:
+        :class:`MaskParams` for the B items, on ``device``.
+    """
+    draws = []
+    for index in indices.tolist():
+        key = np.random.SeedSequence([seed, epoch, int(index), _MASK_STREAM]).generate_state(2, np.uint64)
+        generator = torch.Generator().manual_seed(int(key[0] >> np.uint64(1)))
+        draws.append(model.sample_mask_params(1, "cpu", generator))
+    fields = ("scheme", "patch_prob", "uniform", "block")
+    return MaskParams(*(torch.cat([getattr(d, f) for d in draws]).to(device, non_blocking=True) for f in fields))
+
+
 def weight_loader(model: torch.nn.Module):
     """``--resume`` loader: the checkpoint's tensors into the live model (same config by construction)."""
 
@@ -72,12 +101,12 @@ def pretrain(
         vocab: vocabulary to use (default: built from the training captions).
         cache: shared in-memory image cache.
     """
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     model, vocab = _model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)
-    device = cfg.torch_device()
+    ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)
     config = model.config
     source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
@@ -87,11 +116,20 @@ def pretrain(
     dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
 
     cached = cache_tokenizer(model) if cfg.cache_features else None
+    per_item = cfg.item_masks if cfg.item_masks is not None else ctx.world * cfg.grad_accum > 1
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         if cached is not None:
             cached.remember(batch["frames"].flatten(0, 1))
-        return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"))
+        masks = None  # drawn per batch from the global RNG inside stage1_loss
+        if per_item:
+            masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
+        return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"), mask_params=masks)
+
+    def masked_positions(batch: dict[str, Any]) -> torch.Tensor:
+        """MSM averages over masked positions: micro-batches and ranks are weighted by their count (Trainer)."""
+        masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, torch.device("cpu"))
+        return mask_from_params(masks, config.num_frames, config.grid_size, config.grid_size).sum()
 
     trainer = Trainer(
         cfg,
@@ -102,8 +140,11 @@ def pretrain(
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
         load_weights=weight_loader(model),
         name="stage1",
+        weight_fn=masked_positions if per_item else None,
     )
     state = trainer.fit()
     final = Path(cfg.out) / "stage1.safetensors"
-    save_checkpoint(final, model, vocab, {"stage": "stage1", "step": state.step, "procedures": cfg.procedures})
+    if ctx.is_main:
+        save_checkpoint(final, model, vocab, {"stage": "stage1", "step": state.step, "procedures": cfg.procedures})
+    distributed.barrier(ctx)
     return final

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from procap.checkpoint import save_checkpoint
+from procap.train import distributed
 from procap.train.common import caption_pairs, load_pairs, score_captions
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, PairDataset
@@ -100,6 +101,14 @@ def make_validator(
     return validate
 
 
+def caption_targets(batch: dict[str, Any]) -> torch.Tensor:
+    """Number of non-PAD next-token targets in a batch: ``caption_loss`` averages over these, so micro-batches
+    and ranks are weighted by it (:class:`~procap.train.loop.Trainer` ``weight_fn``)."""
+    from procap.model.decoder import PAD_ID
+
+    return (batch["caption"][:, 1:] != PAD_ID).sum()
+
+
 def train(
     cfg: TrainConfig,
     pairs: Sequence[Any] | None = None,
@@ -119,7 +128,7 @@ def train(
         truths: ground truth per pair id for validation correctness (default: read from ``cfg.data`` on
             CLEVR-Change, see :func:`procap.correctness.scene_truths`).
     """
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
@@ -129,7 +138,8 @@ def train(
         truths = scene_truths(cfg.data, val_pairs)
     model, vocab = _model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)
-    model.to(cfg.torch_device())
+    _, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
+    model.to(device)
     config = model.config
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
@@ -153,6 +163,7 @@ def train(
         validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
         metric=SELECT_METRIC,
         name="stage2",
+        weight_fn=caption_targets,
     )
     trainer.fit()
     return trainer.best_path if trainer.best_path.exists() else trainer.last_path

@@ -16,6 +16,7 @@ from procap.checkpoint import load_module_state, load_weights
 from procap.config import get_preset
 from procap.errors import ProCapError
 from procap.model.vqgan import VQGAN
+from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, ImageDataset
 from procap.train.loop import Trainer
@@ -44,7 +45,8 @@ class CodebookKeeper:
     """Data-dependent codebook initialisation and dead-code restarts.
 
     Codes are replaced just before quantisation (never between a forward and its optimizer step), from the
-    latents of the batch being encoded.
+    latents of the batch being encoded. Under data parallelism the usage counts are summed over ranks, so every
+    rank restarts the same codes, and rank 0's new rows are broadcast: the codebooks stay identical.
     """
 
     def __init__(self, vqgan: torch.nn.Module, restart_every: int = 10, initialised: bool = False) -> None:
@@ -59,6 +61,12 @@ class CodebookKeeper:
         pick = torch.randint(0, latents.shape[0], (rows.numel(),), device=latents.device)
         noise = 0.01 * latents.std() * torch.randn(rows.numel(), latents.shape[1], device=latents.device)
         weight[rows.to(weight.device)] = (latents[pick] + noise).to(weight.dtype)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast(weight.data, src=0)
+
+    def _reduce_device(self) -> torch.device:
+        """Where a collective on the usage counts runs: NCCL needs them on the GPU."""
+        return self.vqgan.quantize.embedding.weight.device
 
     def before_quantize(self, latents: torch.Tensor) -> None:
         """latents (M, D) of the current batch: initialise the codebook once, then restart dead codes."""
@@ -75,6 +83,8 @@ class CodebookKeeper:
         self.usage += torch.bincount(indices.flatten().cpu(), minlength=self.usage.numel())
         self.steps += 1
         if self.steps % self.restart_every == 0:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                self.usage = distributed.all_sum(self.usage.to(self._reduce_device()), distributed.env_context()).cpu()
             self.pending = torch.nonzero(self.usage == 0).flatten()
             self.usage.zero_()
 
@@ -107,7 +117,7 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     from procap.data import load_split
     from procap.model.vqgan import VQGAN
 
-    cfg = cfg.resolved()
+    cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     if pairs is None:
         if cfg.data is None:
@@ -115,7 +125,7 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         pairs = load_split(cfg.dataset, cfg.data, "train")
     pairs = pairs[: cfg.max_pairs] if cfg.max_pairs else pairs
     config = get_preset(cfg.preset).vqgan
-    device = cfg.torch_device()
+    ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     vqgan = VQGAN(config).to(device)
     dataset = ImageDataset(pairs, config.resolution, ImageCache(config.resolution, cfg.cache_images))
     keeper = CodebookKeeper(vqgan, initialised=cfg.resume)  # a resumed codebook is already initialised
@@ -138,8 +148,11 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         save_weights=lambda path, extra: save_vqgan(path, vqgan, extra),
         load_weights=load,
         name="vqgan",
+        find_unused=False,
     )
     trainer.fit()
     final = Path(cfg.out) / "vqgan.safetensors"
-    save_vqgan(final, vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})
+    if ctx.is_main:
+        save_vqgan(final, vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})
+    distributed.barrier(ctx)
     return final

@@ -1,0 +1,60 @@
+"""One training run for the data-parallel tests, launched by ``torchrun`` (or plain ``python`` for one process).
+
+Usage: ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/train/ddp_worker.py '<json>'``.
+The JSON names the stage (``pretrain`` / ``train``), the synthetic dataset root, the run folder and TrainConfig
+fields; ``model`` holds overrides of the 16 px test model; ``die_at`` makes rank 1 exit hard at that loss call
+(a crashed rank) on the first attempt (not after a ``torchrun --max-restarts`` restart). The model is the test configuration of ``tests/train/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from procap.data import load_split
+from procap.model.procap import ProCap
+from procap.train import stage1
+from procap.train.config import TrainConfig
+from tests.train.conftest import small_config
+
+
+def _use_small_model(overrides: dict) -> None:
+    def build(preset, vocab, vqgan_path, **extra):
+        return ProCap(small_config(len(vocab), **{**overrides, **extra}))
+
+    stage1.new_model = build
+
+
+def _die_on_rank1_at(call: int, method: str) -> None:
+    original = getattr(ProCap, method)
+    calls = {"n": 0}
+
+    def dying(self, *args, **kwargs):
+        calls["n"] += 1
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if calls["n"] == call and os.environ.get("RANK") == "1" and first_attempt:
+            os._exit(3)  # a crashed process: no cleanup, no message to the others
+        return original(self, *args, **kwargs)
+
+    setattr(ProCap, method, dying)
+
+
+def main(spec: dict) -> None:
+    _use_small_model(spec.get("model", {}))
+    if spec.get("die_at"):
+        _die_on_rank1_at(spec["die_at"], "stage1_loss" if spec["stage"] == "pretrain" else "stage2_loss")
+    pairs = load_split("clevr-change", spec["data"], "train")
+    vocab = stage1.build_vocab(pairs, "clevr-change")
+    cfg = TrainConfig(stage=spec["stage"], progress=False, log_every=1, device="cpu", **spec["config"])
+    if spec["stage"] == "pretrain":
+        stage1.pretrain(cfg, pairs=pairs, vocab=vocab)
+    else:
+        from procap.train.stage2 import train
+
+        val = load_split("clevr-change", spec["data"], "val")
+        train(cfg, pairs=pairs, val_pairs=val, vocab=vocab, truths={})
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
