@@ -14,6 +14,19 @@ from pathlib import Path
 from typing import Any
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_current_umask()
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Path:
     """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it returned without raising.
 
@@ -33,6 +46,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Pa
     os.close(fd)
     try:
         writer(tmp)
+        # mkstemp creates 0600; give the file the mode a plain open() would (or keep the replaced file's mode).
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
