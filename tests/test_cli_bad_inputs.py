@@ -56,6 +56,7 @@ CASES = [
     # demo: no input files; arguments and the output folder
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
+    case("out of range", "demo --seed -1 --out {out}", "--seed"),
     case("wrong type", "demo --seed x --out {out}", "--seed"),
     case("wrong type", "demo --device bogus --out {out}", "--device"),
     case("out of range", "demo --device cuda:99 --out {out}", "--device"),
@@ -65,6 +66,7 @@ CASES = [
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
     case("out of range", "synth --out {out} --size 8", "--size"),
     case("out of range", "synth --out {out} --workers 0", "--workers"),
+    case("out of range", "synth --out {out} --seed -1", "--seed"),
     case("wrong type", "synth --out {out} --scenes many", "--scenes"),
     case("unwritable", "synth --out {unwritable} --scenes 2", "--out"),
     case("existing", "synth --out {file} --scenes 2", "--out"),

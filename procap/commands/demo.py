@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1)
+    validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - args.seeds)  # seeds seed .. seed + seeds - 1
     validate.number(args.workers, "--workers", minimum=0)
     validate.device(args.device)
     validate.output_dir(args.out, "--out")

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.scenes, "--scenes", minimum=1)
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     validate.number(args.workers, "--workers", minimum=1)
+    validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - 1)  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
     start = time.perf_counter()
     splits = generate(args.out, args.scenes, args.size, args.seed, workers=args.workers)
