@@ -323,7 +323,8 @@ class CachedProcedures:
         sampling: ``"topk"`` or ``"multinomial"``.
         scores_file: the authors' score JSON (needed for their files, which store no scores).
         image_size: output side S (default: the caller's image size, else the cache's).
-        seed: seeds the multinomial sampler (per DataLoader worker: seed + worker id).
+        seed: seeds the multinomial sampler; each process (torchrun ``RANK``) and DataLoader worker draws its own
+            stream, ``seed + rank * workers + worker id``.
     """
 
     def __init__(
@@ -349,7 +350,11 @@ class CachedProcedures:
     def _rng(self) -> torch.Generator:
         if self._generator is None or self._gen_pid != os.getpid():
             info = torch.utils.data.get_worker_info()
-            self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
+            workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+            # RANK is in the environment of every torchrun process and its workers; without it streams would repeat
+            # across ranks.
+            rank = int(os.environ.get("RANK", "0"))
+            self._generator = torch.Generator().manual_seed(self.seed + rank * workers + worker)
             self._gen_pid = os.getpid()
         return self._generator
 

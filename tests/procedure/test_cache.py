@@ -153,3 +153,22 @@ def test_wrongly_typed_codes_name_the_file(tmp_path):
     source = _write_entry(tmp_path, _frames(), s_bef=RAMP, s_aft=RAMP[::-1], codes=np.full((9, 4), 0.5))
     with pytest.raises(ProCapError, match="codes of 12 as float64"):
         source.sample("12")
+
+
+def test_multinomial_streams_differ_between_torchrun_ranks(tmp_path, monkeypatch):
+    """Ranks used to share one keyframe stream (seed + worker id only); rank 0 keeps the single-process stream."""
+    frames = _frames(s=8)
+    with h5py.File(tmp_path / "spot_videos.h5", "w") as f:
+        f.create_dataset("1", data=frames)
+
+    def draws(rank: str | None) -> list[float]:
+        if rank is None:
+            monkeypatch.delenv("RANK", raising=False)
+        else:
+            monkeypatch.setenv("RANK", rank)
+        source = CachedProcedures(tmp_path / "spot_videos.h5", 2, sampling="multinomial", seed=5)
+        return torch.rand(8, generator=source._rng()).tolist()
+
+    single, rank0, rank1 = draws(None), draws("0"), draws("1")
+    assert single == rank0 == torch.rand(8, generator=torch.Generator().manual_seed(5)).tolist()
+    assert rank1 != rank0
