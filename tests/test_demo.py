@@ -33,10 +33,10 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert all(0.0 <= accuracy[k] <= 1.0 for k in ("change", "type", "object", "distinct"))
         assert len(report["seeds"]) == 1 and report["accuracy_std"]["change"] == 0.0
     # The quick budget must not collapse to one caption (a collapsed model detects changes 50 % of the time): it
-    # detects changes and writes different captions. Measured 91.7 % with 2 threads; the bound leaves room for the
-    # single-threaded test run's different float summation order (docs/training.md).
+    # detects changes (the bound: 90 %) and writes different captions. Measured in this test,
+    # single-threaded: 100 % (60 / 60 pairs) with the 100-step tokenizer, 93.3 % with the earlier 40 steps.
     procap = summary["results"]["ProCap (k=2)"]["accuracy"]
-    assert procap["change"] >= 0.8, procap
+    assert procap["change"] >= 0.9, procap
     assert procap["distinct"] * procap["change_pairs"] > 1, procap
     log = [json.loads(line) for line in (tmp_path / "procap" / "log.jsonl").read_text().splitlines()]
     assert any("memory_std" in r for r in log) and any("val/acc_change" in r for r in log)
