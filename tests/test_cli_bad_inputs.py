@@ -272,19 +272,12 @@ def _partial_cache(root: Path) -> None:
 
 
 def _small_model(vocab_size: int):
-    from procap.config import VQGANConfig, get_preset
+    from model.model_helpers import small_vqgan_config
+
+    from procap.config import get_preset
     from procap.model.procap import ProCap
 
-    vqgan = VQGANConfig(
-        resolution=16,
-        ch=32,
-        ch_mult=(1, 2),
-        num_res_blocks=1,
-        attn_resolutions=(),
-        z_channels=32,
-        embed_dim=8,
-        n_embed=32,
-    )
+    vqgan = small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
     config = get_preset(
         "tiny",
         vqgan=vqgan,

@@ -28,18 +28,9 @@ TINY_MODEL |= {"dec_dim": 16, "dec_heads": 2, "dec_ffn": 32, "dec_layers": 1}
 
 
 def _tiny_vqgan():
-    from procap.config import VQGANConfig
+    from model.model_helpers import small_vqgan_config
 
-    return VQGANConfig(
-        resolution=16,
-        ch=32,
-        ch_mult=(1, 2),
-        num_res_blocks=1,
-        attn_resolutions=(),
-        z_channels=32,
-        embed_dim=8,
-        n_embed=32,
-    )
+    return small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
 
 
 def _readme_block() -> list[list[str]]:

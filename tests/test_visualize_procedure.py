@@ -138,21 +138,13 @@ def test_cli_draws_a_cached_pair(dataset, tmp_path, capsys):
 
 
 def test_cli_synthesizes_without_a_cache(dataset, tmp_path, capsys):
-    from procap.config import VQGANConfig
+    from model.model_helpers import small_vqgan_config
+
     from procap.model.vqgan import VQGAN
     from procap.train.vqgan_train import save_vqgan
 
     data, pair = dataset
-    config = VQGANConfig(
-        resolution=32,
-        ch=32,
-        ch_mult=(1, 2),
-        num_res_blocks=1,
-        attn_resolutions=(),
-        z_channels=32,
-        embed_dim=8,
-        n_embed=32,
-    )
+    config = small_vqgan_config(resolution=32, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
     vqgan = save_vqgan(tmp_path / "vq.safetensors", VQGAN(config))
     out = tmp_path / "strip.png"
     argv = ["procedure", "--data", str(data), "--pair", pair.id, "--vqgan", str(vqgan), "--frames", "3"]

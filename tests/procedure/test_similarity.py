@@ -6,8 +6,8 @@ import types
 
 import pytest
 import torch
+from model.model_helpers import small_vqgan_config
 
-from procap.config import VQGANConfig
 from procap.errors import ProCapError
 from procap.procedure.similarity import DINOv2Similarity, ScoreFileSimilarity, VQGANSimilarity
 
@@ -15,16 +15,7 @@ from procap.procedure.similarity import DINOv2Similarity, ScoreFileSimilarity, V
 def tiny_vqgan():
     from procap.model.vqgan import VQGAN
 
-    config = VQGANConfig(
-        resolution=32,
-        ch=32,
-        ch_mult=(1, 2),
-        num_res_blocks=1,
-        attn_resolutions=(),
-        z_channels=32,
-        embed_dim=32,
-        n_embed=64,
-    )
+    config = small_vqgan_config(resolution=32, ch_mult=(1, 2), attn_resolutions=(), embed_dim=32, n_embed=64)
     return VQGAN(config)
 
 
