@@ -18,6 +18,7 @@ NEGATIVE_WARPS = ("batch_frame_swap", "frame_shuffle", "color_shift", "affine")
 # code and checkpoints (docs/model.md has the table of differences); built by ``procap convert --from authors``.
 VARIANTS = ("procap", "authors")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu")
+DIFFERENCE_MODES = ("absolute", "joint")
 
 
 @dataclass
@@ -106,6 +107,16 @@ class ProCapConfig:
     # tokens, and an init std scaled to the width (0.02 at the paper's widths 768 / 512, larger when narrower).
     difference_embedding: bool = False
     width_scaled_init: bool = False
+    # More departures of the ``tiny`` preset (docs/model.md, "Naming the changed object"): ``difference_mode``
+    # "absolute" is LayerNorm(|after - before|) (its first version), "joint" an MLP of the signed per-cell
+    # [before, after, after - before]; ``token_merge`` m folds m x m latent cells into one encoder token (space to
+    # depth: the sequence shrinks m^2-fold, no cell is averaged away); ``change_token`` appends one token pooled
+    # over the latent cells weighted by how much each changed.
+    difference_mode: str = "absolute"
+    token_merge: int = 1
+    change_token: bool = False
+    change_pixels: bool = False  # the change token also pools the raw pixels of each latent cell (before, after)
+    standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
     # stage-1 losses and augmentations
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     msm_weight: float = 1.0
@@ -127,6 +138,8 @@ class ProCapConfig:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.enc_activation not in ENC_ACTIVATIONS:
             raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
+        if self.difference_mode not in DIFFERENCE_MODES:
+            raise ValueError(f"difference_mode must be one of {DIFFERENCE_MODES}, got {self.difference_mode!r}")
         if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
             raise ValueError(
                 f"the {self.variant} variant takes enc_prefix_tokens "
@@ -134,14 +147,24 @@ class ProCapConfig:
             )
 
     @property
-    def grid_size(self) -> int:
-        """Latent grid side (14 for 224 px with f16)."""
+    def latent_size(self) -> int:
+        """VQGAN latent grid side (14 for 224 px with f16)."""
         return self.image_size // self.vqgan.downsample_factor
+
+    @property
+    def grid_size(self) -> int:
+        """Encoder token grid side: the latent grid, or its m x m merged cells with ``token_merge`` m."""
+        return self.latent_size // self.token_merge
 
     @property
     def tokens_per_frame(self) -> int:
         """n_I: visual tokens per frame."""
         return self.grid_size**2
+
+    @property
+    def memory_tokens(self) -> int:
+        """Decoder memory length: T * n_I, plus the change token when there is one."""
+        return self.num_frames * self.tokens_per_frame + int(self.change_token)
 
     @property
     def num_frames(self) -> int:
@@ -164,15 +187,14 @@ class ProCapConfig:
 
 
 def _tiny_vqgan() -> VQGANConfig:
-    # 64 px, f8 -> 8x8 latents (64 tokens per frame): small enough to train in a CPU demo. f16 (4x4) was tried:
-    # its features mix a local change into every token (a linear probe on pooled |after - before| separates
-    # change from distractor pairs at 88.5% vs 98.5% for f8), so the demo keeps f8.
+    # 64 px, f4 -> 16 x 16 latents (256 tokens per frame). The synthetic objects are 11-17 px wide: an 8 x 8 grid
+    # (f8) mixes each with its neighbours and loses its colour and shape, a 16 x 16 grid keeps them (docs/model.md).
     return VQGANConfig(
         resolution=64,
         ch=32,
-        ch_mult=(1, 1, 2, 4),
+        ch_mult=(1, 2, 2),
         num_res_blocks=1,
-        attn_resolutions=(8,),
+        attn_resolutions=(16,),
         z_channels=64,
         embed_dim=64,
         n_embed=256,
@@ -200,6 +222,10 @@ PRESETS: dict[str, ProCapConfig] = {
         dropout=0.1,
         difference_embedding=True,
         width_scaled_init=True,
+        difference_mode="joint",
+        token_merge=2,
+        change_token=True,
+        standardize_features=True,
     ),
 }
 
@@ -209,6 +235,10 @@ def get_preset(name: str, **overrides: Any) -> ProCapConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
     base = PRESETS[name]
+    import os  # EXPERIMENT-ONLY
+
+    if name == "tiny" and os.environ.get("EXP_PIXELS"):
+        base = dataclasses.replace(base, change_pixels=True)
     return ProCapConfig.from_dict({**dataclasses.asdict(base), **overrides})
 
 
@@ -240,6 +270,7 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "dec_heads": (1, 256),
         "dec_ffn": (1, 65536),
         "dec_layers": (1, 128),
+        "token_merge": (1, 16),
     },
 }
 _FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {
@@ -308,10 +339,10 @@ def check_config(config: VQGANConfig | ProCapConfig) -> None:
                 raise TypeError(f"{name} must be an object of {kind.__name__} fields")
         _check_fields(VQGANConfig, vars(config.vqgan), "vqgan.")
         _check_fields(MaskingConfig, vars(config.masking), "masking.")
-        if config.image_size % config.vqgan.downsample_factor:
+        if config.image_size % (config.vqgan.downsample_factor * config.token_merge):
             raise ValueError(
                 f"image_size {config.image_size} is not a multiple of the VQGAN's downsampling "
-                f"factor {config.vqgan.downsample_factor}"
+                f"factor {config.vqgan.downsample_factor} times token_merge {config.token_merge}"
             )
     _check_fields(type(config), vars(config), "")
 

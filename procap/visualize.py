@@ -34,6 +34,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from procap.errors import ProCapError
+from procap.model.encoder import depth_to_space
 
 MIN_TILE = 128  # small images (the tiny preset's 64 px) are enlarged so that the strip is readable
 GAP = 4  # pixels between tiles and around the strip
@@ -115,7 +116,8 @@ def procedure_logits(
             stage-1 training (the keyframes fully masked). Without it: the stage-2 input, no caption.
 
     Returns:
-        (B, k, n, n_embed) float32 logits, frame-major, positions row-major over the latent grid.
+        (B, k, h*w, n_embed) float32 logits, frame-major, positions row-major over the latent grid (h*w = n
+        without ``token_merge``).
     """
     config = model.config
     n, k = config.tokens_per_frame, config.num_keyframes
@@ -125,8 +127,11 @@ def procedure_logits(
         tokens = model.encoder.stage1_sequence(model.encoder.embed_caption(caption_ids), tokens)
         offset = caption_ids.shape[1] + 2
     out = model.encoder(tokens)
-    logits = model.encoder.msm_head(out[:, offset + n : offset + (k + 1) * n])  # (B, k*n, n_embed)
-    return logits.float().view(before.shape[0], k, n, -1)
+    logits = model.encoder.msm_head(out[:, offset + n : offset + (k + 1) * n])  # (B, k*n, m*m*n_embed)
+    # each token predicts its m x m latent cells: put them back on the latent grid, row-major
+    b = before.shape[0]
+    grid = depth_to_space(logits.float().reshape(b * k, n, -1), config.token_merge)  # (B*k, n_embed, h, w)
+    return grid.flatten(2).transpose(1, 2).reshape(b, k, grid.shape[2] * grid.shape[3], -1)
 
 
 def choose_codes(
@@ -205,7 +210,7 @@ def imagine(
         caption_ids = _caption_ids(model, vocab, condition, device)
         logits = procedure_logits(model, before, after, caption_ids)[0]
         codes, probs = choose_codes(logits, sample, generator)  # (k, n)
-        grid = config.grid_size
+        grid = config.latent_size
         frames = model.vqgan.decode_codes(codes, grid, grid).float().clamp(0.0, 1.0)  # (k, 3, S, S)
         caption = _strip_caption(model, vocab, before, after, condition, stage)
     finally:

@@ -12,6 +12,7 @@ from procap.cli import main
 from procap.config import get_preset
 from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
+from procap.model.encoder import depth_to_space
 from procap.model.procap import ProCap
 from procap.visualize import (
     GAP,
@@ -62,7 +63,8 @@ def test_shapes_and_codes_match_the_head(saved):
     model, vocab, _ = load_checkpoint(saved["procap"])
     before, after = _pair()
     result = imagine(model, before, after, vocab=vocab, stage="stage2")
-    k, n, size = model.config.num_keyframes, model.config.tokens_per_frame, model.config.image_size
+    # codes on the VQGAN's latent grid (a merged token predicts its m x m cells)
+    k, n, size = model.config.num_keyframes, model.config.latent_size**2, model.config.image_size
     assert result.codes.shape == (k, n) and result.codes.dtype == torch.int64
     assert result.probabilities.shape == (k, n)
     assert result.frames.shape == (k, 3, size, size)
@@ -71,7 +73,7 @@ def test_shapes_and_codes_match_the_head(saved):
     # The codes are the argmax of the MSM head read at the query positions, and the frames their VQGAN decoding.
     logits = procedure_logits(model, before[None], after[None])[0]
     assert torch.equal(result.codes, logits.argmax(dim=-1))
-    grid = model.config.grid_size
+    grid = model.config.latent_size
     assert torch.allclose(result.frames, model.vqgan.decode_codes(result.codes, grid, grid).clamp(0, 1), atol=1e-6)
     # the same caption the model generates on its own
     assert result.caption == model.caption_text(vocab, model.generate(before[None], after[None])[0].tolist())
@@ -95,7 +97,9 @@ def test_caption_conditioning_uses_the_stage1_sequence(saved):
     enc, n, k = model.encoder, model.config.tokens_per_frame, model.config.num_keyframes
     out = enc(enc.stage1_sequence(enc.embed_caption(ids), model.procedure_tokens(before[None], after[None])))
     start = ids.shape[1] + 2 + n
-    expected = enc.msm_head(out[:, start : start + k * n]).view(1, k, n, -1)
+    heads = enc.msm_head(out[:, start : start + k * n]).view(k, n, -1)  # per merged token: its m x m cells' codes
+    cells = depth_to_space(heads, model.config.token_merge)  # (k, n_embed, h, w) on the latent grid
+    expected = cells.flatten(2).transpose(1, 2).unsqueeze(0)
     assert torch.allclose(conditioned, expected, atol=1e-5)
     assert not torch.allclose(conditioned, procedure_logits(model, before[None], after[None]))
     result = imagine(model, before, after, vocab=vocab, condition=text, stage="stage1")

@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="interpolated",
         help="stage-1 frames: the optical-flow procedure pipeline (default) or the cross-fade stand-in",
     )
+    parser.add_argument(
+        "--train-tokenizer",
+        action="store_true",
+        help="fit a new VQGAN tokenizer (the budget's steps) instead of using the one shipped in the package",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 
@@ -48,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         procedures=args.procedures,
         seeds=args.seeds,
+        train_tokenizer=args.train_tokenizer,
     )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     print(f"report: {os.path.join(args.out, REPORT_NAME)}")

@@ -200,6 +200,34 @@ def stage_configs(
     }
 
 
+def install_embedded_tokenizer(folder: Path) -> Path:
+    """Copy the embedded tokenizer to ``<folder>/vqgan.safetensors``, where a trained one would be written."""
+    from procap.files import atomic_write
+    from procap.train.tokenizer import embedded_tokenizer_path
+
+    data = embedded_tokenizer_path().read_bytes()
+    return atomic_write(folder / "vqgan.safetensors", lambda tmp: Path(tmp).write_bytes(data))
+
+
+def describe_keyframes(source: str, pairs: list) -> dict[str, Any]:
+    """Stage-1 keyframes of the cache under the paper's confidence and the standardised one, printed and returned.
+
+    Empty for the cross-fade stand-in (no cache, no scores)."""
+    from procap.procedure.cache import keyframe_statistics
+
+    if source == "crossfade":
+        return {}
+    stats = {scale: keyframe_statistics(source, pairs, 2, scale) for scale in ("paper", "standardize")}
+    for scale, row in stats.items():
+        positions = ", ".join(f"{t} {p:.2f}" for t, p in row["mean_position"].items())
+        print(
+            f"         keyframes ({scale} confidence): {row['distinct']} distinct sets over {row['pairs']} pairs, "
+            f"earliest frames {100 * row['earliest']:.0f} %; mean frame by type: {positions}",
+            flush=True,
+        )
+    return stats
+
+
 def build_procedures(
     kind: str, data: Path, out: Path, pairs: list, vqgan_path: str, progress: bool, workers: int = 1
 ) -> str:
@@ -386,18 +414,22 @@ def run_demo(
     budget: DemoBudget | None = None,
     procedures: str = "interpolated",
     seeds: int = 1,
+    train_tokenizer: bool = False,
 ) -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
 
     Args:
         seeds: number of training seeds (``seed``, ``seed + 1``, ...); the figures are reported per seed and as
             mean +- std.
+        train_tokenizer: fit a new VQGAN for ``budget.vqgan_steps`` steps instead of using the embedded one
+            (:func:`procap.train.tokenizer.embedded_tokenizer_path`).
     """
     from procap.correctness import scene_truths
     from procap.data import load_split
     from procap.files import atomic_write_json
     from procap.train.common import build_vocab
     from procap.train.evaluation import default_metrics
+    from procap.train.tokenizer import embedded_tokenizer_path
     from procap.train.vqgan_train import train_vqgan
 
     if seeds < 1:
@@ -419,8 +451,12 @@ def run_demo(
         flush=True,
     )
 
-    clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
-    train_vqgan(configs["vqgan"], pairs=splits["train"])
+    if train_tokenizer:
+        clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
+        train_vqgan(configs["vqgan"], pairs=splits["train"])
+    else:
+        clock.phase("vqgan", f"VQGAN: the embedded {PRESET} tokenizer ({embedded_tokenizer_path().name})")
+        install_embedded_tokenizer(Path(configs["vqgan"].out))
     clock.done()
     clock.phase("procedures", f"stage-1 procedures: {procedures}")
     # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
@@ -434,6 +470,7 @@ def run_demo(
         progress,
         workers=max(1, min(2, torch.get_num_threads())),
     )
+    keyframes = describe_keyframes(source, stage1_pairs)
     clock.done()
 
     metrics, note = default_metrics()
@@ -457,6 +494,8 @@ def run_demo(
         "seed": seed,
         "seeds": list(range(seed, seed + seeds)),
         "procedures": procedures,
+        "tokenizer": "trained" if train_tokenizer else f"embedded ({embedded_tokenizer_path().name})",
+        "keyframes": keyframes,
         "budget": dataclasses.asdict(budget),
         "device": device,
         "threads": torch.get_num_threads(),

@@ -227,7 +227,7 @@ class AuthorsCaptionDecoder(nn.Module):
         self.layers = nn.ModuleList(
             [AuthorsDecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
         )
-        self.memory_len = config.num_frames * config.tokens_per_frame
+        self.memory_len = config.memory_tokens
         self.register_buffer("positions", sinusoidal_positions(config.max_caption_len, d), persistent=False)
         # Their rule suppresses [UNK] only (a bool buffer: never cast, no host copy inside a CUDA graph).
         suppressed = torch.zeros(config.vocab_size, dtype=torch.bool)

@@ -115,7 +115,7 @@ class CaptionDecoder(nn.Module):
             [DecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
         )
         self.norm = nn.LayerNorm(d)
-        self.memory_len = config.num_frames * config.tokens_per_frame
+        self.memory_len = config.memory_tokens
         nn.init.normal_(self.pos_embed, std=0.02)
         # True on SUPPRESSED_IDS. A bool buffer (never cast by .to(dtype)) rather than an index list, so the pick
         # needs no host-to-device copy inside a CUDA graph; not persistent: checkpoints do not carry it.

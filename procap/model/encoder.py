@@ -19,6 +19,8 @@ inference) and carries their attention-mask quirk (:func:`authors_prefix_mask`);
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -61,8 +63,8 @@ class ProcedureEncoder(nn.Module):
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
         d, z = config.enc_dim, config.vqgan.z_channels
-        self.visual_norm = nn.LayerNorm(z)
-        self.visual_proj = nn.Linear(z, d)
+        self.visual_norm = nn.LayerNorm(z * config.token_merge**2)
+        self.visual_proj = nn.Linear(z * config.token_merge**2, d)
         if config.variant == "authors":
             self.prefix = nn.Parameter(torch.empty(config.enc_prefix_tokens, d))
             nn.init.normal_(self.prefix, std=0.02)
@@ -78,30 +80,85 @@ class ProcedureEncoder(nn.Module):
             ]
         )
         self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
-        if config.difference_embedding:  # departure (docs/model.md): |after - before| per position
-            self.difference_norm = nn.LayerNorm(z)
-            self.difference_proj = nn.Linear(z, d)
+        merged = z * config.token_merge**2  # channels of one encoder token's m x m latent cells
+        # departure (docs/model.md): per-channel standardisation of the tokenizer's features (running statistics,
+        # no affine); a well-trained VQGAN's channels carry offsets of ~2 standard deviations that a per-token
+        # LayerNorm turns into near-constant tokens
+        self.feature_norm = nn.BatchNorm2d(z, affine=False) if config.standardize_features else nn.Identity()
+        self.token_merge = config.token_merge
+        self.difference_mode = config.difference_mode
+        if config.difference_embedding and config.difference_mode == "absolute":
+            # departure (docs/model.md): |after - before| per position
+            self.difference_norm = nn.LayerNorm(merged)
+            self.difference_proj = nn.Linear(merged, d)
+        elif config.difference_embedding:  # "joint": signed [before, after, after - before] per cell, then an MLP
+            self.difference_mlp = nn.Sequential(nn.Linear(3 * merged, d), nn.GELU(), nn.Linear(d, d))
+        if config.change_token:
+            # departure (docs/model.md): one token pooled over the latent cells, weighted by their change
+            self.change_pixels = config.change_pixels
+            cell = config.image_size // config.latent_size  # pixels per latent cell side
+            pixels = 2 * 3 * cell * cell if config.change_pixels else 0
+            self.change_mlp = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, d))
+            self.change_embedding = nn.Parameter(torch.zeros(d))
+            self.change_temperature = nn.Parameter(torch.tensor(CHANGE_TEMPERATURE))
         if config.variant != "authors":
-            self.msm_head = _head(d, config.vqgan.n_embed)
+            self.msm_head = _head(d, config.vqgan.n_embed * config.token_merge**2)  # a code per merged cell
             self.align_head = _head(d, 1)
             self.csy_head = _head(d, 1)
             for p in (self.text_pos, self.align_token, self.csy_token):
                 nn.init.normal_(p, std=0.02)
 
     def embed_visual(self, features: torch.Tensor) -> torch.Tensor:
-        """VQGAN features (B, T, z, h, w) -> visual tokens (B, T*h*w, enc_dim), frame-major then row-major."""
-        b, t, z, h, w = features.shape
-        tokens = features.permute(0, 1, 3, 4, 2).reshape(b, t * h * w, z)
-        return self.visual_proj(self.visual_norm(tokens))
+        """VQGAN features (B, T, z, h, w) -> visual tokens (B, T*n, enc_dim), frame-major then row-major.
+
+        With ``token_merge`` m each token holds m x m latent cells (n = h*w / m^2; :func:`space_to_depth`).
+        """
+        b = features.shape[0]
+        tokens = space_to_depth(self.feature_norm(features.flatten(0, 1)), self.token_merge)  # (B*T, n, z*m^2)
+        return self.visual_proj(self.visual_norm(tokens.reshape(b, -1, tokens.shape[-1])))
 
     def embed_difference(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """Per-position change embedding: VQGAN features (B, z, h, w) x 2 -> (B, h*w, enc_dim).
+        """Per-position change embedding: VQGAN features (B, z, h, w) x 2 -> (B, n, enc_dim), row-major.
 
-        LayerNorm -> Linear of ``|after - before|``, row-major like the frame tokens. Only built with
-        ``config.difference_embedding``.
+        ``difference_mode`` "absolute": LayerNorm -> Linear of ``|after - before|``. "joint": an MLP of the signed
+        ``[before, after, after - before]`` of every cell, each frame LayerNormed per cell first (no affine) so the
+        difference keeps its size: near zero where nothing changed, large at the change, and it tells add from drop.
+        Only built with ``config.difference_embedding``.
         """
-        change = (after - before).abs().flatten(2).transpose(1, 2)  # (B, h*w, z)
-        return self.difference_proj(self.difference_norm(change))
+        before, after = self.feature_norm(before), self.feature_norm(after)
+        if self.difference_mode == "absolute":
+            change = space_to_depth((after - before).abs(), self.token_merge)  # (B, n, z*m^2)
+            return self.difference_proj(self.difference_norm(change))
+        return self.difference_mlp(space_to_depth(joint_cells(before, after), self.token_merge))
+
+    def embed_change(
+        self,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        before_pixels: torch.Tensor | None = None,
+        after_pixels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The change token: VQGAN features (B, z, h, w) x 2 (and images (B, 3, S, S) x 2) -> (B, 1, enc_dim).
+
+        An MLP embeds each latent cell's ``[before, after, after - before]`` (with ``config.change_pixels`` also the
+        cell's raw pixels in both images); the cells are averaged with weights ``softmax(temperature *
+        rms(after - before))`` (the temperature is learned), so the token describes what is at the changed cells,
+        at the latent grid's full resolution. Only built with ``config.change_token``.
+        """
+        cells = joint_cells(self.feature_norm(before), self.feature_norm(after))  # (B, 3z, h, w)
+        z, side = before.shape[1], before.shape[-1]
+        magnitude = cells[:, 2 * z :].square().mean(1).flatten(1).sqrt()  # (B, h*w)
+        weights = torch.softmax(self.change_temperature * magnitude, dim=1)
+        inputs = cells.flatten(2).transpose(1, 2)  # (B, h*w, 3z)
+        if self.change_pixels:
+            if before_pixels is None or after_pixels is None:
+                raise ValueError("this model's change token reads the images: pass before_pixels and after_pixels")
+            cell = before_pixels.shape[-1] // side
+            pixels = [space_to_depth(image.to(inputs.dtype), cell) for image in (before_pixels, after_pixels)]
+            inputs = torch.cat([inputs, *pixels], dim=2)
+        embedded = self.change_mlp(inputs)  # (B, h*w, D)
+        pooled = torch.einsum("bn,bnd->bd", weights.to(embedded.dtype), embedded)
+        return (pooled + self.change_embedding.to(pooled.dtype)).unsqueeze(1)
 
     def embed_caption(self, captions: torch.Tensor) -> torch.Tensor:
         """Caption ids (B, L) -> (B, L, enc_dim) token embeddings plus learned positions (PAD embedded too)."""
@@ -131,6 +188,38 @@ class ProcedureEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, attn_mask)
         return self.norm(x)
+
+
+CHANGE_TEMPERATURE = 10.0  # initial sharpness of the change token's pooling (cells of unit-variance features)
+
+
+def space_to_depth(x: torch.Tensor, merge: int) -> torch.Tensor:
+    """(N, C, H, W) -> (N, (H/m)*(W/m), m*m*C) tokens, row-major, each holding its m x m cells (order dy, dx, c).
+
+    ``merge`` 1 gives the plain row-major (N, H*W, C) layout.
+    """
+    n, c, h, w = x.shape
+    m = merge
+    cells = x.reshape(n, c, h // m, m, w // m, m).permute(0, 2, 4, 3, 5, 1)  # (N, H/m, W/m, dy, dx, C)
+    return cells.reshape(n, (h // m) * (w // m), m * m * c)
+
+
+def depth_to_space(tokens: torch.Tensor, merge: int) -> torch.Tensor:
+    """Inverse of :func:`space_to_depth`: (N, g*g, m*m*C) -> (N, C, g*m, g*m) for a square token grid of side g."""
+    n, count, channels = tokens.shape
+    g, m = math.isqrt(count), merge
+    c = channels // (m * m)
+    cells = tokens.reshape(n, g, g, m, m, c).permute(0, 5, 1, 3, 2, 4)  # (N, C, gy, dy, gx, dx)
+    return cells.reshape(n, c, g * m, g * m)
+
+
+def joint_cells(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``[before, after, after - before]`` per latent cell, (B, z, h, w) x 2 -> (B, 3z, h, w).
+
+    Signed and not normalised per cell, so the difference keeps its size: near zero where nothing changed, large
+    at the change, and opposite for add and drop. The scale is the caller's (``feature_norm``).
+    """
+    return torch.cat([before, after, after - before], dim=1)
 
 
 def authors_prefix_mask(prefix: int, length: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -39,7 +39,7 @@ from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, axial_positions
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder, authors_greedy_decode
 from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
-from procap.model.encoder import ProcedureEncoder
+from procap.model.encoder import ProcedureEncoder, space_to_depth
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
 from procap.model.masking import sample_mask_params
@@ -163,6 +163,33 @@ class ProCap(nn.Module):
         diff = self.encoder.embed_difference(features[:, 0], features[:, -1])  # (B, n, D)
         return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
 
+    def with_change_token(
+        self, tokens: torch.Tensor, features: torch.Tensor, before: torch.Tensor, after: torch.Tensor
+    ) -> torch.Tensor:
+        """Append the change token (:meth:`ProcedureEncoder.embed_change`) of the first and last frame.
+
+        Args:
+            tokens: (B, N, enc_dim) visual tokens.
+            features: (B, T', z, h, w) VQGAN features whose first / last frames are before / after.
+            before, after: (B, 3, S, S) the images of those frames (read with ``config.change_pixels``).
+
+        Returns:
+            ``tokens`` unchanged without ``config.change_token``, else (B, N + 1, enc_dim).
+        """
+        if not self.config.change_token:
+            return tokens
+        change = self.encoder.embed_change(features[:, 0], features[:, -1], before, after)
+        return torch.cat([tokens, change.to(tokens.dtype)], dim=1)
+
+    def msm_targets(self, codes: torch.Tensor) -> torch.Tensor:
+        """VQ codes (B, T*h*w), frame-major and row-major over the latent grid, in the order of the MSM head's
+        outputs: (B, T*n*m^2), each token's m x m cells together (the same order as ``codes`` when m = 1)."""
+        m, side = self.config.token_merge, self.config.latent_size
+        if m == 1:
+            return codes
+        grids = codes.view(-1, 1, side, side)
+        return space_to_depth(grids, m).reshape(codes.shape[0], -1)
+
     def positions(self) -> torch.Tensor:
         """Axial positional embeddings of the visual sequence: (T*n, enc_dim)."""
         return axial_positions(self.pos_frame, self.pos_row, self.pos_col)
@@ -231,7 +258,9 @@ class ProCap(nn.Module):
         features = torch.cat([features, self._negative_features(negatives, changed, features)])
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
+        frames_both = torch.cat([frames, negatives.to(frames.dtype)])  # the change token of each half its own ends
         visual = self.with_difference(visual, features)
+        visual = self.with_change_token(visual, features, frames_both[:, 0], frames_both[:, -1])
         text = self.encoder.embed_caption(captions)
         seq = self.encoder.stage1_sequence(
             torch.cat([text, text.roll(1, dims=0), text]), torch.cat([visual[:b], visual[:b], visual[b:]])
@@ -245,7 +274,14 @@ class ProCap(nn.Module):
         b, length = captions.shape
         enc = self.encoder
         # MSM head on every position, weighted by the mask: a boolean gather would wait on the device for its size.
-        msm, msm_acc = msm_loss(enc.msm_head(out[:b, length + 2 :]), codes, mask)
+        visual = out[:b, length + 2 : length + 2 + mask.shape[1]]  # a change token, if any, comes after
+        logits = enc.msm_head(visual)
+        cells = self.config.token_merge**2  # one code per merged latent cell
+        msm, msm_acc = msm_loss(
+            logits.reshape(b, -1, logits.shape[-1] // cells),
+            self.msm_targets(codes),
+            mask.repeat_interleave(cells, dim=1),
+        )
         judged = ~mask.all(dim=1)  # fully masked samples carry no evidence for align/csy
         true_negative = (captions != captions.roll(1, dims=0)).any(dim=1)
         align, align_acc = pair_bce(
@@ -271,14 +307,16 @@ class ProCap(nn.Module):
 
     # -- stage 2 --------------------------------------------------------------------------------------------------
     def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim)."""
+        """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim),
+        (B, T*n + 1, enc_dim) with the change token last (``config.change_token``)."""
         features = self.frame_features(torch.stack([before, after], dim=1))  # (B, 2, z, h, w)
         visual = self.encoder.embed_visual(features)  # (B, 2n, D)
         b, n2, d = visual.shape
         n = n2 // 2
         queries = self.mask_embedding.view(1, 1, d).expand(b, self.config.num_keyframes * n, d)
         seq = torch.cat([visual[:, :n], queries.to(visual.dtype), visual[:, n:]], dim=1)
-        return self.with_difference(seq + self.positions().to(seq.dtype), features)
+        seq = self.with_difference(seq + self.positions().to(seq.dtype), features)
+        return self.with_change_token(seq, features, before, after)
 
     def memory(self, before: torch.Tensor, after: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder memory from procedure queries (implicit), or from real frames when given (explicit).
@@ -294,6 +332,7 @@ class ProCap(nn.Module):
             self._check_frames(frames)
             features = self.frame_features(frames)
             tokens = self.with_difference(self.encoder.embed_visual(features) + self.positions(), features)
+            tokens = self.with_change_token(tokens, features, frames[:, 0], frames[:, -1])
         else:
             s = self.config.image_size
             for name, image in (("before", before), ("after", after)):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
 from procap.files import atomic_write_json
-from procap.procedure.sampling import confidence_weights, sample_keyframes
+from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
@@ -298,6 +298,39 @@ def _describe(entry: object) -> str:
     return type(entry).__name__.lower()
 
 
+def keyframe_statistics(
+    cache_path: str | Path, pairs: Sequence[Any], num_keyframes: int = 2, confidence: str = "standardize"
+) -> dict[str, Any]:
+    """Which top-k keyframes a cache yields for ``pairs``: do they differ across pairs and follow the change?
+
+    Returns:
+        ``{"pairs", "distinct": number of distinct keyframe sets, "most_common": [set, share], "earliest": share of
+        pairs given the first k intermediates, "mean_position": {change type: mean keyframe index in 1..l}}``.
+    """
+    source = CachedProcedures(cache_path, num_keyframes, confidence=confidence)
+    try:
+        chosen, by_type = [], {}
+        for pair in pairs:
+            middle = tuple(source.indices(str(getattr(pair, "id", pair)))[2][1:-1].tolist())
+            chosen.append(middle)
+            by_type.setdefault(getattr(pair, "change_type", None) or "pair", []).extend(middle)
+    finally:
+        source.close()
+    counts: dict[tuple, int] = {}
+    for middle in chosen:
+        counts[middle] = counts.get(middle, 0) + 1
+    common, times = max(counts.items(), key=lambda item: item[1])
+    earliest = tuple(range(1, num_keyframes + 1))
+    return {
+        "pairs": len(chosen),
+        "confidence": confidence,
+        "distinct": len(counts),
+        "most_common": [list(common), times / len(chosen)],
+        "earliest": counts.get(earliest, 0) / len(chosen),
+        "mean_position": {t: sum(v) / len(v) for t, v in sorted(by_type.items()) if v},
+    }
+
+
 def _find_score_file(*folders: Path) -> Path | None:
     """The authors' files keep scores only in a JSON (``scores.json`` or ``<dset>_similarity_scores.json``)."""
     for folder in dict.fromkeys(folders):  # unique, in order
@@ -325,6 +358,8 @@ class CachedProcedures:
         image_size: output side S (default: the caller's image size, else the cache's).
         seed: seeds the multinomial sampler; each process (torchrun ``RANK``) and DataLoader worker draws its own
             stream, ``seed + rank * workers + worker id``.
+        confidence: how the similarities become weights, :data:`procap.procedure.sampling.CONFIDENCE_SCALES`
+            (default ``standardize``; ``paper`` is the formula as printed, flat for near-1 similarities).
     """
 
     def __init__(
@@ -335,9 +370,13 @@ class CachedProcedures:
         scores_file: str | Path | None = None,
         image_size: int | None = None,
         seed: int = 0,
+        confidence: str = "standardize",
     ) -> None:
         if sampling not in ("topk", "multinomial"):
             raise ProCapError(f"sampling must be 'topk' or 'multinomial', got {sampling!r}.")
+        if confidence not in CONFIDENCE_SCALES:
+            raise ProCapError(f"confidence must be one of {', '.join(CONFIDENCE_SCALES)}, got {confidence!r}.")
+        self.confidence = confidence
         self.cache = ProcedureCache(cache_path, scores_file)
         self.k, self.sampling, self.image_size, self.seed = int(num_keyframes), sampling, image_size, seed
         self._generator: torch.Generator | None = None
@@ -385,7 +424,7 @@ class CachedProcedures:
         total = self.cache.num_frames(group, key)
         if s_bef.shape[0] != total:
             raise ProCapError(f"{key}: {s_bef.shape[0]} similarity scores for {total} stored frames.")
-        weights = confidence_weights(s_bef, s_aft)
+        weights = confidence_weights(s_bef, s_aft, self.confidence)
         gen = self._rng() if self.sampling == "multinomial" else None
         return group, key, sample_keyframes(weights, self.k, self.sampling, gen)
 

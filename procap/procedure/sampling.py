@@ -1,7 +1,8 @@
 """Confidence-based keyframe sampling (paper section 3.2, and the authors' ``get_filter_indices``).
 
 Given similarities of every frame of a procedure to the before and the after image, the confidence of an
-intermediate frame P is ``w = 1 - softmax((s(I_bef, P) - s(I_aft, P))^2)`` over the l intermediates: a frame
+intermediate frame P is ``w = 1 - softmax((s(I_bef, P) - s(I_aft, P))^2)`` over the l intermediates (by default
+with the squared differences standardised per procedure first, see :func:`confidence_weights`): a frame
 that is as close to the start as to the end (a genuine "in between") scores high, a frame that still looks
 like one of the two ends scores low. k keyframes are then drawn from w (top-k, or multinomial without
 replacement as the authors' loader does), kept in temporal order and framed by before and after.
@@ -12,25 +13,40 @@ from __future__ import annotations
 import torch
 
 SAMPLING_MODES = ("topk", "multinomial")
+CONFIDENCE_SCALES = ("standardize", "paper")
 
 
-def confidence_weights(s_bef: torch.Tensor, s_aft: torch.Tensor) -> torch.Tensor:
-    """``w = 1 - softmax((s_bef - s_aft)^2)`` over the intermediate frames.
+def confidence_weights(s_bef: torch.Tensor, s_aft: torch.Tensor, scale: str = "standardize") -> torch.Tensor:
+    """``w = 1 - softmax(d^2)`` over the intermediate frames, ``d = s_bef - s_aft``.
+
+    ``scale`` "paper" applies the formula to ``d^2`` as it is. "standardize" (the default) first standardises the l
+    values of ``d^2`` per procedure (zero mean, unit standard deviation). Cosine similarities of one tokenizer's
+    features lie within about 0.002 of 1, so ``d^2`` is ~1e-6 and the paper's softmax is flat: every weight is
+    ``1 - 1/l`` up to float rounding, multinomial sampling draws uniformly and top-k falls back to the earliest
+    frames on ties. Standardising keeps the paper's order of the frames (it is monotonic in ``d^2``) and makes the
+    weights differ by a useful amount whatever the similarity's scale. Both are computed in float64.
 
     Args:
         s_bef: (..., l + 2) similarity of frames [before, P_1..P_l, after] to the before image.
         s_aft: (..., l + 2) similarity of the same frames to the after image.
+        scale: one of :data:`CONFIDENCE_SCALES`.
 
     Returns:
-        (..., l) weights in [0, 1) for P_1..P_l (they sum to l - 1).
+        (..., l) float32 weights in [0, 1) for P_1..P_l (they sum to l - 1).
     """
     if s_bef.shape != s_aft.shape or s_bef.shape[-1] < 3:
         raise ValueError(
             f"s_bef and s_aft must have the same shape (..., l + 2) with l >= 1, got "
             f"{tuple(s_bef.shape)} and {tuple(s_aft.shape)}"
         )
-    diff2 = (s_bef.float() - s_aft.float()) ** 2
-    return 1.0 - torch.softmax(diff2[..., 1:-1], dim=-1)
+    if scale not in CONFIDENCE_SCALES:
+        raise ValueError(f"confidence scale must be one of {CONFIDENCE_SCALES}, got {scale!r}")
+    diff2 = ((s_bef.double() - s_aft.double()) ** 2)[..., 1:-1]
+    if scale == "standardize":
+        spread = diff2.std(dim=-1, unbiased=False, keepdim=True)
+        # equal values (or l = 1) carry no preference: they stay equal, which gives uniform weights
+        diff2 = (diff2 - diff2.mean(dim=-1, keepdim=True)) / spread.clamp_min(1e-300)
+    return (1.0 - torch.softmax(diff2, dim=-1)).float()
 
 
 def sample_keyframes(

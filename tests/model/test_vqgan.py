@@ -19,7 +19,8 @@ def test_attention_levels_follow_taming_nominal_resolution():
     assert attention_levels(VQGANConfig()) == [False] * 5
     # taming's ImageNet f16 checkpoints (resolution 256): level 4 is the 16x16 one.
     assert attention_levels(VQGANConfig(resolution=256)) == [False, False, False, False, True]
-    assert attention_levels(get_preset("tiny").vqgan) == [False, False, False, True]
+    # the tiny preset (64 px, f4): 64, 32, 16 -- attention at the 16 x 16 level
+    assert attention_levels(get_preset("tiny").vqgan) == [False, False, True]
 
 
 def _paper_state_shapes(**overrides) -> dict[str, tuple[int, ...]]:

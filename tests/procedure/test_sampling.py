@@ -14,9 +14,37 @@ def test_score_formula_by_hand():
     # intermediates: (0.8-0.2)^2 = 0.36, 0, 0.36 -> softmax -> w = 1 - softmax
     z = 2 * math.exp(0.36) + 1.0
     expected = torch.tensor([1 - math.exp(0.36) / z, 1 - 1 / z, 1 - math.exp(0.36) / z])
-    torch.testing.assert_close(confidence_weights(s_bef, s_aft), expected)
+    torch.testing.assert_close(confidence_weights(s_bef, s_aft, scale="paper"), expected)
     # the middle frame (equally far from both ends) is the most confident
     assert int(confidence_weights(s_bef, s_aft).argmax()) == 1
+
+
+def test_standardized_scores_by_hand():
+    s_bef = torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0])
+    s_aft = torch.tensor([0.0, 0.2, 0.5, 0.8, 1.0])
+    # d^2 = 0.36, 0, 0.36: mean 0.24, population std 0.1697 -> standardised (0.7071, -1.4142, 0.7071)
+    z = torch.tensor([0.5**0.5, -(2**0.5), 0.5**0.5], dtype=torch.float64)
+    expected = (1 - torch.softmax(z, 0)).float()
+    torch.testing.assert_close(confidence_weights(s_bef, s_aft), expected)
+
+
+def test_standardized_scores_discriminate_near_one_similarities():
+    # a tokenizer's cosine similarities sit within ~0.002 of 1: the paper's softmax is flat there (1 - 1/l for every
+    # frame, the float32 rounding decides top-k), the standardised one keeps the frames apart in the same order
+    t = torch.linspace(0, 1, 9, dtype=torch.float64)
+    s_bef = (1 - 0.002 * t).float()
+    s_aft = (1 - 0.002 * (1 - t) - 0.0003 * (t - 0.7).abs()).float()  # the true midpoint is off-centre
+    paper = confidence_weights(s_bef, s_aft, scale="paper")
+    assert (paper - 6 / 7).abs().max() < 1e-6
+    standard = confidence_weights(s_bef, s_aft)
+    assert standard.max() - standard.min() > 0.3
+    d2 = ((s_bef.double() - s_aft.double()) ** 2)[1:-1]
+    assert torch.equal(standard.argsort(descending=True), (-d2).argsort(descending=True))
+    # equal differences stay equal (uniform weights), and the scale name is checked
+    flat = confidence_weights(torch.ones(5), torch.ones(5))
+    torch.testing.assert_close(flat, torch.full((3,), 2 / 3))
+    with pytest.raises(ValueError, match="scale"):
+        confidence_weights(s_bef, s_aft, scale="temperature")
 
 
 def test_score_formula_batched_and_sum():

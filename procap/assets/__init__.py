@@ -1,0 +1,1 @@
+"""Files shipped inside the package: the demo's tokenizer (procap.train.tokenizer)."""

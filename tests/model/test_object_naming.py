@@ -1,0 +1,154 @@
+"""The tiny preset's object-naming departures: merged tokens, the signed joint difference, the change token.
+
+Each is off in the paper presets; these tests pin what each computes (docs/model.md, "Naming the changed object").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from procap.config import PRESETS, get_preset
+from procap.model.encoder import depth_to_space, joint_cells, space_to_depth
+from procap.model.procap import ProCap
+
+from .model_helpers import small_config, small_vqgan_config
+
+torch.set_num_threads(1)
+
+
+def naming_config(**overrides):
+    """16 px, f2 small VQGAN (8 x 8 latents) with the object-naming departures on: 4 x 4 tokens of 2 x 2 cells."""
+    base = {
+        "vqgan": small_vqgan_config(ch_mult=(1, 2), attn_resolutions=()),
+        "difference_mode": "joint",
+        "token_merge": 2,
+        "change_token": True,
+        "difference_embedding": True,
+    }
+    return small_config(**{**base, **overrides})
+
+
+def test_paper_presets_keep_the_paper_model():
+    for name in ("clevr", "spot", "edit"):
+        config = PRESETS[name]
+        assert (config.token_merge, config.change_token, config.difference_embedding) == (1, False, False)
+        assert config.grid_size == config.latent_size == 14
+        assert config.memory_tokens == config.num_frames * 196
+    tiny = get_preset("tiny")
+    assert (tiny.latent_size, tiny.grid_size, tiny.tokens_per_frame, tiny.memory_tokens) == (16, 8, 64, 4 * 64 + 1)
+
+
+def test_space_to_depth_layout_and_inverse():
+    x = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).view(2, 3, 4, 4)
+    # merge 1 is the plain row-major token layout
+    torch.testing.assert_close(space_to_depth(x, 1), x.flatten(2).transpose(1, 2))
+    tokens = space_to_depth(x, 2)  # (2, 4, 12): token (gy, gx) holds cells (2gy + dy, 2gx + dx), order dy, dx, c
+    assert tokens.shape == (2, 4, 12)
+    for gy in range(2):
+        for gx in range(2):
+            expected = torch.stack([x[:, :, 2 * gy + dy, 2 * gx + dx] for dy in range(2) for dx in range(2)], 1)
+            torch.testing.assert_close(tokens[:, gy * 2 + gx], expected.flatten(1))
+    torch.testing.assert_close(depth_to_space(tokens, 2), x)
+
+
+def test_joint_difference_is_signed_and_keeps_its_size():
+    torch.manual_seed(0)
+    before = torch.randn(2, 6, 8, 8)
+    after = before.clone()
+    after[:, :, 1, 2] += 3.0 * torch.randn(2, 6)  # one changed cell
+    cells = joint_cells(before, after)
+    difference = cells[:, 12:]
+    magnitude = difference.square().mean(1)
+    assert magnitude[:, 1, 2].min() > 100 * magnitude.flatten(1).sort(1).values[:, -2].max()  # unchanged cells ~0
+    vqgan = small_vqgan_config(ch_mult=(1, 2), z_channels=6, embed_dim=6)
+    model = ProCap(naming_config(vqgan=vqgan))
+    forward = model.encoder.embed_difference(before, after)
+    backward = model.encoder.embed_difference(after, before)
+    assert forward.shape == (2, model.config.tokens_per_frame, model.config.enc_dim)
+    assert (forward - backward).abs().max() > 1e-3  # add and drop no longer look alike
+    absolute = ProCap(small_config(vqgan=small_vqgan_config(ch_mult=(1, 2), z_channels=6, embed_dim=6)))
+    torch.testing.assert_close(
+        absolute.encoder.embed_difference(before, after), absolute.encoder.embed_difference(after, before)
+    )
+
+
+def test_change_token_pools_the_changed_cells():
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config).eval()
+    z = config.vqgan.z_channels
+    before = torch.randn(1, z, 8, 8)
+    after = before.clone()
+    after[:, :, 5, 3] = torch.randn(1, z) * 4
+    token = model.encoder.embed_change(before, after)
+    assert token.shape == (1, 1, config.enc_dim)
+    with torch.no_grad():
+        model.encoder.change_temperature.fill_(1e4)  # a hard pick: the changed cell alone
+        cell = joint_cells(before, after)[:, :, 5, 3]
+        expected = model.encoder.change_mlp(cell) + model.encoder.change_embedding
+        torch.testing.assert_close(model.encoder.embed_change(before, after)[:, 0], expected)
+
+
+def test_memory_and_sequences_carry_the_change_token():
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config).eval()
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    assert model.procedure_tokens(before, after).shape == (2, config.num_frames * 16 + 1, config.enc_dim)
+    memory = model.memory(before, after)
+    assert memory.shape == (2, config.memory_tokens, config.dec_dim) and config.memory_tokens == 3 * 16 + 1
+    tokens = model.generate(before, after)
+    assert tokens.shape == (2, config.max_caption_len - 1)
+
+
+def test_merged_msm_targets_follow_the_heads_cells():
+    config = naming_config()
+    model = ProCap(config)
+    latent = config.latent_size
+    codes = torch.arange(2 * config.num_frames * latent * latent).view(2, -1) % config.vqgan.n_embed
+    targets = model.msm_targets(codes)
+    # token t of frame f predicts its 4 cells in (dy, dx) order
+    grids = codes.view(2, config.num_frames, latent, latent)
+    per_token = targets.view(2, config.num_frames, config.grid_size, config.grid_size, 2, 2)
+    for dy in range(2):
+        for dx in range(2):
+            assert torch.equal(per_token[..., dy, dx], grids[:, :, dy::2, dx::2])
+
+
+def test_stage1_with_merged_tokens_learns_and_reaches_every_cell():
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config)
+    frames = torch.rand(2, config.num_frames, 3, 16, 16)
+    captions = torch.tensor([[1, 5, 6, 2, 0], [1, 7, 8, 9, 2]])
+    out = model.stage1_loss(frames, captions)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"])
+    assert model.encoder.change_mlp[0].weight.grad.abs().sum() > 0
+    assert model.encoder.difference_mlp[0].weight.grad.abs().sum() > 0
+    assert model.encoder.msm_head[1].weight.grad.shape[0] == 4 * config.vqgan.n_embed
+
+
+def test_imagined_logits_are_back_on_the_latent_grid():
+    from procap.visualize import procedure_logits
+
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config).eval()
+    before, after = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    logits = procedure_logits(model, before, after)
+    assert logits.shape == (1, config.num_keyframes, config.latent_size**2, config.vqgan.n_embed)
+    # the same numbers as the head's own output, re-laid from (token, dy, dx) to the latent grid's rows
+    n = config.tokens_per_frame
+    head = model.encoder.msm_head(model.encoder(model.procedure_tokens(before, after))[:, n : 2 * n])
+    first = head.view(4, 4, 2, 2, -1)  # gy, gx, dy, dx, code
+    grid = logits[0, 0].view(8, 8, -1)
+    torch.testing.assert_close(grid[2 * 1 + 1, 2 * 3 + 0], first[1, 3, 1, 0])
+
+
+@pytest.mark.parametrize("mode", ["absolute", "joint"])
+def test_difference_modes_are_checked(mode):
+    assert get_preset("tiny", difference_mode=mode).difference_mode == mode
+    with pytest.raises(ValueError, match="difference_mode"):
+        get_preset("tiny", difference_mode="signed")
