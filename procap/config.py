@@ -235,10 +235,6 @@ def get_preset(name: str, **overrides: Any) -> ProCapConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
     base = PRESETS[name]
-    import os  # EXPERIMENT-ONLY
-
-    if name == "tiny" and os.environ.get("EXP_PIXELS"):
-        base = dataclasses.replace(base, change_pixels=True)
     return ProCapConfig.from_dict({**dataclasses.asdict(base), **overrides})
 
 
