@@ -3,16 +3,21 @@
 Each case must end with exit code 2, exactly one line on stderr that names the file or argument at fault, no
 traceback, and no file created, changed or removed anywhere in the workspace or the working directory. The
 categories are: missing / directory / empty / corrupt / wrong type / out of range / unwritable output /
-existing output (a file where a folder goes, or the reverse). A command added to ``procap.cli.COMMANDS`` fails
-:func:`test_every_command_is_in_the_table` until its cases are added here.
+existing output (a file where a folder goes, or the reverse, or a non-empty dataset folder) / output is an input
+(the same file, a link to it, or a place inside a folder the command reads) / disk full (the operating system
+refuses the write mid-run, played by a file-size limit). A command added to ``procap.cli.COMMANDS`` fails
+:func:`test_every_command_is_in_the_table` until its cases are added here. The same table, by category, is in
+docs/errors.md.
 
 Inputs are tiny (16 px images, a one-layer model) so the whole table runs in seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +26,19 @@ from PIL import Image
 
 from procap.cli import COMMANDS, build_parser, main
 
-KINDS = ("missing", "directory", "empty", "corrupt", "wrong type", "out of range", "unwritable", "existing")
+KINDS = (
+    "missing",
+    "directory",
+    "empty",
+    "corrupt",
+    "wrong type",
+    "out of range",
+    "unwritable",
+    "existing",
+    "output is input",
+    "disk full",
+)
+DISK_FULL_BYTES = 64  # RLIMIT_FSIZE of the "disk full" cases: every output is larger, so its write fails
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,7 @@ class Case:
     argv: tuple[str, ...]
     needle: str
     env: tuple[tuple[str, str], ...] = ()
+    file_size_limit: int | None = None
 
     @property
     def id(self) -> str:
@@ -42,6 +60,12 @@ class Case:
 def case(kind: str, argv: str, needle: str, **env: str) -> Case:
     parts = tuple(argv.split())
     return Case(parts[0], kind, parts, needle, tuple(env.items()))
+
+
+def disk_full(argv: str, needle: str) -> Case:
+    """The output cannot be written (no space left); the sentence names it and nothing is left half-written."""
+    parts = tuple(argv.split())
+    return Case(parts[0], "disk full", parts, needle, file_size_limit=DISK_FULL_BYTES)
 
 
 TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
@@ -258,6 +282,31 @@ CASES += [
     case("existing", "profile --ckpt {ckpt} --out {file}", "--out"),
 ]
 
+# Outputs that would destroy an input, and outputs the operating system refuses mid-run.
+CASES += [
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {pred}", "--pred"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs}", "--refs"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs_hard_link}", "--refs"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs_symlink}", "--refs"),
+    case("output is input", "vocab --dataset clevr-change --root {data} --out {data}/splits.json", "--root"),
+    case("output is input", "vocab --dataset clevr-change --root {data} --out {data}/vocab.json", "--root"),
+    case("existing", "synth --out {data} --scenes 2", "--overwrite"),
+    case("existing", "synth --out {clevr_like} --scenes 2 --overwrite", "{clevr_like}"),
+    case("output is input", "prepare --dataset clevr-change --root {data} --vqgan {vqgan} --out {data}/c", "--root"),
+    case("output is input", f"train {TRAIN_OK} --out {{data}}/run", "--data"),
+    case("output is input", f"train {TRAIN_OK} --out {{run}} --init {{run}}/best.safetensors", "--init"),
+    case("output is input", f"evaluate {EVAL_OK} --out {{data}}/eval", "--data"),
+    case("output is input", f"imagine --ckpt {{ckpt}} {PAIR} --out {{bef}}", "BEFORE"),
+    case("output is input", f"procedure {PROC_OK} --out {{some_dir}}/p.png", "--cache"),
+    case("output is input", "convert --from authors {text_taming} --vocab {word2idx} --out {word2idx}", "--vocab"),
+    disk_full("score --pred {pred} --refs {refs} --metrics bleu --out {out}/new/s.json", "{out}/new/s.json"),
+    disk_full("vocab --dataset clevr-change --root {data} --out {out}/v.json", "{out}/v.json"),
+    disk_full("synth --out {out}/d --scenes 2 --no-progress", "{out}/d"),
+    disk_full(f"train {TRAIN_OK}", "{out}"),
+    disk_full(f"evaluate {EVAL_OK}", "{out}"),
+    disk_full(f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png", "{out}/s.png"),
+]
+
 
 # ---------------------------------------------------------------------------------------------- workspace
 def _partial_cache(root: Path) -> None:
@@ -421,7 +470,30 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["missing"] = ws / "no_such_thing"
     places["unwritable"] = places["file"] / "sub" / "target"  # below a file: no folder can be made there
     places["root"] = ws
+    places["refs_hard_link"] = ws / "refs_hard_link.json"
+    places["refs_hard_link"].hardlink_to(places["refs"])
+    places["refs_symlink"] = ws / "refs_symlink.json"
+    places["refs_symlink"].symlink_to(places["refs"])
+    places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
+    (places["clevr_like"] / "images").mkdir(parents=True)
+    places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
+    places["run"].mkdir()
+    (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())
     return {name: str(path) for name, path in places.items()}
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int | None):
+    """Files may not grow beyond ``limit`` bytes while inside: writes fail with EFBIG, as on a full disk."""
+    if limit is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
@@ -438,7 +510,8 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(bad: Case, workspace, tmp_
     argv = [part.format(**places) for part in bad.argv]
     before = _snapshot(Path(workspace["root"]), tmp_path)
     try:
-        code = main(argv)
+        with file_size_limit(bad.file_size_limit):
+            code = main(argv)
     except SystemExit as exit_info:  # argparse rejects its own way, through sys.exit
         code = exit_info.code
     err = capsys.readouterr().err

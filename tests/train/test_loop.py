@@ -190,7 +190,7 @@ def test_cli_errors_are_one_sentence(tmp_path, capsys):
 
     assert main(["evaluate", "--ckpt", str(tmp_path / "nope.safetensors"), "--data", str(tmp_path)]) == 2
     assert "nope.safetensors" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path), "--data", str(tmp_path), "--preset", "huge"]) == 2
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--preset", "huge"]) == 2
     assert "unknown preset" in capsys.readouterr().err
 
 
