@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import resource
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +214,7 @@ CASES += [
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{huge_ckpt}}", "enc_dim"),
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{vocab_ckpt}}", "{vocab_ckpt}"),
     case("wrong type", f"evaluate {EVAL_OK} --ckpt {{vqgan}}", "{vqgan}"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{int_ckpt}}", "{int_ckpt}"),
     case("missing", f"evaluate {EVAL_OK} --data {{missing}}", "{missing}"),
     case("empty", f"evaluate {EVAL_OK} --data {{empty_dir}}", "splits.json"),
     case("corrupt", f"evaluate {EVAL_OK} --data {{corrupt_clevr}}", "splits.json"),
@@ -244,6 +246,7 @@ CASES += [
     case("corrupt", f"caption --ckpt {{huge_ckpt}} {PAIR}", "enc_dim"),
     case("wrong type", f"caption --ckpt {{vqgan}} {PAIR}", "{vqgan}"),
     case("corrupt", f"caption --ckpt {{nan_ckpt}} {PAIR}", "{nan_ckpt}"),
+    case("wrong type", f"caption --ckpt {{int_ckpt}} {PAIR}", "is int32 where the model holds floating-point"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --batch-size 0", "--batch-size"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 1", "--max-len"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
@@ -280,6 +283,15 @@ CASES += [
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
     case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
     case("existing", "profile --ckpt {ckpt} --out {file}", "--out"),
+]
+
+# Inputs that used to give a silently wrong result with exit 0.
+CASES += [
+    case("corrupt", "score --pred {dup_key_pred} --refs {refs}", "'p1' twice"),
+    case("corrupt", "score --pred {pred} --refs {dup_key_refs}", "'p1' twice"),
+    case("empty", "score --pred {pred} --refs {blank_refs}", "no reference caption for id 'p1'"),
+    case("corrupt", "vocab --dataset clevr-change --root {dup_split_clevr} --out {out}/v.json", "twice"),
+    case("corrupt", f"evaluate {EVAL_OK} --data {{dup_split_clevr}}", "lists pair CLEVR_semantic_"),
 ]
 
 # Outputs that would destroy an input, and outputs the operating system refuses mid-run.
@@ -372,13 +384,21 @@ def _datasets(ws: Path) -> dict[str, Path]:
     (ws / "typed_ier").mkdir()
     entry = {"img0": 7, "img1": "b.png", "sents": ["make it red"], "uid": "1"}
     (ws / "typed_ier" / "train.json").write_text(json.dumps([entry]), encoding="utf-8")
+    dup_split = ws / "dup_split_clevr"  # a scene listed twice in a split: trained on and scored twice
+    shutil.copytree(ws / "data", dup_split)
+    splits = json.loads((dup_split / "splits.json").read_text(encoding="utf-8"))
+    splits["train"].append(splits["train"][0])
+    splits["test"].append(splits["test"][0])
+    (dup_split / "splits.json").write_text(json.dumps(splits), encoding="utf-8")
     return {name: ws / name for name in ("data", "empty_dir", "corrupt_clevr", "typed_ier")} | {
-        "typed_spot": ws / "typed_spot"
+        "typed_spot": ws / "typed_spot",
+        "dup_split_clevr": dup_split,
     }
 
 
 def _models(ws: Path, data: Path) -> dict[str, Path]:
     """A checkpoint, a VQGAN file and checkpoints with crafted metadata."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     from procap.checkpoint import save_checkpoint
@@ -403,8 +423,15 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
         nan_ckpt,
         metadata=_metadata(ckpt),
     )
+    int_ckpt = ws / "int.safetensors"  # float weights stored as integers: cast silently, captions garbage
+    save_file(
+        {k: v.to(torch.int32) if v.is_floating_point() else v for k, v in load_file(ckpt).items()},
+        int_ckpt,
+        metadata=_metadata(ckpt),
+    )
     return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
-        "nan_ckpt": nan_ckpt
+        "nan_ckpt": nan_ckpt,
+        "int_ckpt": int_ckpt,
     }
 
 
@@ -431,6 +458,9 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "pred": json.dumps([{"image_id": "p1", "caption": "the cube moved"}]),
         "pred_null_caption": json.dumps([{"image_id": "p1", "caption": None}]),
         "refs": json.dumps({"p1": ["the cube moved"]}),
+        "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
+        "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
+        "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "word2idx": json.dumps(
             {

@@ -155,6 +155,14 @@ class Trainer:
             )
         except ValueError as exc:
             raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
+        if self.sampler.batch_size < cfg.batch_size and self.ctx.is_main:
+            # One process clamps to the data; say so, since a whole split per step can take gigabytes.
+            print(
+                f"{name}: --batch-size {cfg.batch_size} is more than the {len(dataset)} training items; each step "
+                f"takes all {len(dataset)} (lower --batch-size to use less memory)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
         distributed.seed_rank(cfg.seed, self.ctx)
         module = LossModule(model, loss_fn)  # names as DDP sees them: "model.vqgan..."

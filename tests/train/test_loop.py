@@ -209,3 +209,12 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
     vqgan = vt.load_vqgan(path)
     assert vqgan.config.resolution == 16
+
+
+def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train_pairs, capsys):
+    """Was: --batch-size far above the split was clamped to the whole split without a word (5.7 GB of memory)."""
+    cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=10_000, progress=False, device="cpu")
+    data = PairDataset(train_pairs, vocab, 16, 12)
+    trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
+    assert trainer.sampler.batch_size == len(data)
+    assert f"--batch-size 10000 is more than the {len(data)} training items" in capsys.readouterr().err
