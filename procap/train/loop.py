@@ -36,6 +36,8 @@ from procap.train.datasets import EpochBatchSampler
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
 
+MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
+
 LossFn = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
 SaveFn = Callable[[Path, dict[str, Any]], None]
 LoadFn = Callable[[Path], None]
@@ -164,6 +166,9 @@ class Trainer:
                 flush=True,
             )
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
+        # A short run logs more often than --log-every, so that its loss curve has points to draw (a 10-step stage 1
+        # logged one point at step 10).
+        self.log_every = max(1, min(cfg.log_every, self.total // MIN_LOGGED_POINTS))
         distributed.seed_rank(cfg.seed, self.ctx)
         module = LossModule(model, loss_fn)  # names as DDP sees them: "model.vqgan..."
         self.wrapped = distributed.wrap_ddp(module, self.ctx, self.device, frozen_names(module), find_unused)
@@ -447,7 +452,7 @@ class Trainer:
                 self.state.batch_in_epoch += 1
                 items += self.sampler.global_batch
                 bar.update(1)
-                if self._due(self.cfg.log_every) or self.state.step == self.total:
+                if self._due(self.log_every) or self.state.step == self.total:
                     self._log_step(record, items / max(time.perf_counter() - t0, 1e-9), bar)
                 if self._due(self.cfg.val_every):
                     self.run_validation()

@@ -218,3 +218,12 @@ def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train
     trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
     assert trainer.sampler.batch_size == len(data)
     assert f"--batch-size 10000 is more than the {len(data)} training items" in capsys.readouterr().err
+
+
+def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, train_pairs):
+    """Was: a 10-step stage 1 with --log-every 10 logged one record, and the report drew its loss as one point."""
+    data = PairDataset(train_pairs, vocab, 16, 12)
+    for steps, expected in ((10, 1), (200, 10), (5000, 10)):
+        cfg = TrainConfig(stage="train", out=str(tmp_path), steps=steps, batch_size=2, log_every=10, progress=False)
+        trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
+        assert trainer.log_every == expected
