@@ -584,3 +584,10 @@ def test_every_command_is_in_the_table():
 def test_the_table_holds_no_duplicate_cases():
     keys = [dataclasses.astuple(c) for c in CASES]
     assert len(keys) == len(set(keys))
+
+
+def test_the_docs_table_lists_every_category():
+    """docs/errors.md mirrors this table: one row per category."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| ")}
+    assert set(KINDS) <= rows, set(KINDS) - rows

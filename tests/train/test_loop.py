@@ -183,6 +183,9 @@ def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, cap
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert len(results) == report["pairs"] and {"image_id", "caption"} <= set(results[0])
     assert "captions/s" in capsys.readouterr().out
+    # the file `procap score --refs` needs, which no command wrote before
+    argv = ["--pred", str(tmp_path / "eval" / "results.json"), "--refs", str(tmp_path / "eval" / "references.json")]
+    assert main(["score", *argv, "--metrics", "bleu"]) == 0
 
 
 def test_cli_errors_are_one_sentence(tmp_path, capsys):
