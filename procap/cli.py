@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from procap.errors import ProCapError
 from procap.files import OutputError, os_error_in, protect_inputs
+from procap.validate import output_apart
 
 # name -> module under procap.commands; the order is the order shown by --help.
 COMMANDS: dict[str, str] = {
@@ -121,8 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         inputs = input_arguments(parser, args)
         if getattr(args, "out", None):
-            from procap.validate import output_apart
-
             output_apart(args.out, "--out", inputs)
         with protect_inputs(inputs):
             code = int(args._run(args) or 0)
