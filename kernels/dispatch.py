@@ -123,8 +123,28 @@ def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype) -> str
     return None
 
 
+def forced_impl() -> str:
+    """``PROCAP_KERNELS`` in lower case, or ``""`` when unset.
+
+    A value that names no implementation (``refrence``) is ignored with one ``RuntimeWarning`` naming the valid
+    values, instead of silently running the automatic choice the user meant to override.
+    """
+    value = os.environ.get("PROCAP_KERNELS", "").strip().lower()
+    if value and value not in IMPLS:
+        if ("PROCAP_KERNELS", value) not in _warned:
+            _warned.add(("PROCAP_KERNELS", value))
+            warnings.warn(
+                f"PROCAP_KERNELS={value!r} is not one of {', '.join(IMPLS)}; it is ignored and the automatic choice "
+                "runs",
+                RuntimeWarning,
+                stacklevel=6,
+            )
+        return ""
+    return value
+
+
 def _preference(op: FusedOp, device_type: str) -> list[str]:
-    forced = os.environ.get("PROCAP_KERNELS", "").strip().lower()
+    forced = forced_impl()
     if forced == "reference":
         return ["reference"]
     if device_type == "cuda":

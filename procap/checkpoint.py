@@ -251,10 +251,37 @@ def check_finite(state: dict[str, torch.Tensor], path: Path | str) -> None:
         )
 
 
+def check_dtypes(own: dict[str, torch.Tensor], stored: dict[str, torch.Tensor], path: Path | str) -> None:
+    """Each stored tensor must be of the model's kind of number: ``load_state_dict`` casts an integer tensor into
+    float weights (and floats into integer buffers) silently, and the model then captions garbage.
+
+    Float widths may differ (an fp16 or bf16 file loads into fp32 weights).
+
+    Raises:
+        ProCapError: naming the first tensor whose kind differs, with both dtypes.
+    """
+
+    def kind(tensor: torch.Tensor) -> str:
+        if tensor.is_floating_point():
+            return "floating-point"
+        return "complex" if tensor.is_complex() else "integer" if tensor.dtype != torch.bool else "boolean"
+
+    for name, value in stored.items():
+        mine = own.get(name)
+        if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor) and kind(value) != kind(mine):
+            raise ProCapError(
+                f"weights in {path}: tensor {name} is {str(value.dtype).removeprefix('torch.')} where the model "
+                f"holds {kind(mine)} values ({str(mine.dtype).removeprefix('torch.')}); the file was not written "
+                "for this model or was altered."
+            )
+
+
 def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path | str) -> None:
-    """``load_state_dict(strict=True)`` with missing/unexpected keys, shape mismatches and non-finite values named
-    in one sentence."""
-    check_shapes(module.state_dict(), state, path)
+    """``load_state_dict(strict=True)`` with missing/unexpected keys, shape mismatches, tensors of the wrong kind
+    of number and non-finite values named in one sentence."""
+    own = module.state_dict()
+    check_shapes(own, state, path)
+    check_dtypes(own, state, path)
     check_finite(state, path)
     module.load_state_dict(state, strict=True)
 

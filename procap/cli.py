@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
 from procap.errors import ProCapError
+from procap.files import OutputError, os_error_in, protect_inputs
+from procap.validate import output_apart
 
 # name -> module under procap.commands; the order is the order shown by --help.
 COMMANDS: dict[str, str] = {
@@ -62,6 +67,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def input_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(argument, path)`` of every argument but ``--out`` whose value names an existing file or folder.
+
+    What a command reads is whatever path it is given; deciding this here, from the parsed values, covers every
+    command (and every new one) with one rule instead of a list per command.
+    """
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = []
+    for action in sub.choices[args.command]._actions:
+        if action.dest in ("out", "help") or not hasattr(args, action.dest):
+            continue
+        name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest)
+        values = getattr(args, action.dest)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str) or not value:
+                continue
+            if not os.path.exists(value) and ":" in value:  # a prefixed path such as --init-encoder clip:PATH
+                value = value.split(":", 1)[1]
+            if os.path.exists(value):
+                found.append((name, value))
+    return found
+
+
+def _stdout_is_a_closed_pipe() -> bool:
+    """True when the reader of our stdout has gone (``procap info clevr | head -1``); poll reports POLLERR."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a real file (captured output), or no poll on this system
+        return False
+
+
+def _os_failure(exc: Exception, args: argparse.Namespace) -> str:
+    """One sentence for an operating-system failure, naming the output being written where it can."""
+    number, message = os_error_in(exc) or (0, str(exc))
+    if isinstance(exc, OutputError):
+        return f"cannot write {exc.filename} ({message}){f'; {exc.note}' if exc.note else ''}."
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"cannot access {exc.filename} ({message})."
+    out = getattr(args, "out", None)
+    if out:
+        return f"procap {args.command} could not finish writing --out {out} ({message})."
+    return f"procap {args.command} stopped on an operating-system error ({message}, errno {number})."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,7 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        inputs = input_arguments(parser, args)
+        if getattr(args, "out", None):
+            output_apart(args.out, "--out", inputs)
+        with protect_inputs(inputs):
+            code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, where the handlers below still apply
+        return code
     except ProCapError as exc:
         print(f"procap: error: {exc}", file=sys.stderr)
         return 2
@@ -77,11 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Training raises a KeyboardInterrupt subclass that says what it saved and carries the signal number.
         print(f"procap: interrupted{f': {exc}' if str(exc) else ''}", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
-    except OSError as exc:
-        if exc.filename is None:
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_is_a_closed_pipe():
+            # Quiet, as `yes | head` is; stdout goes to /dev/null so the flush at exit cannot fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
+        if os_error_in(exc) is None:
             raise
-        # A file the checks could not foresee (disk full, permissions changed while running): still one sentence.
-        print(f"procap: error: cannot access {exc.filename} ({exc.strerror or exc}).", file=sys.stderr)
+        # Disk full, quota, a file changed while running: one sentence, whichever library met it.
+        print(f"procap: error: {_os_failure(exc, args)}", file=sys.stderr)
         return 2
 
 

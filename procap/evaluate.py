@@ -57,13 +57,32 @@ def java_available() -> bool:
     return shutil.which("java") is not None
 
 
-def _check_inputs(predictions: dict[str, str], references: dict[str, list[str]]) -> None:
+def reference_list(key: str, value: Any, source: str = "references") -> list[str]:
+    """The one rule for an id's references, whether they come from Python, a file or a dataset split.
+
+    A single string is one reference (iterating it would score it character by character); otherwise a list of
+    strings, at least one of them not blank (against only blank references a caption is scored against nothing).
+
+    Raises:
+        ProCapError: naming ``source`` and the id.
+    """
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
+        raise ProCapError(f"{source} has a non-caption value for id {key!r} (give a list of caption strings).")
+    if not any(c.strip() for c in value):
+        raise ProCapError(f"{source} has no reference caption for id {key!r} (its list is empty or all blank).")
+    return list(value)
+
+
+def _check_inputs(predictions: dict[str, str], references: dict[str, Any]) -> dict[str, list[str]]:
+    """The predicted ids' references under :func:`reference_list`'s rule; every caption a string."""
     missing = [key for key in predictions if key not in references]
     if missing:
         raise ProCapError(f"{len(missing)} predicted id(s) have no references, e.g. {missing[0]!r}.")
-    empty = [key for key in predictions if not references[key]]
-    if empty:
-        raise ProCapError(f"id {empty[0]!r} has an empty reference list.")
+    for key, caption in predictions.items():
+        if not isinstance(caption, str):
+            raise ProCapError(f"the prediction of id {key!r} is {type(caption).__name__}, not a string.")
+    return {key: reference_list(key, references[key]) for key in predictions}
 
 
 # pycocoevalcap's PTBTokenizer drops these tokens after tokenising.
@@ -194,7 +213,8 @@ def score(
 
     Args:
         predictions: id -> predicted caption.
-        references: id -> reference captions (ids not in ``predictions`` are ignored).
+        references: id -> reference captions (ids not in ``predictions`` are ignored); :func:`reference_list`
+            says what is accepted.
         metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (:func:`metric_name`); all by default.
         change_types: id -> change type (CLEVR-Change; ``"no_change"`` for distractors). When given, the result
             also holds ``"by_type"``: one score dict per type and for ``change`` / ``no_change`` / ``total``.
@@ -204,7 +224,7 @@ def score(
     """
     if not predictions:
         raise ProCapError("there are no predictions to score.")
-    _check_inputs(predictions, references)
+    references = _check_inputs(predictions, references)
     scorers = _scorers(metrics if metrics is not None else METRICS)
     # The tokenizer ignores empty hypotheses badly; a lone space keeps the id present.
     # One tokenizer run for hypotheses and references (each Java start costs about a second).
@@ -269,17 +289,12 @@ def read_predictions(path: str | os.PathLike) -> dict[str, str]:
 
 
 def read_references(path: str | os.PathLike) -> dict[str, list[str]]:
-    """An ``{id: [caption, ...]}`` object (a single string is taken as one reference)."""
+    """An ``{id: [caption, ...]}`` object, as ``procap evaluate`` writes to ``references.json`` (each id's
+    references under :func:`reference_list`'s rule; an id twice is refused by :func:`read_json`)."""
     data = read_json(path, "reference file")
     if not isinstance(data, dict):
         raise ProCapError(f"reference file {path} must be an object from id to a list of captions.")
-    refs = {}
-    for key, value in data.items():
-        value = [value] if isinstance(value, str) else value
-        if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
-            raise ProCapError(f"reference file {path} has a non-caption value for id {key!r}.")
-        refs[str(key)] = value
-    return refs
+    return {str(key): reference_list(key, value, f"reference file {path}") for key, value in data.items()}
 
 
 def format_table(results: dict[str, Any]) -> str:

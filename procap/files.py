@@ -1,19 +1,160 @@
 """Atomic file writes: the one helper every writer of results, vocabularies, caches and checkpoints goes through.
 
 A file is written to a temporary name in its own folder and moved into place with ``os.replace`` only when the
-write succeeded, so a reader never sees half a file and an interrupted run leaves the old file (or none) behind.
+write succeeded, so a reader never sees half a file and an interrupted run leaves the old file (or none) behind;
+folders created for it are removed again when the write fails.
+
+Two rules hold for every write made here:
+
+- an operating-system failure (disk full, quota, file too large, permissions changed while running) is raised as
+  :class:`OutputError` naming the output, never the temporary file, whatever library did the writing
+  (:func:`writing` also serves writers that cannot be atomic, such as HDF5 caches);
+- a command never writes over one of its own inputs: the CLI registers them with :func:`protect_inputs`, and a
+  write onto such a file (same path, symlink or hard link) or into such a folder is refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from procap.errors import ProCapError
 
+
+class OutputError(OSError):
+    """Writing an output failed at the operating-system level; ``filename`` is the output the user named.
+
+    ``note`` (empty by default) says what the failed command left behind, e.g. a run folder without a checkpoint.
+    """
+
+    note: str = ""
+
+
+# Libraries that wrap OS errors in their own exception types keep the errno only in the text:
+# Rust's std::io (safetensors) writes "(os error 28)", HDF5 (h5py) writes "errno = 28".
+_ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\berrno = (\d+)")
+
+
+def os_error_in(exc: BaseException) -> tuple[int, str] | None:
+    """``(errno, message)`` when ``exc`` reports an operating-system failure, else ``None``.
+
+    Recognises :class:`OSError` with an errno and the safetensors / h5py exceptions that carry one in their text.
+    """
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno, exc.strerror or os.strerror(exc.errno)
+    if not isinstance(exc, Exception):
+        return None
+    match = _ERRNO_IN_TEXT.search(str(exc))
+    if match is None:
+        return None
+    number = int(match.group(1) or match.group(2))
+    return number, os.strerror(number)
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Inside, an operating-system failure of any library becomes an :class:`OutputError` naming ``path``."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except Exception as exc:
+        failure = os_error_in(exc)
+        if failure is None:
+            raise
+        raise OutputError(failure[0], failure[1], str(path)) from exc
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's content, read in 1 MiB blocks (a 1 GB VQGAN takes about a second)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(2**20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def require_space(path: str | os.PathLike, nbytes: int) -> None:
+    """Raise an :class:`OutputError` (ENOSPC) naming ``path`` when its file system has less than ``nbytes`` free.
+
+    For writers that cannot recover from a full disk themselves: HDF5 left in the middle of a write can crash
+    the interpreter at exit, so a procedure cache checks before each pair instead.
+    """
+    import errno
+    import shutil
+
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if shutil.disk_usage(folder).free < nbytes:
+        raise OutputError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+# ------------------------------------------------------------------------------------- inputs never overwritten
+_protected: list[tuple[str, Path]] = []  # (how messages name it, the input) while a command runs
+
+
+@contextmanager
+def protect_inputs(inputs: Iterable[tuple[str, str | os.PathLike]]) -> Iterator[None]:
+    """While inside, :func:`refuse_inputs` (and so every write through this module) protects ``inputs``.
+
+    Args:
+        inputs: ``(name, path)`` of every file or folder the running command reads, e.g. ``("--refs", "r.json")``.
+    """
+    added = [(name, Path(path)) for name, path in inputs]
+    _protected.extend(added)
+    try:
+        yield
+    finally:
+        for entry in added:
+            _protected.remove(entry)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def input_overlap(output: str | os.PathLike, inputs: Iterable[tuple[str, str | os.PathLike]]) -> str | None:
+    """Why writing ``output`` would touch one of ``inputs`` (one clause naming that input), or ``None``.
+
+    ``output`` touches an input when it is that file (the same path, or the same file through a symlink or a hard
+    link) or lies inside that folder (after resolving symlinks).
+    """
+    target = Path(os.path.realpath(output))
+    for name, raw in inputs:
+        source = Path(raw)
+        real = Path(os.path.realpath(source))
+        if source.is_dir():
+            if target == real or real in target.parents:
+                return f"lies inside {name} {source}, a folder this command reads"
+        elif target == real or _same_file(Path(output), source):
+            return f"is {name} {source}, which this command reads"
+    return None
+
+
+def refuse_inputs(*outputs: str | os.PathLike) -> None:
+    """Raise :class:`ProCapError` when one of ``outputs`` would overwrite an input under :func:`protect_inputs`.
+
+    Writers that know their file names early (a training run's checkpoints) call this before any work.
+    """
+    for output in outputs:
+        overlap = input_overlap(output, _protected)
+        if overlap is not None:
+            raise ProCapError(f"the output {output} {overlap}; write it elsewhere.")
+
+
+# ------------------------------------------------------------------------------------------------- writing
 def _current_umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
     os.umask(mask)
@@ -27,31 +168,58 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_current_umask()
 
 
+def make_parents(path: Path) -> list[Path]:
+    """Create the missing folders above ``path``; returns them, deepest first, for :func:`remove_empty`."""
+    missing = []
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_empty(folders: Iterable[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is still empty: what a failed write created, nothing else."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Path:
     """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it returned without raising.
 
     Args:
-        path: the final file; its parent folders are created.
+        path: the final file; its parent folders are created (and removed again if the write fails).
         writer: writes the complete file at the temporary path it is given.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OutputError: the operating system refused the write (naming ``path``).
+        ProCapError: ``path`` is an input of the running command (:func:`protect_inputs`).
     """
     path = Path(path)
+    refuse_inputs(path)
+    created: list[Path] = []
+    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:  # name the file asked for, not the temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    os.close(fd)
-    try:
-        writer(tmp)
-        # mkstemp creates 0600; give the file the mode a plain open() would (or keep the replaced file's mode).
-        os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
+        with writing(path):
+            created = make_parents(path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            writer(tmp)
+            # mkstemp creates 0600; give the file the mode a plain open() would (or keep the replaced file's mode).
+            os.chmod(tmp, _mode_for(path))
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        remove_empty(created)
+        raise
     return path
 
 

@@ -21,6 +21,7 @@ import base64
 import html
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,21 @@ def per_type_table(summary: dict[str, Any]) -> str:
 
 
 def curves_png(folder: Path) -> bytes | None:
-    """PNG of the training curves (stage-1 loss, stage-2 loss, validation CIDEr against steps), None without logs."""
+    """PNG of :func:`curves_figure`, None without logs."""
+    figure = curves_figure(folder)
+    if figure is None:
+        return None
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def curves_figure(folder: Path) -> Any:
+    """The training curves (stage-1 loss, stage-2 loss, validation CIDEr against steps), None without logs.
+
+    Losses are drawn on a log scale, each model with its own line style and markers: the three stage-2 losses
+    differ by a few percent and, on a linear scale, lay on top of one another.
+    """
     from matplotlib.figure import Figure  # Figure + savefig use the Agg renderer: no display, no pyplot state
 
     logs = {label: read_log(folder / name / "log.jsonl") for name, label in RUNS}
@@ -145,24 +160,41 @@ def curves_png(folder: Path) -> bytes | None:
         return None
     figure = Figure(figsize=(13, 3.6), dpi=90)
     loss1, loss2, cider = figure.subplots(1, 3)
-    _plot(loss1, {"stage 1 (ProCap)": stage1}, "loss", "stage-1 loss (MSM + align + csy)")
-    _plot(loss2, logs, "loss", "stage-2 training loss")
-    _plot(cider, logs, "val/CIDEr", "validation CIDEr", marker="o")
+    _plot(loss1, {"stage 1 (ProCap)": stage1}, "loss", "stage-1 loss (MSM + align + csy)", log_scale=True)
+    _plot(loss2, logs, "loss", "stage-2 training loss", log_scale=True)
+    _plot(cider, logs, "val/CIDEr", "validation CIDEr")
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return figure
 
 
-def _plot(axes: Any, logs: dict[str, list[dict]], key: str, title: str, marker: str | None = None) -> None:
-    for label, records in logs.items():
+# (line, marker, marker size, filled) per model: hollow markers of falling size nest where the curves coincide.
+LINE_STYLES = (("-", "o", 8, False), ("--", "s", 5.5, False), (":", "^", 4, True))
+
+
+def _minor_log_label(value: float, _position: int) -> str:
+    """Labels for the 2, 3 and 5 ticks of each decade of a log axis (a loss spans a decade or two)."""
+    leading = round(value / 10 ** math.floor(math.log10(value))) if value > 0 else 0
+    return f"{value:g}" if leading in (2, 3, 5) else ""
+
+
+def _plot(axes: Any, logs: dict[str, list[dict]], key: str, title: str, log_scale: bool = False) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    for (label, records), (line, marker, size, filled) in zip(logs.items(), LINE_STYLES):
         points = [(r["step"], r[key]) for r in records if key in r and "step" in r]
         if points:
             steps, values = zip(*points)
-            # a short run logs a few points (the quick demo's stage 1: one): markers keep them visible
-            axes.plot(steps, values, label=label, marker=marker or ("o" if len(points) <= 20 else None))
+            drawn = axes.plot(steps, values, label=label, linestyle=line, marker=marker, markersize=size)
+            drawn[0].set_markevery(max(1, len(points) // 12))  # about a dozen markers per curve, however long the run
+            if not filled:
+                drawn[0].set_markerfacecolor("none")
     axes.set_title(title)
     axes.set_xlabel("step")
+    values = [v for line in axes.lines for v in line.get_ydata()]
+    if log_scale and values and min(values) > 0:
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # 0.3, not 3 x 10^-1
+        axes.yaxis.set_minor_formatter(FuncFormatter(_minor_log_label))
     if axes.lines:
         axes.legend(fontsize=8)
     else:

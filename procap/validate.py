@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from procap.errors import ProCapError
+from procap.files import input_overlap
 
 
 def input_file(path: str | os.PathLike, what: str) -> Path:
@@ -81,6 +82,20 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
         return path
     _check_creatable(path, flag)
     return path
+
+
+def output_apart(path: str | os.PathLike, flag: str, inputs: list[tuple[str, str | os.PathLike]]) -> None:
+    """Check that the output ``path`` is none of ``inputs`` (same path, symlink or hard link) and lies in none of
+    the input folders: a command never writes over what it reads.
+
+    Args:
+        path: the file or folder a command will write.
+        flag: the argument that named it, e.g. ``"--out"``.
+        inputs: ``(argument, path)`` of everything the command reads.
+    """
+    overlap = input_overlap(path, inputs)
+    if overlap is not None:
+        raise ProCapError(f"{flag} {path} {overlap}; choose another {flag}.")
 
 
 def number(

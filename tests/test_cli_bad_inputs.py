@@ -3,16 +3,22 @@
 Each case must end with exit code 2, exactly one line on stderr that names the file or argument at fault, no
 traceback, and no file created, changed or removed anywhere in the workspace or the working directory. The
 categories are: missing / directory / empty / corrupt / wrong type / out of range / unwritable output /
-existing output (a file where a folder goes, or the reverse). A command added to ``procap.cli.COMMANDS`` fails
-:func:`test_every_command_is_in_the_table` until its cases are added here.
+existing output (a file where a folder goes, or the reverse, or a non-empty dataset folder) / output is an input
+(the same file, a link to it, or a place inside a folder the command reads) / disk full (the operating system
+refuses the write mid-run, played by a file-size limit). A command added to ``procap.cli.COMMANDS`` fails
+:func:`test_every_command_is_in_the_table` until its cases are added here. The same table, by category, is in
+docs/errors.md.
 
 Inputs are tiny (16 px images, a one-layer model) so the whole table runs in seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import resource
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +27,19 @@ from PIL import Image
 
 from procap.cli import COMMANDS, build_parser, main
 
-KINDS = ("missing", "directory", "empty", "corrupt", "wrong type", "out of range", "unwritable", "existing")
+KINDS = (
+    "missing",
+    "directory",
+    "empty",
+    "corrupt",
+    "wrong type",
+    "out of range",
+    "unwritable",
+    "existing",
+    "output is input",
+    "disk full",
+)
+DISK_FULL_BYTES = 64  # RLIMIT_FSIZE of the "disk full" cases: every output is larger, so its write fails
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,7 @@ class Case:
     argv: tuple[str, ...]
     needle: str
     env: tuple[tuple[str, str], ...] = ()
+    file_size_limit: int | None = None
 
     @property
     def id(self) -> str:
@@ -42,6 +61,12 @@ class Case:
 def case(kind: str, argv: str, needle: str, **env: str) -> Case:
     parts = tuple(argv.split())
     return Case(parts[0], kind, parts, needle, tuple(env.items()))
+
+
+def disk_full(argv: str, needle: str) -> Case:
+    """The output cannot be written (no space left); the sentence names it and nothing is left half-written."""
+    parts = tuple(argv.split())
+    return Case(parts[0], "disk full", parts, needle, file_size_limit=DISK_FULL_BYTES)
 
 
 TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
@@ -189,6 +214,7 @@ CASES += [
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{huge_ckpt}}", "enc_dim"),
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{vocab_ckpt}}", "{vocab_ckpt}"),
     case("wrong type", f"evaluate {EVAL_OK} --ckpt {{vqgan}}", "{vqgan}"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{int_ckpt}}", "{int_ckpt}"),
     case("missing", f"evaluate {EVAL_OK} --data {{missing}}", "{missing}"),
     case("empty", f"evaluate {EVAL_OK} --data {{empty_dir}}", "splits.json"),
     case("corrupt", f"evaluate {EVAL_OK} --data {{corrupt_clevr}}", "splits.json"),
@@ -220,6 +246,7 @@ CASES += [
     case("corrupt", f"caption --ckpt {{huge_ckpt}} {PAIR}", "enc_dim"),
     case("wrong type", f"caption --ckpt {{vqgan}} {PAIR}", "{vqgan}"),
     case("corrupt", f"caption --ckpt {{nan_ckpt}} {PAIR}", "{nan_ckpt}"),
+    case("wrong type", f"caption --ckpt {{int_ckpt}} {PAIR}", "is int32 where the model holds floating-point"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --batch-size 0", "--batch-size"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 1", "--max-len"),
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
@@ -256,6 +283,40 @@ CASES += [
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
     case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
     case("existing", "profile --ckpt {ckpt} --out {file}", "--out"),
+]
+
+# Inputs that used to give a silently wrong result with exit 0.
+CASES += [
+    case("corrupt", "score --pred {dup_key_pred} --refs {refs}", "'p1' twice"),
+    case("corrupt", "score --pred {pred} --refs {dup_key_refs}", "'p1' twice"),
+    case("empty", "score --pred {pred} --refs {blank_refs}", "no reference caption for id 'p1'"),
+    case("corrupt", "vocab --dataset clevr-change --root {dup_split_clevr} --out {out}/v.json", "twice"),
+    case("corrupt", f"evaluate {EVAL_OK} --data {{dup_split_clevr}}", "lists pair CLEVR_semantic_"),
+]
+
+# Outputs that would destroy an input, and outputs the operating system refuses mid-run.
+CASES += [
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {pred}", "--pred"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs}", "--refs"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs_hard_link}", "--refs"),
+    case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {refs_symlink}", "--refs"),
+    case("output is input", "vocab --dataset clevr-change --root {data} --out {data}/splits.json", "--root"),
+    case("output is input", "vocab --dataset clevr-change --root {data} --out {data}/vocab.json", "--root"),
+    case("existing", "synth --out {data} --scenes 2", "--overwrite"),
+    case("existing", "synth --out {clevr_like} --scenes 2 --overwrite", "{clevr_like}"),
+    case("output is input", "prepare --dataset clevr-change --root {data} --vqgan {vqgan} --out {data}/c", "--root"),
+    case("output is input", f"train {TRAIN_OK} --out {{data}}/run", "--data"),
+    case("output is input", f"train {TRAIN_OK} --out {{run}} --init {{run}}/best.safetensors", "--init"),
+    case("output is input", f"evaluate {EVAL_OK} --out {{data}}/eval", "--data"),
+    case("output is input", f"imagine --ckpt {{ckpt}} {PAIR} --out {{bef}}", "BEFORE"),
+    case("output is input", f"procedure {PROC_OK} --out {{some_dir}}/p.png", "--cache"),
+    case("output is input", "convert --from authors {text_taming} --vocab {word2idx} --out {word2idx}", "--vocab"),
+    disk_full("score --pred {pred} --refs {refs} --metrics bleu --out {out}/new/s.json", "{out}/new/s.json"),
+    disk_full("vocab --dataset clevr-change --root {data} --out {out}/v.json", "{out}/v.json"),
+    disk_full("synth --out {out}/d --scenes 2 --no-progress", "{out}/d"),
+    disk_full(f"train {TRAIN_OK}", "{out}"),
+    disk_full(f"evaluate {EVAL_OK}", "{out}"),
+    disk_full(f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png", "{out}/s.png"),
 ]
 
 
@@ -323,13 +384,21 @@ def _datasets(ws: Path) -> dict[str, Path]:
     (ws / "typed_ier").mkdir()
     entry = {"img0": 7, "img1": "b.png", "sents": ["make it red"], "uid": "1"}
     (ws / "typed_ier" / "train.json").write_text(json.dumps([entry]), encoding="utf-8")
+    dup_split = ws / "dup_split_clevr"  # a scene listed twice in a split: trained on and scored twice
+    shutil.copytree(ws / "data", dup_split)
+    splits = json.loads((dup_split / "splits.json").read_text(encoding="utf-8"))
+    splits["train"].append(splits["train"][0])
+    splits["test"].append(splits["test"][0])
+    (dup_split / "splits.json").write_text(json.dumps(splits), encoding="utf-8")
     return {name: ws / name for name in ("data", "empty_dir", "corrupt_clevr", "typed_ier")} | {
-        "typed_spot": ws / "typed_spot"
+        "typed_spot": ws / "typed_spot",
+        "dup_split_clevr": dup_split,
     }
 
 
 def _models(ws: Path, data: Path) -> dict[str, Path]:
     """A checkpoint, a VQGAN file and checkpoints with crafted metadata."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     from procap.checkpoint import save_checkpoint
@@ -354,8 +423,15 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
         nan_ckpt,
         metadata=_metadata(ckpt),
     )
+    int_ckpt = ws / "int.safetensors"  # float weights stored as integers: cast silently, captions garbage
+    save_file(
+        {k: v.to(torch.int32) if v.is_floating_point() else v for k, v in load_file(ckpt).items()},
+        int_ckpt,
+        metadata=_metadata(ckpt),
+    )
     return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
-        "nan_ckpt": nan_ckpt
+        "nan_ckpt": nan_ckpt,
+        "int_ckpt": int_ckpt,
     }
 
 
@@ -382,6 +458,9 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "pred": json.dumps([{"image_id": "p1", "caption": "the cube moved"}]),
         "pred_null_caption": json.dumps([{"image_id": "p1", "caption": None}]),
         "refs": json.dumps({"p1": ["the cube moved"]}),
+        "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
+        "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
+        "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "word2idx": json.dumps(
             {
@@ -421,7 +500,30 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["missing"] = ws / "no_such_thing"
     places["unwritable"] = places["file"] / "sub" / "target"  # below a file: no folder can be made there
     places["root"] = ws
+    places["refs_hard_link"] = ws / "refs_hard_link.json"
+    places["refs_hard_link"].hardlink_to(places["refs"])
+    places["refs_symlink"] = ws / "refs_symlink.json"
+    places["refs_symlink"].symlink_to(places["refs"])
+    places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
+    (places["clevr_like"] / "images").mkdir(parents=True)
+    places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
+    places["run"].mkdir()
+    (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())
     return {name: str(path) for name, path in places.items()}
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int | None):
+    """Files may not grow beyond ``limit`` bytes while inside: writes fail with EFBIG, as on a full disk."""
+    if limit is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
@@ -438,7 +540,8 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(bad: Case, workspace, tmp_
     argv = [part.format(**places) for part in bad.argv]
     before = _snapshot(Path(workspace["root"]), tmp_path)
     try:
-        code = main(argv)
+        with file_size_limit(bad.file_size_limit):
+            code = main(argv)
     except SystemExit as exit_info:  # argparse rejects its own way, through sys.exit
         code = exit_info.code
     err = capsys.readouterr().err
@@ -481,3 +584,10 @@ def test_every_command_is_in_the_table():
 def test_the_table_holds_no_duplicate_cases():
     keys = [dataclasses.astuple(c) for c in CASES]
     assert len(keys) == len(set(keys))
+
+
+def test_the_docs_table_lists_every_category():
+    """docs/errors.md mirrors this table: one row per category."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| ")}
+    assert set(KINDS) <= rows, set(KINDS) - rows

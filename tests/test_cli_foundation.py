@@ -1,11 +1,18 @@
 """The foundation subcommands through the real entry point: output, exit codes, one-sentence errors."""
 
+import errno
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
+from safetensors import SafetensorError
 
 from procap.cli import main
 from procap.data import Vocabulary
+from procap.files import OutputError
 
 
 def test_help_lists_the_subcommands(capsys):
@@ -79,3 +86,41 @@ def test_malformed_prediction_file(tmp_path, capsys):
     (tmp_path / "refs.json").write_text("{}")
     assert main(["score", "--pred", str(tmp_path / "pred.json"), "--refs", str(tmp_path / "refs.json")]) == 2
     assert "pred.json" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_ends_quietly():
+    """`procap info tiny | head -0`: the reader is gone before the output; no BrokenPipeError traceback, and the
+    exit status of a tool stopped by SIGPIPE (141), as `yes | head` gives."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        command = [sys.executable, "-m", "procap", "info", "tiny"]
+        done = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert done.stderr.decode() == "" and done.returncode == 128 + signal.SIGPIPE
+
+
+@pytest.mark.parametrize(
+    "failure, sentence",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "procap vocab could not finish writing --out {out}"),
+        (SafetensorError("I/O error: No space left on device (os error 28)"), "could not finish writing --out {out}"),
+        (OutputError(errno.ENOSPC, "No space left on device", "x/last.safetensors"), "cannot write x/last.safetensors"),
+        (BrokenPipeError(errno.EPIPE, "Broken pipe"), "procap vocab could not finish writing --out {out}"),
+    ],
+    ids=["plain OSError", "safetensors", "named output", "a pipe other than stdout"],
+)
+def test_os_failures_without_a_file_name_are_one_sentence(tmp_path, monkeypatch, capsys, failure, sentence):
+    """An OSError without a file name (or a library's own error carrying an errno) used to be re-raised as a
+    traceback; now it is one sentence naming the output, exit code 2."""
+    import procap.commands.vocab
+
+    def broken(args):
+        raise failure
+
+    monkeypatch.setattr(procap.commands.vocab, "run", broken)
+    out = tmp_path / "v.json"
+    assert main(["vocab", "--dataset", "clevr-change", "--root", str(tmp_path / "d"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("procap: error: ") and sentence.format(out=out) in err and err.count("\n") == 1

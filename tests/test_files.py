@@ -1,13 +1,27 @@
-"""procap.files: atomic writes leave no temporary file and give the result an ordinary file mode."""
+"""procap.files: atomic writes leave no temporary file and give the result an ordinary file mode; operating-system
+failures name the output; inputs of a running command are never overwritten."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 import pytest
+from safetensors import SafetensorError
 
-from procap.files import atomic_write, atomic_write_json, atomic_write_text
+from procap.errors import ProCapError
+from procap.files import (
+    OutputError,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    input_overlap,
+    os_error_in,
+    protect_inputs,
+    require_space,
+    writing,
+)
 
 
 @pytest.fixture
@@ -53,3 +67,67 @@ def test_failed_writer_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         atomic_write(tmp_path / "out.bin", broken)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_removes_the_folders_it_created_and_names_the_output(tmp_path):
+    """Disk full inside the writer: an OutputError naming the final file (not the temporary one), and the
+    folders made for it are gone again (`procap score --out new/dir/s.json` used to leave new/dir behind)."""
+    target = tmp_path / "new" / "dir" / "scores.json"
+
+    def full(tmp: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # what write() raises: no file name
+
+    with pytest.raises(OutputError) as failure:
+        atomic_write(target, full)
+    assert failure.value.filename == str(target) and failure.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+        RuntimeError("Can't decrement id ref count (file write failed: errno = 28, error message = 'No space')"),
+    ],
+    ids=["OSError", "safetensors", "h5py"],
+)
+def test_os_failures_of_any_library_name_the_output(tmp_path, error):
+    assert os_error_in(error) == (errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(OutputError, match="No space left") as failure, writing(tmp_path / "cache.h5"):
+        raise error
+    assert failure.value.filename == str(tmp_path / "cache.h5")
+
+
+def test_other_errors_pass_through_writing(tmp_path):
+    with pytest.raises(ValueError), writing(tmp_path / "x"):
+        raise ValueError("a bug, not a full disk")
+
+
+def test_inputs_are_never_overwritten(tmp_path):
+    """Same path, a symlink, a hard link or a place inside an input folder: refused before anything is written."""
+    refs = tmp_path / "refs.json"
+    refs.write_text("{}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "hard.json").hardlink_to(refs)
+    (tmp_path / "soft.json").symlink_to(refs)
+    inputs = [("--refs", refs), ("--root", data)]
+    with protect_inputs(inputs):
+        for output in (refs, tmp_path / "hard.json", tmp_path / "soft.json", data / "vocab.json", data):
+            with pytest.raises(ProCapError, match="which this command reads|a folder this command reads"):
+                atomic_write_text(output, "scores")
+        atomic_write_text(tmp_path / "scores.json", "fine")
+    assert refs.read_text() == "{}" and sorted(p.name for p in data.iterdir()) == []
+    atomic_write_text(data / "vocab.json", "{}")  # outside a command's run nothing is protected
+    assert input_overlap(tmp_path / "other.json", inputs) is None
+
+
+def test_require_space(tmp_path, monkeypatch):
+    import shutil
+
+    require_space(tmp_path / "a" / "b.h5", 1)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 0))
+    with pytest.raises(OutputError, match="No space left") as failure:
+        require_space(tmp_path / "a" / "b.h5", 1)
+    assert failure.value.filename == str(tmp_path / "a" / "b.h5")

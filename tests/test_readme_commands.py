@@ -62,7 +62,7 @@ def _demo_layout(root: Path) -> None:
 
 def test_the_readme_block_runs_as_written(tmp_path, monkeypatch, capsys):
     commands = _readme_block()
-    assert [argv[0] for argv in commands] == ["prepare", "evaluate", "score"]
+    assert [argv[0] for argv in commands] == ["prepare", "evaluate", "score", "score"]  # --dataset, then --refs
     _demo_layout(tmp_path)
     monkeypatch.chdir(tmp_path)
     for argv in commands:
@@ -70,6 +70,7 @@ def test_the_readme_block_runs_as_written(tmp_path, monkeypatch, capsys):
         assert code == 0, (argv, capsys.readouterr().err)
     assert (tmp_path / "runs" / "cache" / "sc_videos.h5").is_file()
     assert (tmp_path / "runs" / "eval" / "results.json").is_file()
+    assert (tmp_path / "runs" / "eval" / "references.json").is_file()  # written by evaluate, read by score --refs
 
 
 @pytest.mark.parametrize("phrase", ["download.pytorch.org/whl/cpu"])

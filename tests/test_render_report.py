@@ -45,6 +45,22 @@ def test_chromium_renders_the_embedded_images(tmp_path):
     assert _saturated_fraction(tmp_path / "bare.png") < 0.001 < with_images
 
 
+@pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+def test_the_screenshot_is_as_tall_as_the_page(tmp_path):
+    """Was: a fixed 4,000 px window cut the demo's 5,400 px page. A red band at the foot of a 6,000 px page must be
+    in the picture."""
+    page = tmp_path / "tall.html"
+    band = '<div style="height:6000px"></div><div style="height:60px;background:#ff0000"></div>'
+    page.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{band}</body></html>", encoding="utf-8")
+    shot = tmp_path / "tall.png"
+    done = subprocess.run([str(SCRIPT), str(page), str(shot), "400"], check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with Image.open(shot) as image:
+        assert image.height >= 6060
+        foot = np.asarray(image.convert("RGB"))[6010:6050]
+    assert (foot[..., 0] > 200).all() and (foot[..., 1] < 60).all()
+
+
 def test_script_refuses_a_missing_report(tmp_path):
     done = subprocess.run(
         [str(SCRIPT), str(tmp_path / "none.html"), str(tmp_path / "x.png")], check=False, capture_output=True

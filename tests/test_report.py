@@ -18,7 +18,7 @@ from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.procedure import confidence_weights, sample_keyframes
-from procap.report import REPORT_NAME, build_report, curves_png, example_rows
+from procap.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
 from procap.visualize import MIN_TILE, imagine, strip_size
 
 
@@ -123,6 +123,16 @@ def test_curves_read_every_log(tmp_path):
     data = curves_png(folder)
     with Image.open(io.BytesIO(data)) as image:
         assert image.format == "PNG" and image.width > 3 * image.height / 2
+
+
+def test_overlapping_loss_curves_stay_apart(tmp_path):
+    """Was: the three stage-2 losses (within a few percent) lay on one line on a linear scale, told apart by
+    colour alone. Losses now use a log scale and each model a line style and marker of its own."""
+    figure = curves_figure(make_fake_demo(tmp_path / "demo"))
+    stage1, stage2, cider = figure.axes[:3]
+    assert stage1.get_yscale() == stage2.get_yscale() == "log" and cider.get_yscale() == "linear"
+    styles = {(line.get_linestyle(), line.get_marker(), line.get_markersize()) for line in stage2.lines}
+    assert len(stage2.lines) == 3 and len(styles) == 3
 
 
 def test_one_example_per_change_type():

@@ -34,6 +34,34 @@ def test_references_with_line_breaks_and_empty_captions_keep_their_ids():
     assert scores["ROUGE_L"] == pytest.approx(1.0)
 
 
+def test_a_string_reference_is_one_reference_in_the_python_api_as_in_files():
+    """Was: score({"a": ...}, {"a": "the red cube moved away"}) scored against each character."""
+    as_string = evaluate.score({"a": REFS["a"][0]}, {"a": REFS["a"][0]}, ["bleu"])
+    assert as_string["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "references, message",
+    [
+        ({"a": ["", "  "]}, "no reference caption for id 'a'"),
+        ({"a": []}, "no reference caption for id 'a'"),
+        ({"a": [3]}, "non-caption value for id 'a'"),
+        ({"a": None}, "non-caption value for id 'a'"),
+    ],
+)
+def test_references_that_cannot_be_scored_against_are_refused(references, message):
+    """Was: blank references scored the caption against nothing, with exit 0."""
+    with pytest.raises(ProCapError, match=message):
+        evaluate.score({"a": "the cube moved"}, references, ["bleu"])
+
+
+def test_a_reference_file_naming_an_id_twice_is_refused(tmp_path):
+    path = tmp_path / "refs.json"
+    path.write_text('{"a": ["the cube moved"], "a": ["a sphere"]}')
+    with pytest.raises(ProCapError, match=f"{path} names the key 'a' twice"):
+        evaluate.read_references(path)
+
+
 @pytest.mark.skipif(not evaluate.java_available(), reason="the Stanford tokenizer needs Java")
 def test_a_tokenizer_that_returns_the_wrong_number_of_lines_is_an_error(monkeypatch):
     real_run = subprocess.run

@@ -112,5 +112,5 @@ def test_a_refused_write_names_the_output_not_the_temporary_file(tmp_path, monke
     argv = ["score", "--pred", str(tmp_path / "pred.json"), "--refs", str(tmp_path / "refs.json"), "--out", str(out)]
     assert main([*argv, "--metrics", "bleu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"procap: error: cannot access {out} (Permission denied)."
+    assert err == f"procap: error: cannot write {out} (Permission denied)."
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.json", "refs.json"]

@@ -60,7 +60,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     o.add_argument("--no-amp", dest="amp", action="store_false", default=None, help="disable bf16 autocast on CUDA")
     o.add_argument("--resume", action="store_true", default=None, help="continue from <out>/last.safetensors")
-    o.add_argument("--log-every", type=int, help="log every N steps (default 10)")
+    o.add_argument(
+        "--log-every", type=int, help="log every N steps (default 10; runs under 20 x N steps log more often)"
+    )
     o.add_argument("--save-every", type=int, help="also save last checkpoint + state every N steps (default: off)")
     o.add_argument(
         "--save-minutes",

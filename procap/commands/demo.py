@@ -12,7 +12,9 @@ HELP = "Run the whole pipeline on the embedded synthetic benchmark and compare P
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny budget: an end-to-end check (about 6 minutes on 2 CPU cores)"
+        "--quick",
+        action="store_true",
+        help="tiny budget: an end-to-end check (7.3 min on an idle 2-core machine; longer beside other work)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
     parser.add_argument(

@@ -14,7 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset root folder")
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
-    parser.add_argument("--out", help="folder for results.json and metrics.json (default: next to the checkpoint)")
+    parser.add_argument(
+        "--out",
+        help="folder for results.json, metrics.json and references.json (default: next to the checkpoint)",
+    )
     parser.add_argument(
         "--metrics",
         nargs="+",
@@ -34,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.data import load_split
     from procap.errors import ProCapError
     from procap.evaluate import metric_names
+    from procap.files import atomic_write_json
     from procap.train.evaluation import evaluate_model
 
     try:
@@ -66,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split},
         truths=truths,
     )
+    # the references beside the predictions: what `procap score --pred results.json --refs references.json` reads
+    atomic_write_json(out / "references.json", {pair.id: list(pair.captions) for pair in pairs}, indent=1)
     print(format_report(report))
-    print(f"wrote {out / 'results.json'} and {out / 'metrics.json'}")
+    print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
     return 0
 
 

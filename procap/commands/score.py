@@ -1,6 +1,7 @@
 """`procap score`: BLEU-4 / METEOR / ROUGE-L / CIDEr of predictions against references.
 
-References come from a ``{id: [captions]}`` file (``--refs``) or straight from a dataset split
+References come from a ``{id: [captions]}`` file (``--refs``; ``procap evaluate`` writes one as
+``references.json``) or straight from a dataset split
 (``--dataset/--root/--split``, the ids ``procap evaluate`` writes into ``results.json``); CLEVR-Change splits
 also give the per-change-type breakdown.
 """
@@ -18,7 +19,13 @@ HELP = "Score predicted captions against references (BLEU-4, METEOR, ROUGE-L, CI
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pred", required=True, help="COCO-style results [{image_id, caption}] or {id: caption}")
-    parser.add_argument("--refs", default=None, help="{id: [reference captions]} (or give --dataset and --root)")
+    parser.add_argument(
+        "--refs",
+        default=None,
+        help='JSON object from id to its reference captions, e.g. {"CLEVR_semantic_000001.png": ["the cube moved", '
+        '"the small cube changed its position"]}; `procap evaluate` writes one as references.json (or give '
+        "--dataset and --root)",
+    )
     parser.add_argument(
         "--dataset", choices=sorted(DATASETS), default=None, help="take the references from this dataset's split"
     )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+
+from procap.errors import ProCapError
 
 HELP = "Generate the synthetic CLEVR-like change-captioning benchmark (CLEVR-Change layout)."
 
@@ -14,6 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; output is deterministic for a seed")
     parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the synthetic benchmark already in --out (without it a non-empty --out is refused)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,8 +34,14 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.workers, "--workers", minimum=1)
     validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - 1)  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
+    entries = sorted(p.name for p in Path(args.out).iterdir()) if Path(args.out).is_dir() else []
+    if entries and not args.overwrite:
+        raise ProCapError(
+            f"--out {args.out} is not empty (it holds {entries[0]}); pass --overwrite to replace the benchmark "
+            "in it, or choose an empty folder."
+        )
     start = time.perf_counter()
-    splits = generate(args.out, args.scenes, args.size, args.seed, workers=args.workers)
+    splits = generate(args.out, args.scenes, args.size, args.seed, workers=args.workers, progress=args.progress)
     sizes = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
     print(f"wrote {args.scenes} scenes ({sizes}) to {args.out} in {time.perf_counter() - start:.1f} s")
     return 0

@@ -93,12 +93,22 @@ def load_split(name: str, root: str | os.PathLike, split: str) -> list[ChangePai
 
     Returns:
         The split's pairs in file order.
+
+    Raises:
+        ProCapError: among others, when the split lists a pair twice (a scene index repeated in
+            ``splits.json``, a ``uid`` in two entries): it would be trained on and scored twice.
     """
     spec = get_dataset(name)
     split = "val" if split == "valid" else split
     if split not in SPLITS:
         raise ProCapError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}.")
-    return spec.loader(root, split)
+    pairs = spec.loader(root, split)
+    seen: set[str] = set()
+    for pair in pairs:
+        if pair.id in seen:
+            raise ProCapError(f"the {split} split of {spec.title} in {root} lists pair {pair.id} twice.")
+        seen.add(pair.id)
+    return pairs
 
 
 def cache_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:

@@ -53,6 +53,16 @@ def _to_8bit(image: Image.Image) -> Image.Image:
     return image
 
 
+def require_pixels(width: int, height: int, what: str = "image") -> None:
+    """An image with no pixels (0 x N) would be resized into a blank frame and captioned: refuse it.
+
+    Raises:
+        ProCapError: naming the size.
+    """
+    if width < 1 or height < 1:
+        raise ProCapError(f"the {what} is {width} x {height} pixels; an image to caption needs at least one pixel.")
+
+
 def to_tensor(image: Image.Image, size: int) -> torch.Tensor:
     """PIL image -> (3, size, size) float32 in [0, 1]: RGB, bicubic resize (skipped when already that size).
 
@@ -60,7 +70,9 @@ def to_tensor(image: Image.Image, size: int) -> torch.Tensor:
 
     Raises:
         ValueError: a floating-point image, or an integer image that is not 16-bit.
+        ProCapError: an image without pixels.
     """
+    require_pixels(image.width, image.height)
     image = _to_8bit(image).convert("RGB")
     if image.size != (size, size):
         image = image.resize((size, size), Image.BICUBIC)

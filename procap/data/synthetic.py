@@ -39,6 +39,9 @@ TYPE_MAPPING_ORDER = tuple(CHANGE_TYPES[i] for i in (0, 1, 4, 3, 2))
 DEFAULT_NAME = "CLEVR_default_%06d.png"
 SEMANTIC_NAME = "CLEVR_semantic_%06d.png"
 NONSEMANTIC_NAME = "CLEVR_nonsemantic_%06d.png"
+IMAGE_FOLDERS = ("images", "sc_images", "nsc_images")
+JSON_FILES = ("change_captions.json", "no_change_captions.json", "splits.json", "type_mapping.json", "scenes.json")
+LAYOUT = IMAGE_FOLDERS + JSON_FILES  # everything generate() writes, and so everything it may replace
 
 TEMPLATES: dict[str, tuple[str, ...]] = {
     "color": (
@@ -325,13 +328,38 @@ def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, li
     return results
 
 
+def remove_benchmark(root: Path, partial: bool = False) -> None:
+    """Delete the synthetic benchmark in ``root`` (the :data:`LAYOUT` entries only; other files stay).
+
+    Args:
+        root: the benchmark's folder.
+        partial: the benchmark is one this process was writing (it has no ``scenes.json`` yet).
+
+    Raises:
+        ProCapError: ``root`` holds layout entries but no ``scenes.json``: not a benchmark this module wrote
+            (a real CLEVR-Change root, say), so nothing is deleted.
+    """
+    import shutil
+
+    present = [root / name for name in LAYOUT if (root / name).exists()]
+    if present and not partial and not (root / "scenes.json").is_file():
+        raise ProCapError(
+            f"{root} holds {present[0].name} but no scenes.json, so it is not a synthetic benchmark to replace; "
+            "choose another folder."
+        )
+    for entry in present:
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
 def generate(
     out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int = 0, workers: int = 1, progress: bool = True
 ) -> dict[str, list[int]]:
     """Write a synthetic CLEVR-Change benchmark to `out_dir` (see the module docstring for the layout).
 
     Args:
-        out_dir: target directory (created; existing files of the same names are overwritten).
+        out_dir: target directory (created). A synthetic benchmark already there is replaced whole, so no image
+            of a larger earlier one is left behind; files outside the layout are left alone. When the run fails
+            or is interrupted, the partial benchmark is removed.
         scenes: number of scenes; each gives a change pair and a distractor pair.
         size: image side in pixels.
         seed: everything (objects, changes, captions, splits) is a function of the seed.
@@ -341,32 +369,46 @@ def generate(
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
     """
-    from tqdm import tqdm
-
-    from procap.files import atomic_write_json
-
     if scenes < 1 or size < 16:
         raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
+    from procap.files import make_parents, remove_empty, writing
+
     root = Path(out_dir)
+    remove_benchmark(root)
+    created: list[Path] = []
     try:
-        for sub in ("images", "sc_images", "nsc_images"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ProCapError(f"cannot create the output folder {root} ({exc.strerror}).") from None
+        with writing(root):
+            created = make_parents(root / "scenes.json")
+        return _write_benchmark(root, scenes, size, seed, workers, progress)
+    except BaseException:
+        remove_benchmark(root, partial=True)  # no half-written benchmark is left to be mistaken for a whole one
+        remove_empty(created)
+        raise
+
+
+def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    from procap.files import atomic_write_json, writing
+
+    with writing(root):
+        for sub in IMAGE_FOLDERS:
+            (root / sub).mkdir(exist_ok=True)
     chunk = 25
     jobs = [(str(root), list(range(s, min(s + chunk, scenes))), size, seed) for s in range(0, scenes, chunk)]
     bar = tqdm(total=scenes, desc="synth", unit="scene", disable=not progress)
     results = []
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for part in pool.map(_render_scenes, jobs):
+    with writing(root):  # a full disk while saving images names the benchmark's folder
+        if workers > 1:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for part in pool.map(_render_scenes, jobs):
+                    results += part
+                    bar.update(len(part))
+        else:
+            for job in jobs:
+                part = _render_scenes(job)
                 results += part
                 bar.update(len(part))
-    else:
-        for job in jobs:
-            part = _render_scenes(job)
-            results += part
-            bar.update(len(part))
     bar.close()
     specs = [r[0] for r in results]
     atomic_write_json(root / "change_captions.json", {DEFAULT_NAME % s["index"]: c for s, c, _ in results})

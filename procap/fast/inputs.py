@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from procap.data.images import require_pixels
 from procap.errors import ProCapError
 
 ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -77,6 +78,7 @@ def _from_tensor(tensor: torch.Tensor, size: int) -> torch.Tensor:
         return _from_array(tensor.cpu().numpy(), size)
     if tensor.ndim != 3 or tensor.shape[0] != 3:
         raise ProCapError(f"float image tensors must be (3, H, W) in [0, 1], got shape {tuple(tensor.shape)}")
+    require_pixels(tensor.shape[2], tensor.shape[1], "image tensor")
     if not tensor.is_floating_point():
         raise ProCapError(f"image tensors must be uint8 or float in [0, 1], got dtype {tensor.dtype}")
     check_pixels(tensor, "image tensors")

@@ -283,9 +283,12 @@ class VQGAN(nn.Module):
             path: the ``.ckpt`` file.
             config: the architecture the checkpoint was trained with (default ``VQGANConfig()``).
         """
+        from procap.checkpoint import check_dtypes
+
         model = cls(config)
         state = load_taming_state_dict(path)
         check_state_dict(model, state, path)
+        check_dtypes(model.state_dict(), state, path)
         model.load_state_dict(state, strict=True)
         return model
 

@@ -31,13 +31,14 @@ import torch.nn.functional as F
 
 from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
-from procap.files import atomic_write_json
+from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
 from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
 CACHE_FORMAT = "procap-procedures"
 CACHE_VERSION = 1
+SPACE_MARGIN = 64 * 2**20  # bytes kept free beyond each pair's data when writing a cache
 
 
 def authors_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:
@@ -106,21 +107,25 @@ class CacheWriter:
         """
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
             raise ValueError(f"frames must be uint8 (T, 3, H, W), got {frames.dtype} {frames.shape}")
+        # HDF5 does not recover from a full disk (its exit handler can crash), so stop before one: the pair, its
+        # codes and room for HDF5's own metadata.
+        require_space(self.root / f"{group}.h5", 2 * frames.nbytes + SPACE_MARGIN)
         f = self._file(group)
-        if key in f:
-            del f[key]
-        dset = f.create_dataset(key, data=frames, compression=self.compression)
-        if s_bef is not None:
-            dset.attrs["s_bef"] = np.asarray(s_bef, dtype=np.float32)
-            dset.attrs["s_aft"] = np.asarray(s_aft, dtype=np.float32)
-        if codes is not None:
-            codes = np.asarray(codes)
-            dtype = np.int16 if codes.max(initial=0) < 2**15 else np.int32
-            dset.attrs["codes"] = codes.astype(dtype)
-        if pair_id is not None:
-            dset.attrs["pair_id"] = pair_id
-        dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
-        f.flush()
+        with writing(self.root / f"{group}.h5"):  # other write failures arrive as a RuntimeError with an errno
+            if key in f:
+                del f[key]
+            dset = f.create_dataset(key, data=frames, compression=self.compression)
+            if s_bef is not None:
+                dset.attrs["s_bef"] = np.asarray(s_bef, dtype=np.float32)
+                dset.attrs["s_aft"] = np.asarray(s_aft, dtype=np.float32)
+            if codes is not None:
+                codes = np.asarray(codes)
+                dtype = np.int16 if codes.max(initial=0) < 2**15 else np.int32
+                dset.attrs["codes"] = codes.astype(dtype)
+            if pair_id is not None:
+                dset.attrs["pair_id"] = pair_id
+            dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
+            f.flush()
 
     def export_scores(self, groups: list[str]) -> Path:
         """Write ``scores.json`` in the authors' shape from the stored ``s_bef``/``s_aft`` attributes."""
@@ -145,15 +150,19 @@ class CacheWriter:
 
     def close(self) -> None:
         errors = []
-        for f in self._files.values():
+        for group, f in self._files.items():
             try:
                 f.flush()
                 f.close()
             except Exception as exc:  # noqa: BLE001 - close every file before reporting
-                errors.append(exc)
+                errors.append((self.root / f"{group}.h5", exc))
         self._files.clear()
         if errors:
-            raise ProCapError(f"closing the procedure cache in {self.root} failed ({errors[0]}).")
+            path, exc = errors[0]
+            failure = os_error_in(exc)
+            if failure is not None:
+                raise OutputError(failure[0], failure[1], str(path)) from exc
+            raise ProCapError(f"closing the procedure cache in {self.root} failed ({exc}).")
 
 
 def read_manifest(root: str | Path) -> dict[str, Any] | None:

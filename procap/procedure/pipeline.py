@@ -22,7 +22,7 @@ import torch
 
 from procap.data.datasets import score_subkey
 from procap.errors import ProCapError
-from procap.files import atomic_write_json
+from procap.files import atomic_write_json, sha256_of
 from procap.procedure.cache import (
     CACHE_FORMAT,
     CACHE_VERSION,
@@ -60,21 +60,26 @@ class PrepareOptions:
     shard: tuple[int, int] | None = None  # (I, N): only pairs I, I + N, ... into OUT/shards/I-of-N (procedure.shards)
 
     def content_key(self) -> dict[str, Any]:
-        """The fields a resumed run must share with the run that started the cache."""
-        return {
+        """The fields a resumed run must share with the run that started the cache.
+
+        Model and score files are recorded by content (sha256) as well as by name: a VQGAN retrained under the
+        same file name would otherwise mix two tokenizers' codes in one cache.
+        """
+        key: dict[str, Any] = {
             "dataset": self.dataset,
             "num_frames": self.num_frames,
             "image_size": self.image_size,
             "similarity": self.similarity,
-            "vqgan": _name(self.vqgan),
-            "scores_file": _name(self.scores_file),
-            "dinov2_weights": _name(self.dinov2_weights),
             "direct": self.direct,
         }
+        for name in CONTENT_FILES:
+            path = getattr(self, name)
+            key[name] = Path(path).name if path else None
+            key[f"{name}_sha256"] = sha256_of(path) if path else None
+        return key
 
 
-def _name(path: str | None) -> str | None:
-    return Path(path).name if path else None
+CONTENT_FILES = ("vqgan", "scores_file", "dinov2_weights")  # the input files whose content decides a cache's
 
 
 # ------------------------------------------------------------------------------------------- image loading
@@ -257,6 +262,13 @@ def _check_manifest(opts: PrepareOptions) -> None:
     changed = [k for k, v in wanted.items() if existing.get(k) != v]
     if changed:
         k = changed[0]
+        if k.endswith("_sha256"):
+            flag = "--" + k.removesuffix("_sha256").replace("_", "-")
+            built = "no record of its content" if existing.get(k) is None else f"sha256 {existing[k][:12]}..."
+            raise ProCapError(
+                f"cache {out} was built with a {flag} file of other content ({built}; {getattr(opts, k[:-7])} "
+                f"has sha256 {wanted[k][:12]}...); rerun with the same file or choose a new --out."
+            )
         raise ProCapError(
             f"cache {out} was built with {k}={existing.get(k)!r}, not {wanted[k]!r}; "
             f"rerun with the same settings or choose a new --out."

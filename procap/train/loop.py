@@ -29,12 +29,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from procap.checkpoint import capture_rng_state, load_training_state, save_training_state, state_paths
 from procap.errors import ProCapError
-from procap.files import atomic_write_text
+from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
 from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
+
+MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
 
 LossFn = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
 SaveFn = Callable[[Path, dict[str, Any]], None]
@@ -68,9 +70,12 @@ class JsonlLog:
         self.path = Path(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)  # here, not at construction: a failed start leaves nothing
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with writing(self.path):
+            self.path.parent.mkdir(
+                parents=True, exist_ok=True
+            )  # here, not at construction: a failed start leaves nothing
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -152,7 +157,18 @@ class Trainer:
             )
         except ValueError as exc:
             raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
+        if self.sampler.batch_size < cfg.batch_size and self.ctx.is_main:
+            # One process clamps to the data; say so, since a whole split per step can take gigabytes.
+            print(
+                f"{name}: --batch-size {cfg.batch_size} is more than the {len(dataset)} training items; each step "
+                f"takes all {len(dataset)} (lower --batch-size to use less memory)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
+        # A short run logs more often than --log-every, so that its loss curve has points to draw (a 10-step stage 1
+        # logged one point at step 10).
+        self.log_every = max(1, min(cfg.log_every, self.total // MIN_LOGGED_POINTS))
         distributed.seed_rank(cfg.seed, self.ctx)
         module = LossModule(model, loss_fn)  # names as DDP sees them: "model.vqgan..."
         self.wrapped = distributed.wrap_ddp(module, self.ctx, self.device, frozen_names(module), find_unused)
@@ -343,20 +359,37 @@ class Trainer:
         """
         if self.cfg.resume:
             self._check_resumable()  # before anything is created
-        if self.ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+        # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
+        refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
+        created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
         lock = RunFolderLock(self.out) if self.ctx.is_main else contextlib.nullcontext()
         with lock, StopRequests() as stop:
-            if self.cfg.resume:
-                self.resume()
-            if self.ctx.is_main:
-                config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
-                atomic_write_text(self.out / f"{self.name}_config.json", json.dumps(config, indent=1))
-                if self.sampler.parts > 1:
-                    print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
-            state = self._fit(stop)
+            try:
+                if self.cfg.resume:
+                    self.resume()
+                if self.ctx.is_main:
+                    config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
+                    atomic_write_text(self.config_path, json.dumps(config, indent=1))
+                    if self.sampler.parts > 1:
+                        print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
+                state = self._fit(stop)
+            except OutputError as exc:
+                if self.last_path.is_file():
+                    raise
+                if created:  # a new folder with a config and a log but no checkpoint would look like a run
+                    for path in (self.config_path, self.log.path):
+                        path.unlink(missing_ok=True)
+                    remove_empty(created)
+                    exc.note = "nothing of this run was kept"
+                else:
+                    exc.note = f"{self.out} holds this run's config and log but no checkpoint to --resume from"
+                raise
         distributed.barrier(self.ctx)
         return state
+
+    @property
+    def config_path(self) -> Path:
+        return self.out / f"{self.name}_config.json"
 
     def layout(self) -> dict[str, int]:
         """The data-parallel layout: per-process batch, processes, accumulation and the global batch per step."""
@@ -419,7 +452,7 @@ class Trainer:
                 self.state.batch_in_epoch += 1
                 items += self.sampler.global_batch
                 bar.update(1)
-                if self._due(self.cfg.log_every) or self.state.step == self.total:
+                if self._due(self.log_every) or self.state.step == self.total:
                     self._log_step(record, items / max(time.perf_counter() - t0, 1e-9), bar)
                 if self._due(self.cfg.val_every):
                     self.run_validation()

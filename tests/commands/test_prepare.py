@@ -12,7 +12,9 @@ from procap.cli import main
     [(["--workers", "0"], "--workers must be at least 1"), (["--size", "8"], "--size must be at least 16")],
 )
 def test_bad_numbers(tmp_path, capsys, extra, message):
-    argv = ["prepare", "--dataset", "clevr-change", "--root", str(tmp_path), "--out", str(tmp_path / "c"), *extra]
+    (tmp_path / "data").mkdir()
+    argv = ["prepare", "--dataset", "clevr-change", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "c")]
+    argv += extra
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err

@@ -14,8 +14,10 @@ def _edit_root(tmp_path):
     entries = [
         {"img0": f"{i}a.png", "img1": f"{i}b.png", "sents": [s], "uid": f"Reddit_{i}"} for i, s in enumerate(sents)
     ]
-    (tmp_path / "train.json").write_text(json.dumps(entries))
-    return tmp_path
+    root = tmp_path / "data"  # the vocabulary goes beside the dataset: a command never writes into what it reads
+    root.mkdir()
+    (root / "train.json").write_text(json.dumps(entries))
+    return root
 
 
 def test_image_editing_request_uses_the_registry_min_count(tmp_path, capsys):

@@ -65,3 +65,20 @@ def test_good_pixels_pass_and_edges_are_inclusive(captioner):
 def test_a_float_pil_image_is_one_sentence():
     with pytest.raises(ProCapError, match="mode F"):
         to_image_tensor(Image.fromarray(np.zeros((8, 8), np.float32)), 8)
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [
+        Image.new("RGB", (0, 0)),
+        Image.new("RGB", (5, 0)),
+        np.zeros((0, 0, 3), np.uint8),
+        torch.zeros(0, 7, 3, dtype=torch.uint8),
+        torch.zeros(3, 0, 0),
+    ],
+    ids=["PIL 0x0", "PIL 5x0", "numpy", "uint8 tensor", "float tensor"],
+)
+def test_an_image_without_pixels_is_refused(empty):
+    """Was: a 0 x 0 image was resized into a blank frame and captioned."""
+    with pytest.raises(ProCapError, match="needs at least one pixel"):
+        to_image_tensor(empty, 32)

@@ -46,6 +46,18 @@ def test_env_forces_reference(monkeypatch):
     assert kernels.chosen_impl("vq_nearest", "cuda", torch.float16) == "reference"
 
 
+def test_a_misspelt_env_value_warns_once_naming_the_valid_ones(monkeypatch):
+    """Was: PROCAP_KERNELS=refrence was ignored without a word and the C++ / Triton kernels ran."""
+    monkeypatch.setenv("PROCAP_KERNELS", "refrence")
+    kernels.reset_dispatch()
+    with pytest.warns(RuntimeWarning, match="PROCAP_KERNELS='refrence' is not one of reference, triton, cpp, cuda"):
+        kernels.chosen_impl("masking", "cpu", torch.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernels.chosen_impl("vq_nearest", "cpu", torch.float32)  # once per value, not once per op
+    assert not [w for w in caught if "PROCAP_KERNELS" in str(w.message)]
+
+
 def test_bad_or_impossible_impl_raises():
     z, codebook = torch.randn(4, 3), torch.randn(5, 3)
     with pytest.raises(ValueError, match="impl must be one of"):

@@ -211,10 +211,12 @@ def test_resume_with_other_settings_is_refused(tmp_path, clevr_pairs):
         prepare(options(tmp_path, clevr_pairs[:1], image_size=48), clevr_pairs[:1], interpolator=CrossFade())
 
 
-def test_cli_reports_bad_workers(capsys):
+def test_cli_reports_bad_workers(tmp_path, capsys):
     from procap.cli import main
 
-    code = main(["prepare", "--dataset", "clevr-change", "--root", ".", "--out", "x", "--workers", "0"])
+    (tmp_path / "data").mkdir()
+    argv = ["--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "0"]
+    code = main(["prepare", "--dataset", "clevr-change", *argv])
     assert code == 2 and "--workers" in capsys.readouterr().err
 
 
@@ -252,3 +254,44 @@ def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
     frames = source(pairs[0], None, None)
     assert frames.shape == (3, 3, 32, 32)
     source.close()
+
+
+def test_resume_with_an_input_file_of_other_content_under_the_same_name_is_refused(tmp_path, clevr_pairs):
+    """The manifest records each model / score file by content: a file replaced under its old name would mix
+    two tokenizers' (or two scorers') outputs in one cache with exit 0."""
+    opts = options(tmp_path, clevr_pairs[:1])
+    prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
+    Path(opts.scores_file).write_text(Path(opts.scores_file).read_text().replace("1.0", "0.9"))
+    with pytest.raises(ProCapError, match="--scores-file file of other content"):
+        prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
+    vqgan = tmp_path / "vq.safetensors"  # the VQGAN is recorded the same way (its name alone was before)
+    vqgan.write_bytes(b"one")
+    first = options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
+    vqgan.write_bytes(b"two")
+    second = options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
+    assert first["vqgan"] == second["vqgan"] and first["vqgan_sha256"] != second["vqgan_sha256"]
+
+
+def test_a_full_disk_stops_prepare_with_one_sentence_before_hdf5_fails(tmp_path, clevr_pairs, monkeypatch):
+    """HDF5 cannot recover from ENOSPC (its exit handler may crash), so each pair's space is checked first;
+    the finished pairs stay and a rerun completes the cache."""
+    import shutil
+
+    from procap.files import OutputError
+
+    opts = options(tmp_path, clevr_pairs)
+    real_usage = shutil.disk_usage
+    writes = []
+
+    def filling_disk(path):
+        writes.append(path)
+        usage = real_usage(path)
+        return usage._replace(free=0) if len(writes) > 2 else usage
+
+    monkeypatch.setattr(shutil, "disk_usage", filling_disk)
+    with pytest.raises(OutputError, match="No space left") as failure:
+        prepare(opts, clevr_pairs, interpolator=CrossFade())
+    assert failure.value.filename.endswith(".h5")
+    monkeypatch.setattr(shutil, "disk_usage", real_usage)
+    assert prepare(opts, clevr_pairs, interpolator=CrossFade()) == {"written": 4, "skipped": 2, "total": 6}
+    validate(tmp_path / "cache", clevr_pairs)

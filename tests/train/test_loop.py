@@ -183,6 +183,9 @@ def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, cap
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert len(results) == report["pairs"] and {"image_id", "caption"} <= set(results[0])
     assert "captions/s" in capsys.readouterr().out
+    # the file `procap score --refs` needs, which no command wrote before
+    argv = ["--pred", str(tmp_path / "eval" / "results.json"), "--refs", str(tmp_path / "eval" / "references.json")]
+    assert main(["score", *argv, "--metrics", "bleu"]) == 0
 
 
 def test_cli_errors_are_one_sentence(tmp_path, capsys):
@@ -190,7 +193,7 @@ def test_cli_errors_are_one_sentence(tmp_path, capsys):
 
     assert main(["evaluate", "--ckpt", str(tmp_path / "nope.safetensors"), "--data", str(tmp_path)]) == 2
     assert "nope.safetensors" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path), "--data", str(tmp_path), "--preset", "huge"]) == 2
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--preset", "huge"]) == 2
     assert "unknown preset" in capsys.readouterr().err
 
 
@@ -209,3 +212,21 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
     vqgan = vt.load_vqgan(path)
     assert vqgan.config.resolution == 16
+
+
+def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train_pairs, capsys):
+    """Was: --batch-size far above the split was clamped to the whole split without a word (5.7 GB of memory)."""
+    cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=10_000, progress=False, device="cpu")
+    data = PairDataset(train_pairs, vocab, 16, 12)
+    trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
+    assert trainer.sampler.batch_size == len(data)
+    assert f"--batch-size 10000 is more than the {len(data)} training items" in capsys.readouterr().err
+
+
+def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, train_pairs):
+    """Was: a 10-step stage 1 with --log-every 10 logged one record, and the report drew its loss as one point."""
+    data = PairDataset(train_pairs, vocab, 16, 12)
+    for steps, expected in ((10, 1), (200, 10), (5000, 10)):
+        cfg = TrainConfig(stage="train", out=str(tmp_path), steps=steps, batch_size=2, log_every=10, progress=False)
+        trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
+        assert trainer.log_every == expected
