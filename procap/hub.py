@@ -98,7 +98,7 @@ def download(
             not cached while offline, or the download failed.
     """
     hf = require("huggingface_hub", f"{what} {hub}")
-    errors = hf.errors
+    errors = require("huggingface_hub.errors", f"{what} {hub}")  # a lazy submodule: not an attribute until imported
     offline = local_files_only or hub_offline()
     # Read at each call (huggingface_hub reads it once, at import), so a cache named later still counts.
     cache_dir = cache_dir or os.environ.get("HF_HUB_CACHE") or None
@@ -377,6 +377,7 @@ def push_to_hub(
     if not _REPO_ID.match(repo_id):
         raise ProCapError(f"push_to_hub: {repo_id!r} is not a Hugging Face repo id (owner/name).")
     hf = require("huggingface_hub", "push_to_hub")
+    errors = require("huggingface_hub.errors", "push_to_hub")
     api = hf.HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_pretrained(model, tmp, vocab, repo_id=repo_id, **card)
@@ -389,6 +390,6 @@ def push_to_hub(
                 commit_message=commit_message,
                 allow_patterns=list(PRETRAINED_FILES),
             )
-        except (hf.errors.HfHubHTTPError, OSError, ValueError) as exc:
+        except (errors.HfHubHTTPError, OSError, ValueError) as exc:
             raise ProCapError(f"push_to_hub to {repo_id} failed ({exc}).") from None
     return str(getattr(info, "commit_url", info))
