@@ -110,4 +110,9 @@ def _extension_setup() -> dict:
 if __name__ == "__main__":  # also under pip: setuptools' build backend runs this file as __main__
     packages = [p for p in find_packages(include=["procap", "procap.*"]) if not p.startswith("procap.kernels")]
     packages += ["procap.kernels"] + [f"procap.kernels.{p}" for p in find_packages("kernels")]
-    setup(packages=packages, package_dir={"procap.kernels": "kernels"}, **_extension_setup())
+    setup(
+        packages=packages,
+        package_dir={"procap.kernels": "kernels"},
+        package_data={"procap": ["py.typed"]},  # PEP 561: the package ships its type hints
+        **_extension_setup(),
+    )

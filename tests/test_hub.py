@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from model.model_helpers import small_config
 from PIL import Image
 
-from model.model_helpers import small_config
 from procap.cli import main
 from procap.data import Vocabulary
 from procap.errors import ProCapError

@@ -33,7 +33,7 @@ import torch
 from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
-from procap.fast.inputs import check_pixels, to_image_batch
+from procap.fast.inputs import to_image_batch, to_unit_float
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.model.beam import beam_search_cached, check_beam_arguments
 
@@ -335,18 +335,19 @@ class Captioner:
 
     @torch.no_grad()
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """Tokens for image batches (B, 3, S, S) in [0, 1] -> (B, max_len - 1) int64 on the device.
+        """Tokens for image batches (B, 3, S, S) -> (B, max_len - 1) int64 on the device.
 
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
-        variant: every step kept, only [UNK] suppressed). Non-finite or out-of-range pixels raise
-        :class:`ProCapError` (checking them costs one host read per call).
+        variant: every step kept, only [UNK] suppressed). Pixels follow :mod:`procap.fast.inputs`' rule: uint8
+        0-255 is scaled to [0, 1]; non-finite or out-of-range floats raise :class:`ProCapError` (checking them
+        costs one host read per call).
         """
         if before.shape != after.shape:
             raise ProCapError(
                 f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
             )
-        check_pixels(before, "before images")
-        check_pixels(after, "after images")
+        before = to_unit_float(before, "before images")
+        after = to_unit_float(after, "after images")
         chunk, outs = self.batch_sizes[-1], []
         for start in range(0, before.shape[0], chunk):
             b, a = before[start : start + chunk], after[start : start + chunk]
