@@ -126,7 +126,7 @@ def test_a_repo_missing_from_the_cache_is_one_sentence_not_a_download(offline_hu
 def test_captioner_from_pretrained_matches_the_model(pretrained, offline_hub):
     from procap.fast import Captioner
 
-    model, vocab, folder = pretrained
+    model, _, folder = pretrained
     put_in_hub_cache(offline_hub, REPO, "main", folder)
     captioner = Captioner.from_pretrained(f"hf://{REPO}", max_len=None, dtype="fp32")
     before, after = images(3)
@@ -136,7 +136,7 @@ def test_captioner_from_pretrained_matches_the_model(pretrained, offline_hub):
 
 
 def test_cli_takes_a_folder_or_hf_path_wherever_it_takes_a_checkpoint(pretrained, offline_hub, tmp_path, capsys):
-    model, vocab, folder = pretrained
+    _, _, folder = pretrained
     put_in_hub_cache(offline_hub, REPO, "main", folder)
     paths = []
     for name, image in zip(("before.png", "after.png"), images(1)):

@@ -58,10 +58,10 @@ def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys):
     capsys.readouterr()
     code = main(["prepare", "--dataset", "clevr-change", "--root", ".", "--vqgan", "v", "--out", "o"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [
-        "procap: error: procap prepare needs the optional package cv2, from the [train] extra: "
-        "pip install 'procap-torch[train]'."
-    ]
+    expected = (
+        "procap prepare needs the optional package cv2, from the [train] extra: pip install 'procap-torch[train]'."
+    )
+    assert code == 2 and err == [f"procap: error: {expected}"]
 
     def needs_numpy(args):  # a core module missing is a broken install: the error is not hidden
         raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
