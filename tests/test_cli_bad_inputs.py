@@ -45,7 +45,7 @@ def case(kind: str, argv: str, needle: str, **env: str) -> Case:
     return Case(parts[0], kind, parts, needle, tuple(env.items()))
 
 
-TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
+TRAIN_OK = "--data {data} --out {out} --preset tiny --steps 1 --batch-size 2"
 EVAL_OK = "--ckpt {ckpt} --data {data} --out {out} --metrics BLEU-4"
 PAIR = "{bef} {aft}"
 CONVERT_OK = "--from authors {src} --vocab {{word2idx}} --out {{out}}/m.safetensors"
