@@ -185,6 +185,17 @@ PRESETS: dict[str, ProCapConfig] = {
     ),
     "spot": ProCapConfig(name="spot", enc_layers=4, dec_layers=3, vocab_size=834),
     "edit": ProCapConfig(name="edit", enc_layers=12, dec_layers=2, vocab_size=524),
+    # LEVIR-CC (remote sensing, not in the paper): its 256 px images at f16 (16 x 16 latents), the clevr model
+    # otherwise; captions of up to 38 words fit (RSICC drops longer ones at 50 tokens, few are above 30).
+    "levir": ProCapConfig(
+        name="levir",
+        vqgan=VQGANConfig(resolution=256),
+        image_size=256,
+        enc_layers=12,
+        dec_layers=2,
+        vocab_size=500,
+        max_caption_len=40,
+    ),
     "tiny": ProCapConfig(
         name="tiny",
         vqgan=_tiny_vqgan(),

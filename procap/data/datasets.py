@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from procap.data.loaders import load_clevr_change, load_image_editing_request, load_spot_the_diff
+from procap.data.loaders import load_clevr_change, load_image_editing_request, load_levir_cc, load_spot_the_diff
 from procap.data.records import ChangePair
 from procap.errors import ProCapError
 
@@ -80,6 +80,17 @@ DATASETS: dict[str, DatasetSpec] = {
             min_count=4,
             encoder_lr=5e-5,
             paper_preset="edit",
+        ),
+        # Remote sensing, not in the paper. RSICC's preprocessing keeps words seen more than 5 times (min_count 6);
+        # the encoder lr is CLEVR-Change's.
+        DatasetSpec(
+            "levir-cc",
+            "LEVIR-CC",
+            load_levir_cc,
+            ("levir_videos",),
+            min_count=6,
+            encoder_lr=5e-5,
+            paper_preset="levir",
         ),
     )
 }
