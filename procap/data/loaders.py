@@ -183,9 +183,9 @@ def load_image_editing_request(root: str | os.PathLike, split: str) -> list[Chan
 
 def _levir_sentence(sentence: object, path: Path, name: object) -> str:
     """One LEVIR-CC sentence: its ``tokens`` joined (what RSICC trains on), else its ``raw`` text."""
-    if isinstance(sentence, dict) and isinstance(sentence.get("tokens"), list):
-        if all(isinstance(t, str) for t in sentence["tokens"]):
-            return " ".join(sentence["tokens"]).strip()
+    tokens = sentence.get("tokens") if isinstance(sentence, dict) else None
+    if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+        return " ".join(tokens).strip()
     if isinstance(sentence, dict) and isinstance(sentence.get("raw"), str):
         return sentence["raw"].strip()
     raise ProCapError(f"LEVIR-CC captions file {path} has a sentence of {name!r} without tokens or raw text.")
