@@ -127,10 +127,7 @@ def weights_in_folder(folder: Path, what: str) -> Path:
     """``folder/model.safetensors``, with one sentence when the folder holds none."""
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
-        raise ProCapError(
-            f"{what} folder {folder} holds no {WEIGHTS_NAME} (write one with ProCap.save_pretrained or "
-            f"`procap export`)."
-        )
+        raise ProCapError(f"{what} folder {folder} holds no {WEIGHTS_NAME} (write one with ProCap.save_pretrained).")
     return weights
 
 

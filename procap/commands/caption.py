@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ckpt",
         required=True,
-        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train / procap export)",
+        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train or save_pretrained)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
