@@ -113,6 +113,9 @@ if __name__ == "__main__":  # also under pip: setuptools' build backend runs thi
     setup(
         packages=packages,
         package_dir={"procap.kernels": "kernels"},
-        package_data={"procap.assets": ["*.safetensors"]},  # the demo's embedded tokenizer
+        package_data={
+            "procap": ["py.typed"],  # PEP 561: the package ships its type hints
+            "procap.assets": ["*.safetensors"],  # the demo's embedded tokenizer
+        },
         **_extension_setup(),
     )

@@ -44,6 +44,23 @@ def atomic_save_tensors(
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
+def _unreadable(path: Path, what: str, exc: Exception) -> ProCapError:
+    """The one-sentence error for a file safetensors cannot open; a PyTorch pickle (the authors' ``.chkpt``, a
+    ``torch.save`` file) is named as such, with the command that converts it."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        head = b""
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip archive, or a bare pickle
+        return ProCapError(
+            f"{what} file {path} is a PyTorch pickle, not a safetensors checkpoint; if it is the authors' released "
+            f"checkpoint, convert it with `procap convert --from authors {path} --vocab WORD2IDX.json "
+            f"--out model.safetensors`."
+        )
+    return ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})")
+
+
 def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Load all tensors and the header metadata of a safetensors file, with a one-sentence error on failure."""
     path = input_file(path, f"{what} file")
@@ -52,7 +69,7 @@ def read_tensors(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, 
             metadata = dict(handle.metadata() or {})
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})") from None
+        raise _unreadable(path, what, exc) from None
     return tensors, metadata
 
 
@@ -64,7 +81,7 @@ def read_header(path: Path | str, what: str = "checkpoint") -> tuple[dict[str, t
             metadata = dict(handle.metadata() or {})
             shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ProCapError(f"{what} file {path} is not a readable safetensors file ({exc})") from None
+        raise _unreadable(path, what, exc) from None
     return shapes, metadata
 
 

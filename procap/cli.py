@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from procap.errors import ProCapError
 from procap.files import OutputError, os_error_in, protect_inputs
 from procap.validate import output_apart
+from procap.extras import DISTRIBUTION, missing_extra_message
 
 # name -> module under procap.commands; the order is the order shown by --help.
 COMMANDS: dict[str, str] = {
@@ -57,8 +58,22 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def version_line() -> str:
+    """``procap X.Y.Z (procap-torch)``: the installed distribution's version, or the source tree's."""
+    from importlib import metadata
+
+    from procap import __version__
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = __version__
+    return f"procap {version} ({DISTRIBUTION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="procap", description="ProCap: fast change captioning (ICLR 2026).")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available_commands().items():
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -129,6 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except ProCapError as exc:
         print(f"procap: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # An optional package of an extra that is not installed (h5py for prepare, pycocoevalcap for scores...).
+        message = missing_extra_message(exc.name or "", f"procap {args.command}")
+        if message is None:
+            raise
+        print(f"procap: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         # Training raises a KeyboardInterrupt subclass that says what it saved and carries the signal number.

@@ -207,6 +207,18 @@ PRESETS: dict[str, ProCapConfig] = {
     ),
     "spot": ProCapConfig(name="spot", enc_layers=4, dec_layers=3, vocab_size=834),
     "edit": ProCapConfig(name="edit", enc_layers=12, dec_layers=2, vocab_size=524),
+    # LEVIR-CC (remote sensing, not in the paper): its 256 px images at f16 (16 x 16 latents), the clevr model
+    # otherwise; captions of up to 38 words fit (RSICC drops longer ones at 50 tokens, few are above 30). No level
+    # attention (256 px has a 16 x 16 level, 224 px none): the VQGAN stays the 224 px one, so its weights load.
+    "levir": ProCapConfig(
+        name="levir",
+        vqgan=VQGANConfig(resolution=256, attn_resolutions=()),
+        image_size=256,
+        enc_layers=12,
+        dec_layers=2,
+        vocab_size=500,
+        max_caption_len=40,
+    ),
     "tiny": ProCapConfig(
         name="tiny",
         vqgan=_tiny_vqgan(),

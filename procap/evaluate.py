@@ -164,6 +164,9 @@ def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
+    from procap.extras import require
+
+    require("pycocoevalcap", "caption metrics")  # the [eval] extra: one sentence when it is missing
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge

@@ -156,8 +156,18 @@ def choose_codes(
     return codes, probs.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
 
 
-def _as_batch(image: torch.Tensor, size: int, name: str) -> torch.Tensor:
-    """(3, S, S) or (1, 3, S, S) -> (1, 3, S, S), with a one-sentence error on any other shape."""
+def _as_batch(image: Any, size: int, name: str) -> torch.Tensor:
+    """One image -> (1, 3, S, S) float in [0, 1].
+
+    A float tensor must be (3, S, S) or (1, 3, S, S) in [0, 1]; anything else the Captioner takes (a path, a PIL
+    image, a numpy array, a uint8 tensor) is loaded and resized as training does (:mod:`procap.fast.inputs`).
+    """
+    if not isinstance(image, torch.Tensor) or image.dtype == torch.uint8:
+        from procap.fast.inputs import to_image_tensor
+
+        if isinstance(image, torch.Tensor) and image.dim() == 4 and image.shape[0] == 1:
+            image = image[0]
+        return to_image_tensor(image, size)[None]
     if image.dim() == 3:
         image = image.unsqueeze(0)
     if image.dim() != 4 or image.shape[0] != 1 or tuple(image.shape[1:]) != (3, size, size):
@@ -184,7 +194,8 @@ def imagine(
 
     Args:
         model: a :class:`procap.model.procap.ProCap` (``procap`` variant, k >= 1); run in eval mode, mode restored.
-        before, after: (3, S, S) or (1, 3, S, S) images in [0, 1] (any device; moved to the model's).
+        before, after: (3, S, S) or (1, 3, S, S) float images in [0, 1] (any device; moved to the model's), or
+            image files, PIL images, numpy arrays, uint8 tensors (loaded and resized as in training).
         sample: draw each code from the MSM head's softmax instead of taking the most likely one.
         generator: RNG for ``sample`` on the model's device (seed it for a reproducible draw).
         vocab: the checkpoint's vocabulary, to write the generated caption under the strip (None: no caption).

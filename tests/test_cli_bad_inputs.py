@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from procap.cli import COMMANDS, build_parser, main
@@ -69,7 +70,7 @@ def disk_full(argv: str, needle: str) -> Case:
     return Case(parts[0], "disk full", parts, needle, file_size_limit=DISK_FULL_BYTES)
 
 
-TRAIN_OK = "--data {data} --out {out} --steps 1 --batch-size 2"
+TRAIN_OK = "--data {data} --out {out} --preset tiny --steps 1 --batch-size 2"
 EVAL_OK = "--ckpt {ckpt} --data {data} --out {out} --metrics BLEU-4"
 PAIR = "{bef} {aft}"
 CONVERT_OK = "--from authors {src} --vocab {{word2idx}} --out {{out}}/m.safetensors"
@@ -208,7 +209,9 @@ CASES += [
     case("existing", f"procedure {PROC_OK} --out {{some_dir}}", "--out"),
     # evaluate
     case("missing", f"evaluate {EVAL_OK} --ckpt {{missing}}", "{missing}"),
-    case("directory", f"evaluate {EVAL_OK} --ckpt {{some_dir}}", "is a directory"),
+    case("directory", f"evaluate {EVAL_OK} --ckpt {{some_dir}}", "holds no model.safetensors"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{torch_pickle}}", "procap convert --from authors"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt hf://not-a-repo", "hf://owner/repo"),
     case("empty", f"evaluate {EVAL_OK} --ckpt {{empty}}", "{empty}"),
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{text_ckpt}}", "{text_ckpt}"),
     case("corrupt", f"evaluate {EVAL_OK} --ckpt {{huge_ckpt}}", "enc_dim"),
@@ -239,6 +242,8 @@ CASES += [
         PROCAP_MAX_IMAGE_PIXELS="100",
     ),
     case("wrong type", "caption --ckpt {ckpt} {bef}", "odd number"),
+    case("wrong type", "caption --ckpt {torch_pickle} {bef} {aft}", "procap convert --from authors"),
+    case("out of range", "caption --ckpt {ckpt} {bef} {aft} --beams 0", "--beams"),
     case("missing", f"caption --ckpt {{missing}} {PAIR}", "{missing}"),
     case("directory", f"caption --ckpt {{some_dir}} {PAIR}", "--ckpt"),
     case("empty", f"caption --ckpt {{empty}} {PAIR}", "{empty}"),
@@ -483,6 +488,8 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     Image.new("RGB", (40, 40)).save(paths["big_png"])
     paths["some_dir"] = ws / "some_dir"
     paths["some_dir"].mkdir()
+    paths["torch_pickle"] = ws / "model.chkpt"  # what the authors release: a torch.save archive, not safetensors
+    torch.save({"model": {"w": torch.zeros(1)}}, paths["torch_pickle"])
     paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
     paths["corrupt_cache"].mkdir()
     (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")

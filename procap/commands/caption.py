@@ -14,7 +14,11 @@ HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="BEFORE AFTER [BEFORE AFTER ...] image files")
-    parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors) written by procap train")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train or save_pretrained)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument(
@@ -30,6 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="caption length including BOS (default: the checkpoint's max_caption_len)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
+    add_beam_arguments(parser)
+
+
+def add_beam_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--beams`` and ``--length-penalty`` (shared with ``procap evaluate``)."""
+    parser.add_argument("--beams", type=int, default=1, help="beam search with N beams (default 1: greedy)")
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="beam search ranks captions by log-probability / length ** this (default 1.0)",
+    )
 
 
 def pairs_from_paths(paths: list[str]) -> list[tuple[Path, Path]]:
@@ -45,15 +61,20 @@ def run(args: argparse.Namespace) -> int:
     validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
-    validate.input_file(args.ckpt, "--ckpt")
+    validate.number(args.beams, "--beams", minimum=1)
+    from procap.hub import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
     from procap.fast import Captioner
 
     captioner = Captioner.from_checkpoint(
-        args.ckpt,
+        checkpoint,
         device=args.device,
         dtype=args.dtype,
         max_len=args.max_len,
         batch_sizes=sorted({1, 8, min(32, args.batch_size), args.batch_size}),
+        num_beams=args.beams,
+        length_penalty=args.length_penalty,
     )
     captions: list[str] = []
     for start in range(0, len(pairs), args.batch_size):

@@ -6,7 +6,10 @@ Every flag defaults to ``None`` so that :meth:`TrainConfig.resolved` can fill in
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
+from typing import Any
 
 from procap.config import PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
@@ -17,15 +20,24 @@ from procap.train.config import TrainConfig
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     """Flags for one training stage (``vqgan``, ``pretrain`` or ``train``)."""
     g = parser.add_argument_group("data and output")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        help="re-run a run's resolved config (<out>/<stage>_config.json, or a YAML / JSON file of the same keys); "
+        "flags given on the command line override the file",
+    )
     g.add_argument("--data", help="dataset root folder")
     g.add_argument(
         "--dataset",
         choices=sorted(DATASETS),
-        default=DEFAULT_DATASET,
         help=f"dataset format (default {DEFAULT_DATASET})",
     )
-    g.add_argument("--out", required=True, help="run folder for checkpoints and the log")
-    g.add_argument("--preset", default="tiny", help=f"model preset: {', '.join(sorted(PRESETS))} (default tiny)")
+    g.add_argument("--out", help="run folder for checkpoints, the log and the resolved config (required)")
+    g.add_argument(
+        "--preset",
+        help=f"model preset: {', '.join(sorted(PRESETS))} (default: the paper's preset of --dataset; tiny for a "
+        "small CPU run)",
+    )
     g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
     g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
     g.add_argument(
@@ -76,6 +88,14 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         help="minutes a process waits for the others under torchrun before the job fails (default 30)",
     )
     o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
+    o.add_argument(
+        "--logger",
+        dest="loggers",
+        action="append",
+        choices=("tensorboard", "wandb"),
+        help="also track the run with TensorBoard (<out>/tensorboard) or Weights & Biases (WANDB_MODE=offline "
+        "works without an account); repeat for both. log.jsonl is always written",
+    )
     if stage == "pretrain":
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
         o.add_argument(
@@ -115,6 +135,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
         v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
 
+
+# Keys of <out>/<stage>_config.json that record facts of the run rather than options.
+RUN_FACTS = ("data_parallel",)
 
 # Allowed ranges of the numeric flags (keyword arguments of procap.validate.number); absent flags are not checked.
 FLAG_BOUNDS: dict[str, dict[str, float]] = {
@@ -171,10 +194,70 @@ def check_args(args: argparse.Namespace) -> None:
         validate.device(args.device)
 
 
+def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
+    """The TrainConfig fields stored in a run's config file (JSON, or YAML with the ``[train]`` extra).
+
+    Raises:
+        ProCapError: unreadable file, not a mapping, another stage's config, or keys that are no TrainConfig field.
+    """
+    import json
+
+    from procap import validate
+
+    path = validate.input_file(path, "--config file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        from procap.extras import require
+
+        yaml = require("yaml", "--config FILE.yaml")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ProCapError(f"--config file {path} is not readable YAML ({' '.join(str(exc).split())}).") from None
+    else:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ProCapError(f"--config file {path} is not readable JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise ProCapError(f"--config file {path} does not hold a mapping of option names to values.")
+    data = {k: v for k, v in data.items() if k not in RUN_FACTS}
+    if data.get("stage", stage) != stage:
+        raise ProCapError(f"--config file {path} is a `procap {data['stage']}` config, not `procap {stage}`.")
+    data.pop("stage", None)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ProCapError(f"--config file {path} has keys that are no training option: {', '.join(unknown[:5])}.")
+    return data
+
+
 def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from parsed flags, with one-sentence errors for bad values."""
+    """TrainConfig from parsed flags over an optional ``--config`` file, with one-sentence errors for bad values.
+
+    Without ``--preset`` a run that builds a new model uses its dataset's paper preset and says so on stderr.
+    """
+    if getattr(args, "config", None):
+        for key, value in read_config_file(args.config, stage).items():
+            if getattr(args, key, None) is None:  # a flag given on the command line wins
+                setattr(args, key, tuple(value) if isinstance(value, list) else value)
+    if getattr(args, "dataset", None) is None:
+        args.dataset = DEFAULT_DATASET
+    if getattr(args, "out", None) is None:
+        raise ProCapError("--out is required: the run folder (or a --config file that names one)")
+    note = None
+    if getattr(args, "preset", None) is None:
+        args.preset = DATASETS[args.dataset].paper_preset
+        if not (stage == "train" and getattr(args, "init", None)):  # with --init the checkpoint's model is used
+            note = (
+                f"procap {stage}: no --preset given: using '{args.preset}', the paper's preset for {args.dataset} "
+                "(--preset tiny for a small CPU run)"
+            )
     check_args(args)
     try:
-        return TrainConfig.from_args(stage, args)
-    except ValueError as exc:
+        config = TrainConfig.from_args(stage, args)
+    except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return config

@@ -12,9 +12,16 @@ SOURCES = ("authors",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CKPT", help="the authors' stage-2 checkpoint (model.chkpt / *.pth)")
+    parser.add_argument(
+        "checkpoint",
+        metavar="CKPT",
+        help="the authors' stage-2 checkpoint (model.chkpt / *.pth), a local file or a Hub file "
+        "hf://owner/repo[@revision]/path (their repo: hf://BlueberryOreo/ProCap/...)",
+    )
     parser.add_argument("--from", dest="source", required=True, choices=SOURCES, help="who wrote CKPT")
-    parser.add_argument("--vocab", required=True, help="the word2idx JSON the model was trained with")
+    parser.add_argument(
+        "--vocab", required=True, help="the word2idx JSON the model was trained with (a file or an hf:// file)"
+    )
     parser.add_argument("--out", required=True, help="procap checkpoint to write (.safetensors)")
 
 
@@ -22,14 +29,17 @@ def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.checkpoint import save_checkpoint
     from procap.convert import convert_authors_checkpoint
+    from procap.hub import parse_hub_path, resolve_file
 
     out = Path(args.out)
-    validate.input_file(args.checkpoint, "authors' checkpoint")
-    validate.input_file(args.vocab, "--vocab file")
-    validate.output_file(out, "--out")  # before the (slow) conversion: nothing is written on a bad --out
+    validate.output_file(out, "--out")  # before the (slow) conversion or a download: nothing is written on a bad --out
     if out.suffix != ".safetensors":
         raise ProCapError(f"--out {out} must end in .safetensors")
-    model, vocab, info = convert_authors_checkpoint(args.checkpoint, args.vocab)
+    for value, what in ((args.checkpoint, "authors' checkpoint"), (args.vocab, "--vocab file")):
+        parse_hub_path(value, what)  # a malformed hf:// path fails before anything is fetched
+    checkpoint = resolve_file(args.checkpoint, "authors' checkpoint")
+    vocab_file = resolve_file(args.vocab, "--vocab file")
+    model, vocab, info = convert_authors_checkpoint(checkpoint, vocab_file)
     save_checkpoint(out, model, vocab, {"stage": "stage2", **info})
     c = model.config
     print(

@@ -8,9 +8,14 @@ HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per chang
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from procap.commands.caption import add_beam_arguments
     from procap.data.datasets import DATASETS, DEFAULT_DATASET
 
-    parser.add_argument("--ckpt", required=True, help="checkpoint (.safetensors) from `procap train`")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision]",
+    )
     parser.add_argument("--data", required=True, help="dataset root folder")
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
@@ -27,6 +32,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
     parser.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs (N >= 1)")
+    path = parser.add_mutually_exclusive_group()
+    path.add_argument(
+        "--exact",
+        dest="fast",
+        action="store_false",
+        help="the eager fp32 oracle, ProCap.generate (the default: scores comparable with published ones)",
+    )
+    path.add_argument(
+        "--fast",
+        dest="fast",
+        action="store_true",
+        help="procap.fast.Captioner: static KV cache, bf16 and CUDA graphs on a GPU (fp32 on the CPU, where its "
+        "captions equal the oracle's)",
+    )
+    parser.set_defaults(fast=False)
+    add_beam_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +67,15 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--metrics: {exc}") from None
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
+    validate.number(args.beams, "--beams", minimum=1)
     device = validate.device(args.device)
-    validate.input_file(args.ckpt, "--ckpt")
-    out = validate.output_dir(args.out or Path(args.ckpt).parent / f"eval_{args.split}", "--out")
-    model, vocab, _ = load_checkpoint(args.ckpt, map_location=device)
+    from procap.hub import parse_hub_path, resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
+    beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
+    out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
+    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     pairs = load_split(args.dataset, args.data, args.split)
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
     if not pairs:
@@ -59,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         from procap.correctness import scene_truths
 
         truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
+    generate = _generator(args, model, vocab, device)
     report = evaluate_model(
         model,
         vocab,
@@ -67,14 +94,41 @@ def run(args: argparse.Namespace) -> int:
         args.batch_size,
         device,
         out=out,
-        extra={"checkpoint": str(args.ckpt), "dataset": args.dataset, "split": args.split},
+        extra={
+            "checkpoint": str(args.ckpt),
+            "dataset": args.dataset,
+            "split": args.split,
+            "decoding": {"path": "fast" if args.fast else "exact", "beams": args.beams},
+        },
         truths=truths,
+        generate=generate,
     )
     # the references beside the predictions: what `procap score --pred results.json --refs references.json` reads
     atomic_write_json(out / "references.json", {pair.id: list(pair.captions) for pair in pairs}, indent=1)
     print(format_report(report))
     print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
     return 0
+
+
+def _generator(args: argparse.Namespace, model, vocab, device):
+    """``(before, after) -> tokens`` of the chosen path: the oracle ``model.generate`` or a Captioner over ``model``."""
+    if not args.fast:
+        return lambda before, after: model.generate(
+            before, after, num_beams=args.beams, length_penalty=args.length_penalty
+        )
+    from procap.fast import Captioner
+
+    captioner = Captioner(
+        model,
+        vocab,
+        device=device,
+        max_len=None,  # the oracle's length: the model's max_caption_len
+        batch_sizes=(args.batch_size,),
+        copy_model=False,
+        num_beams=args.beams,
+        length_penalty=args.length_penalty,
+    )
+    return captioner.generate
 
 
 def format_report(report: dict) -> str:

@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
     from procap import validate
+    from procap.hub import resolve_checkpoint
 
-    validate.input_file(args.ckpt, "checkpoint file")
+    checkpoint = resolve_checkpoint(args.ckpt, "checkpoint file")
     for image in (args.before, args.after):
         validate.input_file(image, "image file")
     validate.output_file(out, "--out")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.visualize import check_imaginable, imagine
 
     device = torch.device(device_name)
-    model, vocab, meta = load_checkpoint(args.ckpt, map_location=device)
+    model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
     check_imaginable(model)
     size = model.config.image_size
     before, after = load_image(args.before, size), load_image(args.after, size)

@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.steps, "--steps", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.device(args.device)
-    validate.input_file(args.ckpt, "--ckpt")
+    from procap.hub import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
     if not args.no_trace:
         validate.output_dir(args.out, "--out")
     import torch
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.fast import Captioner
 
     captioner = Captioner.from_checkpoint(
-        args.ckpt, device=args.device, dtype=args.dtype, max_len=args.max_len, batch_sizes=(args.batch_size,)
+        checkpoint, device=args.device, dtype=args.dtype, max_len=args.max_len, batch_sizes=(args.batch_size,)
     )
     size = captioner.config.image_size
     gen = torch.Generator().manual_seed(0)

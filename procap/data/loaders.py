@@ -7,6 +7,7 @@ They are registered with their other facts in :data:`procap.data.datasets.DATASE
   the distractor, with a no-change caption. Change types come from ``type_mapping.json``.
 * Spot-the-Diff: ``annotations/<split>.json``; repeated ``img_id`` entries are merged, empty sentences dropped.
 * Image-Editing-Request: ``<split>.json`` with ``valid.json`` as the validation split; mixed image extensions.
+* LEVIR-CC: one Karpathy-style ``LevirCCcaptions.json`` for every split, images in ``images/<split>/{A,B}``.
 """
 
 from __future__ import annotations
@@ -177,4 +178,43 @@ def load_image_editing_request(root: str | os.PathLike, split: str) -> list[Chan
         sentences = _captions(entry["sents"], path, "Image-Editing-Request annotation file", entry["uid"])
         if sentences:
             pairs.append(ChangePair(str(entry["uid"]), images / entry["img0"], images / entry["img1"], sentences, None))
+    return pairs
+
+
+def _levir_sentence(sentence: object, path: Path, name: object) -> str:
+    """One LEVIR-CC sentence: its ``tokens`` joined (what RSICC trains on), else its ``raw`` text."""
+    tokens = sentence.get("tokens") if isinstance(sentence, dict) else None
+    if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+        return " ".join(tokens).strip()
+    if isinstance(sentence, dict) and isinstance(sentence.get("raw"), str):
+        return sentence["raw"].strip()
+    raise ProCapError(f"LEVIR-CC captions file {path} has a sentence of {name!r} without tokens or raw text.")
+
+
+def load_levir_cc(root: str | os.PathLike, split: str) -> list[ChangePair]:
+    """LEVIR-CC (remote sensing): ``LevirCCcaptions.json`` and ``images/<split>/{A,B}/<filename>``.
+
+    The captions file is Karpathy-style: ``{"images": [{"filepath": split folder, "filename", "split",
+    "sentences": [{"tokens", "raw"}, ...], "changeflag": 0 | 1}, ...]}``; A holds the before images, B the after
+    ones. Pairs are read in file order; the pair id is the file name (``train_000001.png``).
+    """
+    root = _require_dir(Path(root), "LEVIR-CC root")
+    path = root / "LevirCCcaptions.json"
+    data = read_json(path, "LEVIR-CC captions file")
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise ProCapError(f"LEVIR-CC captions file {path} must be a JSON object with an 'images' list.")
+    images = _image_dir(root, ("images",))
+    pairs = []
+    for entry in data["images"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("filename"), str):
+            raise ProCapError(f"LEVIR-CC captions file {path} has an image entry without a filename string.")
+        if entry.get("split") != split:
+            continue
+        name = entry["filename"]
+        if not isinstance(entry.get("sentences"), list):
+            raise ProCapError(f"LEVIR-CC captions file {path} gives no sentences list for {name!r}.")
+        folder = images / str(entry.get("filepath") or split)
+        captions = [c for c in (_levir_sentence(s, path, name) for s in entry["sentences"]) if c]
+        if captions:
+            pairs.append(ChangePair(name, folder / "A" / name, folder / "B" / name, captions, None))
     return pairs

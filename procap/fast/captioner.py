@@ -33,8 +33,9 @@ import torch
 from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
-from procap.fast.inputs import check_pixels, to_image_batch
+from procap.fast.inputs import to_image_batch, to_unit_float
 from procap.fast.nvtx import annotate_module, nvtx_range
+from procap.model.beam import beam_search_cached, check_beam_arguments
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
 
@@ -69,7 +70,7 @@ def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch
 
 
 class Captioner:
-    """Fast greedy change captioning.
+    """Fast change captioning (greedy, or beam search with ``num_beams``).
 
     Args:
         model: a trained :class:`procap.model.procap.ProCap` (copied; the original is left as it is).
@@ -94,6 +95,10 @@ class Captioner:
         torch_compile: compile the VQGAN encoder and the procedure encoder with ``torch.compile`` (never required):
             True, or a dict of ``torch.compile`` keyword arguments (e.g. ``{"mode": "max-autotune-no-cudagraphs"}``;
             ``dynamic`` defaults to False: one graph per bucket shape). The first call per bucket compiles.
+        num_beams: 1 decodes greedily (CUDA graphs on GPU); more runs beam search
+            (:func:`procap.model.beam.beam_search_cached`: the beams of every pair are rows of one batch in the
+            static KV cache, eager, no graphs), equal to ``ProCap.generate(num_beams=...)`` in fp32.
+        length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -117,7 +122,13 @@ class Captioner:
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
     ) -> None:
+        check_beam_arguments(num_beams, length_penalty)
+        if num_beams > 1 and capture_memory:
+            raise ProCapError("capture_memory=True decodes greedily; it does not combine with num_beams > 1")
+        self.num_beams, self.length_penalty = num_beams, float(length_penalty)
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
         config = model.config
@@ -152,6 +163,39 @@ class Captioner:
         from procap.checkpoint import load_checkpoint
 
         model, vocab, _ = load_checkpoint(path)
+        return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        revision: str | None = None,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_len: int | None = 24,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        **kwargs: Any,
+    ) -> Captioner:
+        """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
+        (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only)."""
+        from procap.hub import load_pretrained
+
+        model, vocab, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
+        return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
+
+    @classmethod
+    def _wrap_loaded(
+        cls,
+        model: torch.nn.Module,
+        vocab: Any,
+        device: torch.device | str | None,
+        dtype: torch.dtype | str | None,
+        max_len: int | None,
+        batch_sizes: Sequence[int],
+        **kwargs: Any,
+    ) -> Captioner:
         return cls(
             model,
             vocab,
@@ -256,7 +300,10 @@ class Captioner:
 
     @torch.no_grad()
     def decode(self, memory: torch.Tensor) -> torch.Tensor:
-        """Greedy tokens from a memory (b, N, D), b <= the largest bucket -> (b, max_len - 1) on the device."""
+        """Tokens from a memory (b, N, D), b <= the largest bucket -> (b, max_len - 1) on the device."""
+        if self.num_beams > 1:
+            with self._process_flags(), nvtx_range("procap.beam_search", self.device):
+                return beam_search_cached(self.model.decoder, memory, self.max_len, self.num_beams, self.length_penalty)
         b = memory.shape[0]
         bucket = self._bucket(b)
         step = bucket.step_replay() if self.use_graphs else bucket.step
@@ -288,18 +335,19 @@ class Captioner:
 
     @torch.no_grad()
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """Tokens for image batches (B, 3, S, S) in [0, 1] -> (B, max_len - 1) int64 on the device.
+        """Tokens for image batches (B, 3, S, S) -> (B, max_len - 1) int64 on the device.
 
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
-        variant: every step kept, only [UNK] suppressed). Non-finite or out-of-range pixels raise
-        :class:`ProCapError` (checking them costs one host read per call).
+        variant: every step kept, only [UNK] suppressed). Pixels follow :mod:`procap.fast.inputs`' rule: uint8
+        0-255 is scaled to [0, 1]; non-finite or out-of-range floats raise :class:`ProCapError` (checking them
+        costs one host read per call).
         """
         if before.shape != after.shape:
             raise ProCapError(
                 f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
             )
-        check_pixels(before, "before images")
-        check_pixels(after, "after images")
+        before = to_unit_float(before, "before images")
+        after = to_unit_float(after, "after images")
         chunk, outs = self.batch_sizes[-1], []
         for start in range(0, before.shape[0], chunk):
             b, a = before[start : start + chunk], after[start : start + chunk]

@@ -1,5 +1,9 @@
 """Turn what a user hands the Captioner (paths, PIL images, numpy arrays, tensors) into one image batch.
 
+One rule for pixel values, whatever the container (PIL, numpy, tensor; HWC or CHW; single or batched): uint8 holds
+0-255 and is scaled to [0, 1]; floats must already lie in [0, 1] (0-255 floats are refused with the fix, never
+captioned silently); any other dtype is refused.
+
 The preprocessing is training's: RGB, bicubic resize to ``config.image_size``, floats in [0, 1]. Paths go
 through :func:`procap.data.load_image` itself; PIL images and uint8 arrays go through the function it applies
 to a decoded file (``procap.data.images.to_tensor``), so a PNG on disk and the same image opened by the user
@@ -58,6 +62,20 @@ def check_pixels(images: torch.Tensor, what: str = "images") -> None:
         raise ProCapError(f"float {what} must lie in [0, 1], got values in [{low:g}, {high:g}]{hint}.")
 
 
+def to_unit_float(images: torch.Tensor, what: str = "images") -> torch.Tensor:
+    """Tensor pixels under the module's rule: uint8 0-255 -> float / 255, float checked to lie in [0, 1].
+
+    Raises:
+        ProCapError: an integer or boolean dtype other than uint8, or float values outside [0, 1].
+    """
+    if images.dtype == torch.uint8:
+        return images.float().div_(255.0)
+    if not images.is_floating_point():
+        raise ProCapError(f"{what} must be uint8 (0-255) or float in [0, 1], got dtype {images.dtype}.")
+    check_pixels(images, what)
+    return images
+
+
 def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
     if array.ndim == 2:
         array = np.stack([array] * 3, axis=-1)
@@ -114,11 +132,11 @@ def to_image_tensor(image: ImageLike, size: int) -> torch.Tensor:
 
 def to_image_batch(images: Any, size: int) -> torch.Tensor:
     """A sequence of images, or an already batched float tensor (B, 3, size, size), -> (B, 3, size, size)."""
-    if isinstance(images, torch.Tensor) and images.ndim == 4 and images.dtype != torch.uint8:
-        if images.shape[1] != 3 or images.shape[-2:] != (size, size):
+    if isinstance(images, torch.Tensor) and images.ndim == 4:
+        if images.shape[1] == 3 and images.shape[-2:] == (size, size):
+            return to_unit_float(images.detach(), "image tensors").float().cpu()
+        if images.dtype != torch.uint8:  # uint8 batches of other sizes or HWC go image by image below
             raise ProCapError(f"a batched image tensor must be (B, 3, {size}, {size}), got {tuple(images.shape)}")
-        check_pixels(images, "image tensors")
-        return images.detach().float().cpu()
     if isinstance(images, (str, Path, Image.Image)) or (hasattr(images, "ndim") and images.ndim == 3):
         images = [images]  # a single image where a batch was expected
     images = list(images) if isinstance(images, Sequence) or hasattr(images, "__iter__") else [images]

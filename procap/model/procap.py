@@ -38,16 +38,18 @@ from procap.config import ProCapConfig
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, axial_positions
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder, authors_greedy_decode
+from procap.model.beam import beam_search
 from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.encoder import ProcedureEncoder, space_to_depth
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
 from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
+from procap.model.pretrained import PretrainedMixin
 from procap.model.vqgan import VQGAN
 
 
-class ProCap(nn.Module):
+class ProCap(PretrainedMixin, nn.Module):
     """ProCap: change captioning by imagining the change procedure.
 
     Attributes:
@@ -361,14 +363,18 @@ class ProCap(nn.Module):
         return {"loss": loss, "accuracy": accuracy, "memory_std": spread}
 
     @torch.no_grad()
-    def generate_from_memory(self, memory: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
-        """Greedy captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
+    def generate_from_memory(
+        self, memory: torch.Tensor, max_len: int | None = None, num_beams: int = 1, length_penalty: float = 1.0
+    ) -> torch.Tensor:
+        """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
         max_len = max_len or self.config.max_caption_len
         if not 2 <= max_len <= self.config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
         was_training = self.training
         self.eval()
         try:
+            if num_beams != 1:
+                return beam_search(self.decoder, memory, max_len, num_beams, length_penalty)
             if self.config.variant == "authors":
                 return authors_greedy_decode(self.decoder, memory, max_len)
             return greedy_decode(self.decoder, memory, max_len)
@@ -377,24 +383,33 @@ class ProCap(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, before: torch.Tensor, after: torch.Tensor, max_len: int | None = None, frames: torch.Tensor | None = None
+        self,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        max_len: int | None = None,
+        frames: torch.Tensor | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
     ) -> torch.Tensor:
-        """Greedy captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
+        """Greedy or beam-search captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
 
         Args:
             before, after: (B, 3, S, S) in [0, 1].
             max_len: caption length including BOS (default ``config.max_caption_len``).
             frames: optional explicit procedure frames (B, T, 3, S, S).
+            num_beams: 1 decodes greedily; more runs :func:`procap.model.beam.beam_search` with that many beams.
+            length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
 
         Returns:
             (B, max_len - 1) int64 tokens after BOS, EOS included, PAD after EOS, [UNK] and other specials
             never produced. Runs in eval mode (dropout off) and restores the previous mode. The ``authors``
-            variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed.
+            variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed;
+            with beams both variants stop each caption at EOS.
         """
         was_training = self.training
         self.eval()
         try:
-            return self.generate_from_memory(self.memory(before, after, frames), max_len)
+            return self.generate_from_memory(self.memory(before, after, frames), max_len, num_beams, length_penalty)
         finally:
             self.train(was_training)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,13 @@ def caption_pairs(
     amp: bool = False,
     max_len: int | None = None,
     remember: bool = False,
+    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
 
     Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
-    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation).
+    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation). ``generate``
+    replaces ``model.generate`` (``(before, after) -> tokens``: a ``procap.fast.Captioner``, beam search...).
     """
     from tqdm.auto import tqdm
 
@@ -86,7 +88,7 @@ def caption_pairs(
             model.vqgan.remember(torch.cat([before, after]), codes=False)
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            ids = model.generate(before, after, max_len=max_len)
+            ids = model.generate(before, after, max_len=max_len) if generate is None else generate(before, after)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0

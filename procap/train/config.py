@@ -76,6 +76,7 @@ class TrainConfig:
     progress: bool = True
     cache_images: bool = True
     cache_features: bool = False  # memo the frozen VQGAN per image (small datasets; see train/feature_cache.py)
+    loggers: tuple[str, ...] = ()  # run trackers besides log.jsonl: "tensorboard", "wandb" (procap/train/tracking.py)
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_DEFAULTS:
@@ -88,6 +89,10 @@ class TrainConfig:
             raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
+        self.loggers = tuple(self.loggers or ())
+        unknown = sorted(set(self.loggers) - {"tensorboard", "wandb"})
+        if unknown:
+            raise ValueError(f"loggers must be tensorboard and/or wandb, got {', '.join(unknown)}")
         try:
             self.val_metrics = tuple(metric_names(self.val_metrics))
         except ProCapError as exc:

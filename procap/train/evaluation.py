@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,13 @@ def evaluate_model(
     out: Path | str | None = None,
     extra: dict[str, Any] | None = None,
     truths: dict[str, Any] | None = None,
+    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Caption ``pairs`` greedily and score them; writes ``results.json`` and ``metrics.json`` under ``out``.
+    """Caption ``pairs`` (greedily with ``model.generate``, or with ``generate``) and score them; writes
+    ``results.json`` and ``metrics.json`` under ``out``.
 
     Args:
+        generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, beam search).
         truths: optional ground truth per pair id (:func:`procap.correctness.scene_truths`); when given, the
             report adds ``"accuracy"`` (change / type / object / new value / distinct, see
             :func:`procap.correctness.caption_accuracy`).
@@ -66,7 +69,9 @@ def evaluate_model(
     note = None
     if metrics is None:
         metrics, note = default_metrics()
-    predictions, speed = caption_pairs(model, vocab, pairs, batch_size=batch_size, cache=cache, device=device)
+    predictions, speed = caption_pairs(
+        model, vocab, pairs, batch_size=batch_size, cache=cache, device=device, generate=generate
+    )
     report: dict[str, Any] = {**(extra or {}), "pairs": len(pairs)}
     if all(p.change_type is not None for p in pairs):
         # One scoring call for every group: each call starts Java (PTB tokenizer, METEOR).

@@ -35,6 +35,7 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
+from procap.train.tracking import RunTrackers
 
 MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
 
@@ -108,6 +109,17 @@ def total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return int(cfg.epochs) * batches_per_epoch
 
 
+def validation_line(stage: str, step: int, metrics: dict[str, float]) -> str:
+    """One console line of validation scores: caption metrics as they are, fractions (``acc_*``, ``distinct``) in %."""
+
+    def shown(name: str, value: float) -> str:
+        if name.startswith("acc_") or name == "distinct":
+            return f"{name} {100 * value:.1f}%"
+        return f"{name} {value:.2f}"
+
+    return f"{stage} step {step} validation: " + ", ".join(shown(k, float(v)) for k, v in metrics.items())
+
+
 class Trainer:
     """Runs one training stage.
 
@@ -174,6 +186,7 @@ class Trainer:
         self.wrapped = distributed.wrap_ddp(module, self.ctx, self.device, frozen_names(module), find_unused)
         self.optimizer, self.schedule = make_optimizer(self.total)
         self.log = JsonlLog(self.out / "log.jsonl")
+        self.trackers = RunTrackers((), self.out, name, {})  # the real ones start with the run (fit)
         self.state = LoopState()
         self._saved_at = time.monotonic()
 
@@ -304,7 +317,9 @@ class Trainer:
         metrics = self.validate(self.state.step)
         record = {"step": self.state.step, "epoch": self.state.epoch, **{f"val/{k}": v for k, v in metrics.items()}}
         self.log.write(record)
+        self.trackers.write(record)
         self.state.history.append(record)
+        print(validation_line(self.name, self.state.step, metrics), flush=True)
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step
@@ -372,7 +387,11 @@ class Trainer:
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
                         print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
-                state = self._fit(stop)
+                    self.trackers = RunTrackers(self.cfg.loggers, self.out, self.name, config)
+                try:
+                    state = self._fit(stop)
+                finally:
+                    self.trackers.close()
             except OutputError as exc:
                 if self.last_path.is_file():
                     raise
@@ -421,15 +440,10 @@ class Trainer:
         if not self.ctx.is_main:
             return
         bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
-        self.log.write(
-            {
-                "step": self.state.step,
-                "epoch": self.state.epoch,
-                "lr": self.schedule.lrs(),
-                "items_per_s": rate,
-                **values,
-            }
-        )
+        record = {"step": self.state.step, "epoch": self.state.epoch, "lr": self.schedule.lrs(), "items_per_s": rate}
+        record.update(values)
+        self.log.write(record)
+        self.trackers.write(record)
 
     def _fit(self, stop: StopRequests) -> LoopState:
         from tqdm.auto import tqdm

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from procap.config import PRESETS
 from procap.data import DATASETS, get_dataset, load_split
 from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
 
 
 def test_every_spec_is_complete():
-    assert sorted(DATASETS) == ["clevr-change", "image-editing-request", "spot-the-diff"]
+    assert sorted(DATASETS) == ["clevr-change", "image-editing-request", "levir-cc", "spot-the-diff"]
     for name, spec in DATASETS.items():
         assert spec.name == name and callable(spec.loader) and spec.cache_groups
         assert spec.min_count >= 1 and 0 < spec.encoder_lr < 1e-3
+        assert spec.paper_preset in PRESETS
     assert DATASETS["clevr-change"].change_types == ("color", "material", "add", "drop", "move")
     assert DATASETS["spot-the-diff"].encoder_lr < DATASETS["clevr-change"].encoder_lr  # the paper: 2e-5 vs 5e-5
 

@@ -82,3 +82,38 @@ def test_an_image_without_pixels_is_refused(empty):
     """Was: a 0 x 0 image was resized into a blank frame and captioned."""
     with pytest.raises(ProCapError, match="needs at least one pixel"):
         to_image_tensor(empty, 32)
+
+
+def test_one_rule_for_uint8_whatever_the_container(captioner):
+    """uint8 is 0-255 everywhere: batched tensors given to generate, HWC / CHW tensors, numpy, PIL, all agree with
+    the same pixels as floats in [0, 1] (was: generate took uint8 batches as 0-255 'floats' and captioned garbage)."""
+    generator = torch.Generator().manual_seed(3)
+    pixels = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    as_float = pixels.float() / 255
+    expected = captioner.generate(as_float, as_float.flip(0))
+    assert torch.equal(captioner.generate(pixels, pixels.flip(0)), expected)
+    hwc = pixels.permute(0, 2, 3, 1)
+    for kind in (list(pixels), list(hwc), [p.numpy() for p in hwc], [Image.fromarray(p.numpy()) for p in hwc]):
+        assert torch.equal(captioner.images(kind), as_float), type(kind[0])
+    assert torch.equal(captioner.images(pixels), as_float)
+    with pytest.raises(ProCapError, match="uint8 .0-255. or float"):
+        captioner.generate(pixels.long(), pixels.long())
+
+
+def test_imagine_takes_files_and_pil_images(tmp_path):
+    """visualize.imagine given paths failed with an AttributeError; it now loads them as the Captioner does."""
+    from model.model_helpers import small_config
+
+    from procap.model.procap import ProCap
+    from procap.visualize import imagine
+
+    torch.manual_seed(0)
+    model = ProCap(small_config()).eval()
+    generator = torch.Generator().manual_seed(4)
+    arrays = [torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=generator).numpy() for _ in range(2)]
+    paths = [tmp_path / "before.png", tmp_path / "after.png"]
+    for array, path in zip(arrays, paths):
+        Image.fromarray(array).save(path)
+    from_tensors = imagine(model, *(torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays))
+    for given in (paths, [str(p) for p in paths], [Image.fromarray(a) for a in arrays], arrays):
+        assert torch.equal(imagine(model, *given).codes, from_tensors.codes)

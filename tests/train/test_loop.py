@@ -230,3 +230,21 @@ def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, trai
         cfg = TrainConfig(stage="train", out=str(tmp_path), steps=steps, batch_size=2, log_every=10, progress=False)
         trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
         assert trainer.log_every == expected
+
+
+def test_evaluate_fast_and_beams_match_the_oracle_on_the_cpu(tmp_path, model, vocab, clevr_root):
+    """`--fast` (the Captioner, fp32 on the CPU) writes the captions of `--exact`; `--beams` those of generate."""
+    from procap.checkpoint import save_checkpoint
+    from procap.cli import main
+
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
+    base = ["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--metrics", "BLEU-4", "--max-pairs", "6"]
+    results = {}
+    for name, flags in {"exact": ["--exact"], "fast": ["--fast"], "beams": ["--fast", "--beams", "3"]}.items():
+        assert main([*base, *flags, "--out", str(tmp_path / name)]) == 0
+        results[name] = json.loads((tmp_path / name / "results.json").read_text())
+        decoding = json.loads((tmp_path / name / "metrics.json").read_text())["decoding"]
+        assert decoding == {"path": "exact" if name == "exact" else "fast", "beams": 3 if name == "beams" else 1}
+    assert results["fast"] == results["exact"]
+    assert main([*base, "--exact", "--beams", "3", "--out", str(tmp_path / "exact_beams")]) == 0
+    assert json.loads((tmp_path / "exact_beams" / "results.json").read_text()) == results["beams"]

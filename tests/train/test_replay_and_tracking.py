@@ -1,0 +1,123 @@
+"""Config replay (``--config``), the preset a run defaults to, and the TensorBoard / wandb trackers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from procap.cli import main
+from procap.commands.cli_args import add_common_arguments, config_from_args
+from procap.errors import ProCapError
+from procap.model.procap import ProCap
+from procap.train.loop import JsonlLog, validation_line
+from procap.train.tracking import scalars
+
+from .conftest import small_config
+
+
+@pytest.fixture
+def small_model(monkeypatch):
+    """``new_model`` builds the 16 px test configuration whatever the preset (the preset is still recorded)."""
+    from procap.train import stage1
+
+    monkeypatch.setattr(stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_config(len(vocab), **kw)))
+
+
+def _parse(stage: str, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, stage)
+    return parser.parse_args(list(argv))
+
+
+def _pretrain(*argv: str) -> list[str]:
+    return ["pretrain", "--steps", "2", "--batch-size", "4", "--log-every", "1", "--no-progress", *argv]
+
+
+def _losses(out) -> list[float]:
+    return [r["loss"] for r in JsonlLog(out / "log.jsonl").records() if "loss" in r]
+
+
+def test_a_run_replays_from_its_config_and_flags_override_it(tmp_path, small_model, clevr_root):
+    first = tmp_path / "first"
+    assert main(_pretrain("--data", str(clevr_root), "--out", str(first), "--preset", "tiny", "--seed", "4")) == 0
+    written = json.loads((first / "stage1_config.json").read_text())
+    assert written["seed"] == 4 and written["preset"] == "tiny" and written["steps"] == 2
+
+    # The file gives back every option of the run: replaying it is the same run.
+    replayed = config_from_args("pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json")))
+    assert replayed.resolved().to_dict() == {k: v for k, v in written.items() if k != "data_parallel"} | {
+        "val_metrics": tuple(written["val_metrics"]),
+        "loggers": (),
+    }
+    overridden = config_from_args("pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json")))
+    assert overridden.out == str(first) and overridden.seed == 4
+    changed = _parse("pretrain", "--config", str(first / "stage1_config.json"), "--seed", "9", "--out", "x")
+    assert (config_from_args("pretrain", changed).seed, config_from_args("pretrain", changed).out) == (9, "x")
+
+
+def test_a_yaml_config_gives_the_same_options(tmp_path, clevr_root):
+    yaml = pytest.importorskip("yaml", reason="YAML configs need the [train] extra (pyyaml)")
+    options = {"data": str(clevr_root), "out": "run", "preset": "tiny", "steps": 7, "val_metrics": ["BLEU-4", "CIDEr"]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(options))
+    (tmp_path / "c.json").write_text(json.dumps(options))
+    from_yaml = config_from_args("train", _parse("train", "--config", str(tmp_path / "c.yaml")))
+    assert from_yaml == config_from_args("train", _parse("train", "--config", str(tmp_path / "c.json")))
+    assert from_yaml.steps == 7 and from_yaml.val_metrics == ("BLEU-4", "CIDEr")
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"stage": "train", "steps": 3}', "is a `procap train` config, not `procap pretrain`"),
+        ('{"steps": 3, "learning_speed": 2}', "no training option: learning_speed"),
+        ("{not json", "is not readable JSON"),
+        ("[1, 2]", "does not hold a mapping"),
+    ],
+)
+def test_bad_config_files_are_one_sentence(tmp_path, clevr_root, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ProCapError, match=message):
+        config_from_args("pretrain", _parse("pretrain", "--config", str(path), "--data", str(clevr_root)))
+
+
+def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(tmp_path, clevr_root, capsys):
+    args = _parse("train", "--data", str(clevr_root), "--out", "run", "--dataset", "spot-the-diff")
+    assert config_from_args("train", args).preset == "spot"
+    assert "using 'spot', the paper's preset for spot-the-diff" in capsys.readouterr().err
+    assert config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r")).preset == "clevr"
+    capsys.readouterr()
+    init = tmp_path / "s1.safetensors"
+    init.write_bytes(b"x")
+    config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--init", str(init)))
+    config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--preset", "tiny"))
+    assert capsys.readouterr().err == ""  # the checkpoint's model, or a preset asked for: nothing to announce
+    with pytest.raises(ProCapError, match="--out is required"):
+        config_from_args("train", _parse("train", "--data", str(clevr_root)))
+
+
+def test_tensorboard_and_wandb_receive_the_logged_scalars(tmp_path, small_model, clevr_root, monkeypatch):
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
+    pytest.importorskip("wandb", reason="the [wandb] extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # nothing is sent; no account needed
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    argv = _pretrain("--data", str(clevr_root), "--out", str(out), "--preset", "tiny")
+    assert main([*argv, "--logger", "tensorboard", "--logger", "wandb"]) == 0
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    losses = [event.value for event in events.Scalars("stage1/loss")]
+    assert losses == pytest.approx(_losses(out), rel=1e-6) and len(losses) == 2
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_scalars_flatten_and_validation_is_one_console_line():
+    record = {"step": 3, "lr": [1e-4, 2e-5], "val": {"CIDEr": 12.5}, "note": "x", "nan": float("nan"), "ok": True}
+    assert scalars(record) == {"step": 3.0, "lr/0": 1e-4, "lr/1": 2e-5, "val/CIDEr": 12.5}
+    line = validation_line("stage2", 40, {"CIDEr": 112.3, "acc_change": 0.981, "distinct": 0.5})
+    assert line == "stage2 step 40 validation: CIDEr 112.30, acc_change 98.1%, distinct 50.0%"
