@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from procap.errors import ProCapError
+from procap.extras import DISTRIBUTION, missing_extra_message
 from procap.files import OutputError, os_error_in, protect_inputs
 from procap.validate import output_apart
-from procap.extras import DISTRIBUTION, missing_extra_message
 
 # name -> module under procap.commands; the order is the order shown by --help.
 COMMANDS: dict[str, str] = {
