@@ -237,6 +237,7 @@ PRESETS: dict[str, ProCapConfig] = {
         difference_mode="joint",
         token_merge=2,
         change_token=True,
+        change_pixels=True,
         standardize_features=True,
     ),
 }

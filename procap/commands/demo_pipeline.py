@@ -65,7 +65,7 @@ class DemoBudget:
 
 QUICK = DemoBudget(
     scenes=400,
-    vqgan_steps=100,  # 4 steps: change detection 65-75 %; 40 steps: 90-93 % (docs/training.md)
+    vqgan_steps=100,  # with --train-tokenizer only: the embedded tokenizer is used otherwise
     vqgan_batch=16,
     stage1_steps=10,
     stage1_batch=8,
@@ -79,11 +79,11 @@ QUICK = DemoBudget(
 )
 FULL = DemoBudget(
     scenes=2000,
-    vqgan_steps=300,  # 40 steps leave too little of an object's colour and shape in the features (docs/model.md)
+    vqgan_steps=1200,  # with --train-tokenizer only; the embedded tokenizer is this run (tools/make_demo_tokenizer.sh)
     vqgan_batch=16,
-    stage1_steps=150,
+    stage1_steps=100,
     stage1_batch=16,
-    stage2_steps=700,
+    stage2_steps=800,
     stage2_batch=32,
     stage2_lr=1e-3,
     val_every=200,
