@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(fast=False)
     add_beam_arguments(parser)
+    parser.add_argument(
+        "--ablate",
+        nargs="+",
+        choices=("queries", "change"),
+        help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
+        "queries' outputs, the change token) from the decoder",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             "dataset": args.dataset,
             "split": args.split,
             "decoding": {"path": "fast" if args.fast else "exact", "beams": args.beams},
+            "ablated": list(args.ablate or []),
         },
         truths=truths,
         generate=generate,
@@ -111,7 +119,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generator(args: argparse.Namespace, model, vocab, device):
-    """``(before, after) -> tokens`` of the chosen path: the oracle ``model.generate`` or a Captioner over ``model``."""
+    """``(before, after) -> tokens`` of the chosen path: the oracle ``model.generate`` (with ``--ablate``, on a
+    memory missing those parts) or a Captioner over ``model``."""
+    import torch
+
+    from procap.errors import ProCapError
+
+    if args.ablate:
+        if args.fast or args.beams != 1:
+            raise ProCapError("--ablate runs with the oracle's greedy decoding: leave out --fast and --beams.")
+        parts = tuple(args.ablate)
+        if "change" in parts and not model.config.change_token:
+            raise ProCapError("--ablate change: this checkpoint's model has no change token.")
+        if "queries" in parts and model.config.num_keyframes == 0:
+            raise ProCapError("--ablate queries: this checkpoint's model has no procedure queries (k = 0).")
+
+        def ablated(before, after):
+            model.eval()
+            with torch.no_grad():
+                return model.generate_from_memory(model.without_parts(model.memory(before, after), parts))
+
+        return ablated
     if not args.fast:
         return lambda before, after: model.generate(
             before, after, num_beams=args.beams, length_penalty=args.length_penalty

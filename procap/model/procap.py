@@ -362,6 +362,30 @@ class ProCap(PretrainedMixin, nn.Module):
         spread = memory.detach().float().std(dim=0).mean() if memory.shape[0] > 1 else memory.new_zeros(())
         return {"loss": loss, "accuracy": accuracy, "memory_std": spread}
 
+    def memory_parts(self) -> dict[str, slice]:
+        """Where each part of the decoder memory sits: ``before``, ``queries`` (k*n), ``after`` and ``change``
+        (empty slice without the change token). The ``authors`` variant's memory follows the same layout."""
+        n, k = self.config.tokens_per_frame, self.config.num_keyframes
+        frames = self.config.num_frames * n
+        return {
+            "before": slice(0, n),
+            "queries": slice(n, (k + 1) * n),
+            "after": slice((k + 1) * n, frames),
+            "change": slice(frames, self.config.memory_tokens),
+        }
+
+    def without_parts(self, memory: torch.Tensor, parts: tuple[str, ...]) -> torch.Tensor:
+        """``memory`` (B, N, dec_dim) with the named :meth:`memory_parts` removed: an inference-time ablation (the
+        decoder never sees them; the encoder still ran over the whole sequence)."""
+        layout = self.memory_parts()
+        unknown = set(parts) - set(layout)
+        if unknown:
+            raise ProCapError(f"unknown memory part {min(unknown)!r}; choose from {', '.join(layout)}.")
+        keep = [i for name, span in layout.items() if name not in parts for i in range(span.start, span.stop)]
+        if not keep:
+            raise ProCapError("the ablation removes the whole memory.")
+        return memory[:, keep]
+
     @torch.no_grad()
     def generate_from_memory(
         self, memory: torch.Tensor, max_len: int | None = None, num_beams: int = 1, length_penalty: float = 1.0

@@ -81,13 +81,18 @@ def test_change_token_pools_the_changed_cells():
     before = torch.randn(1, z, 8, 8)
     after = before.clone()
     after[:, :, 5, 3] = torch.randn(1, z) * 4
-    token = model.encoder.embed_change(before, after)
+    pixels = torch.rand(2, 1, 3, 16, 16)  # before, after: 2 x 2 pixels per latent cell
+    token = model.encoder.embed_change(before, after, pixels[0], pixels[1])
     assert token.shape == (1, 1, config.enc_dim)
     with torch.no_grad():
         model.encoder.change_temperature.fill_(1e4)  # a hard pick: the changed cell alone
-        cell = joint_cells(before, after)[:, :, 5, 3]
-        expected = model.encoder.change_mlp(cell) + model.encoder.change_embedding
-        torch.testing.assert_close(model.encoder.embed_change(before, after)[:, 0], expected)
+        norm = model.encoder.feature_norm  # eval mode: the running statistics (0, 1 at the start)
+        cell = joint_cells(norm(before), norm(after))[:, :, 5, 3]
+        cell_pixels = [p[:, :, 10:12, 6:8].permute(0, 2, 3, 1).flatten(1) for p in pixels]  # (dy, dx, c) order
+        expected = model.encoder.change_mlp(torch.cat([cell, *cell_pixels], 1)) + model.encoder.change_embedding
+        torch.testing.assert_close(model.encoder.embed_change(before, after, pixels[0], pixels[1])[:, 0], expected)
+        with pytest.raises(ValueError, match="pixels"):
+            model.encoder.embed_change(before, after)
 
 
 def test_memory_and_sequences_carry_the_change_token():
@@ -152,3 +157,41 @@ def test_difference_modes_are_checked(mode):
     assert get_preset("tiny", difference_mode=mode).difference_mode == mode
     with pytest.raises(ValueError, match="difference_mode"):
         get_preset("tiny", difference_mode="signed")
+
+
+def test_memory_ablation_removes_exactly_the_named_parts():
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config).eval()
+    n, k = config.tokens_per_frame, config.num_keyframes
+    parts = model.memory_parts()
+    assert [parts[p].stop - parts[p].start for p in ("before", "queries", "after", "change")] == [n, k * n, n, 1]
+    memory = torch.arange(config.memory_tokens, dtype=torch.float32).view(1, -1, 1).expand(2, -1, 3)
+    without_queries = model.without_parts(memory, ("queries",))
+    expected = torch.cat([memory[:, :n], memory[:, (k + 1) * n :]], dim=1)
+    assert torch.equal(without_queries, expected)
+    assert torch.equal(model.without_parts(memory, ("change",)), memory[:, :-1])
+    assert model.without_parts(memory, ("queries", "change")).shape[1] == 2 * n
+    with pytest.raises(Exception, match="unknown memory part"):
+        model.without_parts(memory, ("frames",))
+    # the decoder reads a shorter memory as it is: the ablated captions come out of the same greedy rule
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    full = model.memory(before, after)
+    tokens = model.generate_from_memory(model.without_parts(full, ("queries",)))
+    assert tokens.shape == (2, config.max_caption_len - 1)
+
+
+def test_standardized_features_ignore_channel_offsets():
+    # a long-trained tokenizer's channels sit ~2 standard deviations off zero; a per-channel standardisation
+    # (running statistics, no affine) gives the same tokens with or without such offsets
+    torch.manual_seed(0)
+    config = naming_config()
+    model = ProCap(config).train()
+    z = config.vqgan.z_channels
+    features = torch.randn(4, config.num_frames, z, 8, 8)
+    offset = 5.0 * torch.randn(1, 1, z, 1, 1)
+    plain = model.encoder.embed_visual(features)
+    shifted = model.encoder.embed_visual(features + offset)
+    torch.testing.assert_close(plain, shifted, atol=1e-4, rtol=1e-4)
+    assert isinstance(model.encoder.feature_norm, torch.nn.BatchNorm2d) and not model.encoder.feature_norm.affine
+    assert isinstance(ProCap(small_config()).encoder.feature_norm, torch.nn.Identity)  # off unless asked for

@@ -61,15 +61,18 @@ def test_embedded_tokenizer_reproduces_its_probe_figures(demo_benchmark):
 def test_probe_tells_a_random_tokenizer_from_the_trained_one(demo_benchmark):
     torch.manual_seed(0)
     splits = {s: load_split("clevr-change", demo_benchmark, s)[:400] for s in ("train", "test")}
-    random = probe_tokenizer(VQGAN(get_preset("tiny").vqgan), demo_benchmark, splits["train"], splits["test"])
+    untrained = VQGAN(get_preset("tiny").vqgan)
+    random = probe_tokenizer(untrained, demo_benchmark, splits["train"], splits["test"])
     trained = probe_tokenizer(VQGAN.load(embedded_tokenizer_path()), demo_benchmark, splits["train"], splits["test"])
     assert trained["features"]["color"] > random["features"]["color"] + 0.05
     assert trained["pixels"] == random["pixels"]  # the pixel ceiling does not depend on the tokenizer
 
 
-def test_ship_writes_half_precision_with_commands_and_probe(demo_benchmark, tmp_path):
+def test_ship_writes_half_precision_with_commands_and_probe(tmp_path):
+    data = tmp_path / "data"
+    generate(data, 150, size=64, seed=1, workers=1)
     out = tmp_path / "shipped.safetensors"
-    extra = ship_tokenizer(embedded_tokenizer_path(), out, demo_benchmark, ["procap vqgan --steps 3"])
+    extra = ship_tokenizer(embedded_tokenizer_path(), out, data, ["procap vqgan --steps 3"])
     assert extra["commands"] == ["procap vqgan --steps 3"]
     state, meta = VQGAN.read_saved(out)
     assert all(t.dtype == torch.float16 for t in state.values())
