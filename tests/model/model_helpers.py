@@ -44,6 +44,8 @@ def small_config(**overrides):
         "difference_mode": "absolute",
         "token_merge": 1,
         "change_token": False,
+        "change_pixels": False,
+        "standardize_features": False,
     }
     return get_preset("tiny", **{**base, **overrides})
 

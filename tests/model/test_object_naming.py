@@ -24,6 +24,8 @@ def naming_config(**overrides):
         "difference_mode": "joint",
         "token_merge": 2,
         "change_token": True,
+        "change_pixels": True,
+        "standardize_features": True,
         "difference_embedding": True,
     }
     return small_config(**{**base, **overrides})
