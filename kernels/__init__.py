@@ -13,11 +13,14 @@ Adding an op: one ``kernels/<op>.py`` (registering a ``FusedOp``), one ``csrc/<o
 from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch
 from procap.kernels.groupnorm import group_norm, group_norm_ref
 from procap.kernels.masking import MaskParams, masking, masking_ref
+from procap.kernels.residual import bias_add, bias_add_ref
 from procap.kernels.vq import vq_nearest, vq_nearest_ref
 
 __all__ = [
     "IMPLS",
     "MaskParams",
+    "bias_add",
+    "bias_add_ref",
     "chosen_impl",
     "group_norm",
     "group_norm_ref",

@@ -35,6 +35,7 @@ from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import check_pixels, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
+from procap.fast.vqgan_encoder import FusedVQGANEncoder
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
 
@@ -94,6 +95,10 @@ class Captioner:
         torch_compile: compile the VQGAN encoder and the procedure encoder with ``torch.compile`` (never required):
             True, or a dict of ``torch.compile`` keyword arguments (e.g. ``{"mode": "max-autotune-no-cudagraphs"}``;
             ``dynamic`` defaults to False: one graph per bucket shape). The first call per bucket compiles.
+        fused_vqgan: run the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder`
+            (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
+            GEMM, an 8-channel input): True, False (the model's encoder), or a dict of its keyword arguments
+            (e.g. ``{"downsample_4x4": False}``).
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -117,6 +122,7 @@ class Captioner:
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
+        fused_vqgan: bool | dict[str, Any] = True,
     ) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
@@ -132,7 +138,7 @@ class Captioner:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
         self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
-        self.torch_compile = torch_compile
+        self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
         self._requested = (use_graphs, pad_to_bucket)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
@@ -180,13 +186,20 @@ class Captioner:
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         model.eval().requires_grad_(False)
+        encoder = model.vqgan.encoder
+        if isinstance(encoder, FusedVQGANEncoder):  # again after .to(): rebuilt from the model's own encoder
+            model.vqgan.encoder = encoder = encoder.reference
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
-        if self.device.type == "cuda":
+        channels_last = self.device.type == "cuda"
+        if channels_last:
             model.vqgan.to(memory_format=torch.channels_last)
+        if self.fused_vqgan:
+            options = {} if self.fused_vqgan is True else dict(self.fused_vqgan)
+            model.vqgan.encoder = FusedVQGANEncoder(encoder, channels_last=channels_last, **options)
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
-        if self.device.type == "cuda":
+        if channels_last and not self.fused_vqgan:  # the fused encoder lays its input out itself
             self._hooks.append(
                 model.vqgan.encoder.register_forward_pre_hook(
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
