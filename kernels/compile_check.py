@@ -203,7 +203,29 @@ def _launch_bias_add(config: Any, pairs: int) -> None:
                 residual_op.bias_add_triton(x, torch.empty(channels), shortcut)
 
 
-LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add)
+def _launch_decode(config: Any, pairs: int) -> None:
+    from procap.kernels import greedy, layernorm
+
+    d, steps = config.dec_dim, config.max_caption_len - 1
+    for dtype in DTYPES:
+        x = torch.empty(pairs, d, dtype=dtype)
+        weight = torch.empty(d, dtype=dtype)
+        for out_dtype in (None, torch.float32):  # the residual stream's norms; the final norm feeding fp32 logits
+            layernorm.add_layer_norm_triton(x, x, weight, weight, 1e-5, out_dtype)
+        greedy.greedy_step_triton(
+            torch.empty(pairs, config.vocab_size),
+            torch.empty(pairs, dtype=torch.bool),
+            torch.empty(pairs, dtype=torch.long),
+            torch.empty(pairs, steps, dtype=torch.long),
+            torch.empty(1, dtype=torch.long),
+            x,
+            torch.empty(32, dtype=dtype),
+            torch.empty(config.vocab_size, d, dtype=dtype),
+            torch.empty(config.max_caption_len, d, dtype=dtype),
+        )
+
+
+LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add, _launch_decode)
 
 
 def kernel_modules() -> list[str]:

@@ -8,6 +8,7 @@ over them. All of it is sized for ``rows`` and dropped together when the Caption
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +22,8 @@ class Bucket:
     Args:
         model: the Captioner's (cast, eval-mode) ProCap.
         rows: batch rows B of every buffer (real rows first, padding rows after).
+        decoder: what decodes: anything with the model decoder's ``setup_caches`` / ``prefill`` / ``decode_step``
+            (the Captioner's :class:`~procap.fast.lean_decode.LeanDecoder`); None means ``model.decoder``.
         max_len: caption length including BOS.
         dtype, device: where the buffers live (the model's placement).
         graph_pool: the Captioner's CUDA memory pool shared by every captured graph (None off CUDA).
@@ -31,11 +34,19 @@ class Bucket:
     """
 
     def __init__(
-        self, model: torch.nn.Module, rows: int, max_len: int, dtype: torch.dtype, device: torch.device, graph_pool
+        self,
+        model: torch.nn.Module,
+        rows: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        graph_pool,
+        decoder: Any = None,
     ) -> None:
         self.model, self.rows, self.max_len = model, rows, max_len
         self.dtype, self.device, self.graph_pool = dtype, device, graph_pool
-        self.decoding: DecodingState = model.decoder.setup_caches(rows, max_len, dtype, device)
+        self.decoder = model.decoder if decoder is None else decoder
+        self.decoding: DecodingState = self.decoder.setup_caches(rows, max_len, dtype, device)
         self.before: torch.Tensor | None = None
         self.after: torch.Tensor | None = None
         self.step_graph: CapturedStep | None = None
@@ -44,11 +55,11 @@ class Bucket:
     # -- eager steps (what the graphs capture) ---------------------------------------------------------------------
     def prefill(self, memory: torch.Tensor) -> None:
         """Cross-attention keys/values of a memory (b, N, D), b <= rows, and a fresh decoding state."""
-        self.model.decoder.prefill(memory, self.decoding)
+        self.decoder.prefill(memory, self.decoding)
 
     def step(self) -> None:
-        """One cached decoding step of the model's decoder."""
-        self.model.decoder.decode_step(self.decoding)
+        """One cached decoding step (the model decoder's, or the lean one)."""
+        self.decoder.decode_step(self.decoding)
 
     def encode(self) -> None:
         """VQGAN + encoder + prefill from the static image buffers (the ``capture_memory`` path)."""

@@ -34,6 +34,7 @@ from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import check_pixels, to_image_batch
+from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
 
@@ -99,6 +100,9 @@ class Captioner:
             (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
             GEMM, an 8-channel input): True, False (the model's encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
+        lean_decode: decode with :class:`~procap.fast.lean_decode.LeanDecoder` (merged projections, fused
+            residual + LayerNorm and pick; about 30 ops per step instead of about 60) where it applies: the
+            standard decoder with an SDPA attention backend; otherwise, and with False, the model's ``decode_step``.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -123,6 +127,7 @@ class Captioner:
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
         fused_vqgan: bool | dict[str, Any] = True,
+        lean_decode: bool = True,
     ) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
@@ -138,7 +143,7 @@ class Captioner:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
         self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
-        self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
+        self.torch_compile, self.fused_vqgan, self.lean_decode = torch_compile, fused_vqgan, lean_decode
         self._requested = (use_graphs, pad_to_bucket)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
@@ -205,6 +210,9 @@ class Captioner:
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
                 )
             )
+        self.decoder = model.decoder
+        if self.lean_decode and lean_decoding_supported(model.decoder, self.backend):
+            self.decoder = LeanDecoder(model.decoder, self.backend)
         if self.torch_compile:
             options = {"dynamic": False, **({} if self.torch_compile is True else dict(self.torch_compile))}
             for module in (model.vqgan.encoder, model.encoder):
@@ -250,7 +258,9 @@ class Captioner:
     def _bucket(self, batch: int) -> Bucket:
         rows = self.bucket(batch)
         if rows not in self._buckets:
-            self._buckets[rows] = Bucket(self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool)
+            self._buckets[rows] = Bucket(
+                self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool, self.decoder
+            )
         return self._buckets[rows]
 
     @property
