@@ -4,12 +4,16 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 
 - bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last (``cudnn_benchmark`` lets cuDNN pick
   its convolution algorithms while the Captioner runs);
+- the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder` (bias-free convolutions, each
+  bias added where its output is read; ``fused_vqgan``);
 - the procedure encoder and decoder through the attention backend given at construction;
-- the model decoder's own cached decoding (:meth:`~procap.model.decoder.CaptionDecoder.setup_caches`,
-  ``prefill``, ``decode_step``): the memory's cross-attention keys/values once per batch, a static KV cache for
-  self-attention, the position as a device tensor;
-- that decoding step captured in a CUDA graph per batch bucket (the batch is padded up to the bucket) and
-  replayed ``max_len - 1`` times with no host synchronisation; one copy out at the end.
+- cached decoding: the memory's cross-attention keys/values once per batch, a static KV cache for
+  self-attention, the position as a device tensor, through :class:`~procap.fast.lean_decode.LeanDecoder`
+  (``lean_decode``; about 30 ops per step) or the model decoder's own ``decode_step``;
+- on CUDA one graph per batch bucket (the batch is padded up to the bucket) over the whole pipeline: pixel
+  statistics, VQGAN, encoder, prefill and every decoding step (``capture_memory``, the default with graphs), or
+  the decoding step alone replayed ``max_len - 1`` times; no host synchronisation inside; one copy out at the end,
+  and one read of the pixel statistics after it.
 
 Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
 then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
@@ -33,12 +37,19 @@ import torch
 from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
-from procap.fast.inputs import check_pixels, to_image_batch
+from procap.fast.inputs import pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
+
+
+def _raise_for_bad_pixels(stats: list) -> None:
+    """Raise for the per-chunk ``[[before (finite, min, max)], [after ...]]`` statistics of a batch, read once."""
+    for side, what in enumerate(("before images", "after images")):
+        rows = [chunk[side] for chunk in stats]
+        raise_for_pixel_stats((min(r[0] for r in rows), min(r[1] for r in rows), max(r[2] for r in rows)), what)
 
 
 def default_device() -> torch.device:
@@ -84,9 +95,10 @@ class Captioner:
             split into chunks of the largest bucket when bigger.
         use_graphs: capture the decoding step in CUDA graphs (default: on CUDA only).
         pad_to_bucket: pad batches up to their bucket (default: when graphs are used; the CPU gains nothing).
-        capture_memory: also run VQGAN + encoder + prefill from static input buffers, captured in one CUDA graph
-            per bucket when ``use_graphs`` (cuts launch overhead at small batches; implies bucket padding, and
-            the VQGAN / encoder NVTX ranges then appear once at capture, replays show as ``procap.memory``).
+        capture_memory: run the whole pipeline (pixel checks, VQGAN, encoder, prefill and every decoding step) from
+            static input buffers, captured in one CUDA graph per bucket when ``use_graphs``; implies bucket
+            padding. Default: on whenever graphs are used and batches are padded (every bucket, batch 32
+            included). The VQGAN / encoder NVTX ranges then appear once at capture, replays as ``procap.pipeline``.
         attention_backend: ``procap.attention`` backend for encoder and decoder, set on the model once here
             (``auto``: the fastest available for the device and dtype).
         copy_model: deep-copy ``model`` before casting it (False for a model nobody else holds).
@@ -122,7 +134,7 @@ class Captioner:
         pad_to_bucket: bool | None = None,
         attention_backend: str = "auto",
         copy_model: bool = True,
-        capture_memory: bool = False,
+        capture_memory: bool | None = None,
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
@@ -141,10 +153,10 @@ class Captioner:
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
         if attention_backend not in BACKENDS:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
-        self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
+        self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
         self.torch_compile, self.fused_vqgan, self.lean_decode = torch_compile, fused_vqgan, lean_decode
-        self._requested = (use_graphs, pad_to_bucket)
+        self._requested = (use_graphs, pad_to_bucket, capture_memory)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
         self._buckets: dict[int, Bucket] = {}
@@ -177,10 +189,13 @@ class Captioner:
     # -- set-up -------------------------------------------------------------------------------------------------
     def _configure(self) -> None:
         """Resolve graphs / padding / attention backend for the current device and dtype."""
-        use_graphs, pad_to_bucket = self._requested
+        use_graphs, pad_to_bucket, capture_memory = self._requested
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
+        if capture_memory is None:  # the whole pipeline in one graph wherever graphs and bucket padding are on
+            capture_memory = self.use_graphs and pad_to_bucket is not False
+        self.capture_memory = capture_memory
         self.pad_to_bucket = (self.use_graphs or self.capture_memory) if pad_to_bucket is None else pad_to_bucket
         if self.capture_memory and not self.pad_to_bucket:
             raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
@@ -242,7 +257,7 @@ class Captioner:
         for hook in self._hooks:
             hook.remove()
         if self._requested[0] and self.device.type != "cuda":
-            self._requested = (None, self._requested[1])  # graphs were asked for on CUDA; the CPU has none
+            self._requested = (None, *self._requested[1:])  # graphs were asked for on CUDA; the CPU has none
         self._buckets.clear()  # captured graphs hold pointers to the old buffers
         self._configure()
         self.model = self._prepare(self.model)
@@ -265,7 +280,7 @@ class Captioner:
 
     @property
     def graphs(self) -> frozenset[tuple]:
-        """Keys of the captured graphs: ``(bucket, max_len)`` per decoding step, ``("memory", bucket, max_len)``."""
+        """Keys of the captured graphs: ``(bucket, max_len)`` per decoding step, ``("pipeline", bucket, max_len)``."""
         return frozenset(key for bucket in self._buckets.values() for key in bucket.graph_keys())
 
     # -- captioning ---------------------------------------------------------------------------------------------
@@ -292,22 +307,33 @@ class Captioner:
         return bucket.decoding.out[:b].clone()  # clone out: the next batch overwrites the static buffer
 
     @torch.no_grad()
-    def _generate_static(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """``capture_memory`` path: copy in -> (replay) encode -> (replay) decode steps -> clone out."""
+    def _generate_static(self, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``capture_memory`` path: copy in -> (replay) the whole pipeline -> clone out tokens and pixel statistics."""
         b = before.shape[0]
         bucket = self._bucket(b)
         static_before, static_after = bucket.static_inputs()
         static_before[:b].copy_(before, non_blocking=True)
         static_after[:b].copy_(after, non_blocking=True)
+        if b < bucket.rows:  # padding rows: valid pixels, never a former batch's (the checks read every row)
+            static_before[b:].zero_()
+            static_after[b:].zero_()
         with self._process_flags():
-            encode = bucket.encode_replay() if self.use_graphs else bucket.encode
-            step = bucket.step_replay() if self.use_graphs else bucket.step
-            with nvtx_range("procap.memory", self.device):
-                encode()
-            with nvtx_range("procap.decode", self.device):
-                for _ in range(bucket.decoding.steps):
-                    step()
-        return bucket.decoding.out[:b].clone()
+            if self.use_graphs:
+                with nvtx_range("procap.pipeline", self.device):
+                    bucket.pipeline_replay()()
+            else:
+                with nvtx_range("procap.memory", self.device):
+                    bucket.encode()
+                with nvtx_range("procap.decode", self.device):
+                    for _ in range(bucket.decoding.steps):
+                        bucket.step()
+        return bucket.decoding.out[:b].clone(), bucket.pixel_stats.clone()
+
+    def _generate_eager(self, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory, then the (graphed) decoding loop; the pixel statistics computed on the device alongside."""
+        before, after = before.to(self.device, non_blocking=True), after.to(self.device, non_blocking=True)
+        stats = torch.stack([pixel_stats(before), pixel_stats(after)])
+        return self.decode(self.memory(before, after)), stats
 
     @torch.no_grad()
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -315,18 +341,21 @@ class Captioner:
 
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
         variant: every step kept, only [UNK] suppressed). Non-finite or out-of-range pixels raise
-        :class:`ProCapError` (checking them costs one host read per call).
+        :class:`ProCapError`: their statistics are computed on the device with the work (inside the whole-pipeline
+        graph) and read once, after everything is queued, so the check never stalls the GPU before the work.
         """
         if before.shape != after.shape:
             raise ProCapError(
                 f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
             )
-        check_pixels(before, "before images")
-        check_pixels(after, "after images")
-        chunk, outs = self.batch_sizes[-1], []
+        chunk, outs, stats = self.batch_sizes[-1], [], []
         for start in range(0, before.shape[0], chunk):
             b, a = before[start : start + chunk], after[start : start + chunk]
-            outs.append(self._generate_static(b, a) if self.capture_memory else self.decode(self.memory(b, a)))
+            tokens, chunk_stats = self._generate_static(b, a) if self.capture_memory else self._generate_eager(b, a)
+            outs.append(tokens)
+            stats.append(chunk_stats)
+        if stats:
+            _raise_for_bad_pixels(torch.stack(stats).tolist())
         if not outs:
             return torch.empty(0, self.max_len - 1, dtype=torch.long, device=self.device)
         return torch.cat(outs)

@@ -38,23 +38,42 @@ def _from_path(path: Path, size: int) -> torch.Tensor:
     return load_image(path, size)  # ProCapError naming the file when missing or undecodable
 
 
-def check_pixels(images: torch.Tensor, what: str = "images") -> None:
-    """Float pixels must be finite and in [0, 1]: NaN, Inf or 0-255 values would caption garbage silently.
+def pixel_stats(images: torch.Tensor) -> torch.Tensor:
+    """``(all finite, min, max)`` of float pixels as a (3,) fp32 tensor on their device, without a host read.
 
-    One reduction and one host read for the whole batch.
+    Integer or empty images give ``(1, 0, 0)`` (always acceptable). Read it with :func:`raise_for_pixel_stats`, once
+    the work that uses the images is queued (the read then waits for results that are needed anyway).
+    """
+    if images.numel() == 0 or not images.is_floating_point():
+        return torch.tensor([1.0, 0.0, 0.0], device=images.device)
+    values = images.detach().float()
+    return torch.stack([values.isfinite().all().float(), values.amin(), values.amax()])
+
+
+def raise_for_pixel_stats(stats: Sequence[float], what: str = "images") -> None:
+    """Raise for ``(all finite, min, max)`` from :func:`pixel_stats` that float pixels in [0, 1] cannot have.
 
     Raises:
         ProCapError: naming what was wrong and the fix (0-255 values: divide by 255).
     """
-    if images.numel() == 0 or not images.is_floating_point():
-        return
-    values = images.detach().float()
-    finite, low, high = torch.stack([values.isfinite().all().float(), values.amin(), values.amax()]).tolist()
+    finite, low, high = stats
     if not finite:
         raise ProCapError(f"{what} hold NaN or infinite values; pass finite pixels in [0, 1].")
     if low < 0.0 or high > 1.0:
         hint = " (divide 0-255 values by 255)" if high > 1.0 else ""
         raise ProCapError(f"float {what} must lie in [0, 1], got values in [{low:g}, {high:g}]{hint}.")
+
+
+def check_pixels(images: torch.Tensor, what: str = "images") -> None:
+    """Float pixels must be finite and in [0, 1]: NaN, Inf or 0-255 values would caption garbage silently.
+
+    One reduction and one host read for the whole batch (the Captioner reads the device-side
+    :func:`pixel_stats` after its work instead).
+
+    Raises:
+        ProCapError: naming what was wrong and the fix (0-255 values: divide by 255).
+    """
+    raise_for_pixel_stats(pixel_stats(images).tolist(), what)
 
 
 def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
