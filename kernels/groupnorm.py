@@ -1,21 +1,29 @@
-"""Fused GroupNorm (+ SiLU, + residual add) on channels-last activations: reference, Triton kernels, autograd.
+"""Fused GroupNorm (+ SiLU, + residual add, + input bias) on channels-last activations: reference, Triton, autograd.
 
 The VQGAN (taming's f16 layout) normalises every residual-block input with ``GroupNorm(32, eps=1e-6)`` followed by
 swish, ``silu(z) = z * sigmoid(z)``. Eagerly that is a GroupNorm (which PyTorch runs on NCHW, so a channels-last
 tensor is transposed there and back) plus three elementwise passes for the swish. Here one op computes
 
-    s = x (+ residual)                                      (optional; written out, the block's next residual)
+    s = (x + in_bias[c]) + residual                         (both optional; s written out when asked for)
     y = act((s - mean_g) * rstd_g * weight_c + bias_c)      act = silu or identity
 
 with the statistics of group ``g`` over all H*W positions and the group's C/G channels, in three launches:
 
 1. ``_group_norm_stats_kernel``, grid (B, chunks, channel tiles): per-channel mean and M2 (sum of squared
-   deviations) of a chunk of rows, merged tile by tile with Chan's parallel update (no E[x^2] - E[x]^2
-   cancellation); with a residual it also writes ``s``.
-2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks, then the channels of each group, into mean and
-   rstd per (sample, group), and writes per-(sample, channel) ``mean`` and ``scale = rstd * weight``.
+   deviations) of a chunk of rows. Each lane keeps running sums of ``x - shift`` and its square in registers
+   (``shift``: the chunk's first row), so the loop has no block-wide reduction and no barrier; one reduction at the
+   end. ``_group_norm_stats_tiled_kernel``, the former version (two block-wide reductions and a Chan merge per
+   tile), stays for A/B timing (``stats_kernel="tiled"``, bench/gpu_tune.py).
+2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks (Chan's parallel update, no E[x^2] - E[x]^2
+   cancellation), then the channels of each group, into mean and rstd per (sample, group), and writes per-(sample,
+   channel) ``mean`` and ``scale = rstd * weight``.
 3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
    (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
+
+``in_bias`` is the bias of the convolution that produced x, run without it (``procap.fast.vqgan_encoder``): ATen
+would add it in a separate, non-vectorised pass. When the sum is not needed afterwards it is never stored: the apply
+kernel adds the bias again as it reads x. Each add is rounded to the storage dtype as the reference's eager add is,
+so a written sum equals the reference's bit for bit.
 
 HBM traffic: read x twice, write y once (plus read the residual and write ``s`` once with a residual), against about
 12 passes for eager channels-last GroupNorm + swish. Backward (for VQGAN fitting) is two passes over (x, dy) with the

@@ -2,7 +2,7 @@
 
 On CUDA, ATen runs a biased cuDNN convolution as the convolution followed by a separate broadcast ``add_`` of the
 bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes were 18 % of the first H100 profile
-(docs/gpu.md, "Where the time goes"). :class:`FusedVQGANEncoder` computes what
+(docs/gpu.md, "What is in the way" and "Prepared, not yet measured"). :class:`FusedVQGANEncoder` computes what
 :class:`procap.model.vqgan.Encoder` computes, with the same modules and state-dict keys, but:
 
 - every convolution runs without its bias, and the bias travels with the output (:class:`_Pending`) until the
