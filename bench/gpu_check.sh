@@ -1,60 +1,70 @@
 #!/usr/bin/env bash
-# One short GPU run: install, build, GPU tests, end-to-end and stage benchmarks, kernel benchmarks -> one JSON.
+# One GPU run in a few commands of under 10 minutes each, on a machine that starts bare and has no network.
 #
-#   bash bench/gpu_check.sh setup      # ~5 min: offline install + extension build, the GPU-facing tests
-#   bash bench/gpu_check.sh e2e        # ~8 min: end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128,
-#                                      #         whole-forward graph, torch.compile) and the per-stage breakdown
-#   bash bench/gpu_check.sh kernels    # ~6 min: masking, VQ, GroupNorm+SiLU and attention benchmarks
+#   bash bench/gpu_check.sh setup     # the extension (carried, or built in place), the GPU-facing tests with -n
+#   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
+#   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
+#   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, a top-kernel table each, the table last
 #
-# Three commands of under 10 minutes each on one H100 (each inner command is bounded by `timeout`); `all` runs them
-# in a row. After every step the parts gathered so far are assembled into one results JSON (device, versions,
-# commands, date, git commit, test counts, benchmarks, summary): bench/results/<device>-<date>-gpu-check.json.
+# `all` runs setup, e2e and kernels in a row. What a lent machine needs (docs/gpu.md, "Running on a lent machine"):
 #
-# Nothing is fetched: the project is installed with `pip install --no-index --no-deps --no-build-isolation -e .` into
-# a virtual environment that sees the machine's packages (.venv-gpu-check), so the machine's own environment is left
-# as it is. A failed extension build falls back to the Triton / PyTorch paths (setup.py says so in the log).
+# - No virtual environment and no pip: the image's python3 (itself a virtualenv interpreter, so a venv made from it
+#   would not see torch) runs the checkout directly with PYTHONPATH set to the repository root.
+# - One deadline per step (STEP_DEADLINE seconds, default 540): every inner command gets what is left of it minus
+#   a reserve for the report, so the step always ends with its results written, inside a 10-minute command.
+# - Results go to --out, by default $OUT when it is set (the only folder a lent machine sends back, at most 8
+#   files): result.json (device, versions, commands, test counts, benchmarks, summary), parts.tgz (logs, JUnit XML,
+#   benchmark JSON), caches.tgz (the Triton and Inductor caches) and the built extension (_C*.so).
+# - Carried between calls: copy caches.tgz and the .so into .gpu-carry/ (ignored by git) and name .gpu-carry in the
+#   next call's carry; the caches are unpacked and the extension is used instead of building it again.
 #
-#   --dry-run   run every step on a CPU: the same install and build, a small test selection, the benchmark suites at
-#               their CPU shapes; parts and the JSON go to --out (default: a new temporary directory), not bench/results
-#   --out DIR   where the parts and the results JSON go
-# Environment: PYTHON (default python3), GPU_CHECK_TESTS (test paths for the setup step).
+#   --dry-run   every step on a CPU (a small test selection, the benchmark suites at their CPU shapes, no tuning)
+#   --out DIR   where the results go (default: $OUT, else a new temporary directory)
+# Environment: PYTHON (default python3), STEP_DEADLINE, GPU_CHECK_TESTS (test paths for setup), GPU_CHECK_BUILD=0
+# (use no extension rather than build one), GPU_CHECK_KERNELS_K (a pytest -k filter for the kernel benchmarks),
+# GPU_TUNE_ARGS (arguments for bench/gpu_tune.py in the profile step), GPU_CHECK_CARRY (the carry folder).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 DRY_RUN=0
-OUT=""
+OUT_DIR="${OUT:-}"
 STEPS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
-    --out) OUT="$2"; shift ;;
-    setup|e2e|kernels) STEPS+=("$1") ;;
+    --out) OUT_DIR="$2"; shift ;;
+    setup|e2e|kernels|profile) STEPS+=("$1") ;;
     all) STEPS+=(setup e2e kernels) ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, all; options: --dry-run, --out DIR)" >&2
+    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, profile, all; options: --dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
   shift
 done
 if [ ${#STEPS[@]} -eq 0 ]; then
-  echo "gpu_check.sh: name a step: setup, e2e, kernels or all" >&2
+  echo "gpu_check.sh: name a step: setup, e2e, kernels, profile or all" >&2
   exit 2
 fi
-if [ -z "$OUT" ]; then
-  if [ "$DRY_RUN" = 1 ]; then OUT="$(mktemp -d -t procap-gpu-check-XXXXXX)"; else OUT="$ROOT/bench/results/gpu-check-parts"; fi
+PYTHON="${PYTHON:-python3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+if [ "$DRY_RUN" = 0 ] && ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_check.sh: no CUDA GPU is visible; use --dry-run on a CPU machine" >&2
+  exit 2
 fi
-PARTS="$OUT"
+[ -n "$OUT_DIR" ] || OUT_DIR="$(mktemp -d -t procap-gpu-check-XXXXXX)"
+mkdir -p "$OUT_DIR"
+PARTS="$(mktemp -d -t procap-gpu-check-parts-XXXXXX)"  # packed into parts.tgz: $OUT_DIR keeps few files
 mkdir -p "$PARTS/steps"
-SYSTEM_PYTHON="${PYTHON:-python3}"
-VENV="$ROOT/.venv-gpu-check"
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-
-py() {  # the venv's python once the setup step has made it, the system one before
-  if [ -x "$VENV/bin/python" ]; then "$VENV/bin/python" "$@"; else "$SYSTEM_PYTHON" "$@"; fi
-}
+STEP_DEADLINE="${STEP_DEADLINE:-540}"
+REPORT_RESERVE=30  # seconds kept back from every step for the report and the packing
+CARRY="${GPU_CHECK_CARRY:-$ROOT/.gpu-carry}"
+export TRITON_CACHE_DIR="$CARRY/cache/triton" TORCHINDUCTOR_CACHE_DIR="$CARRY/cache/inductor"
+mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
+[ -f "$CARRY/caches.tgz" ] && tar -xzf "$CARRY/caches.tgz" -C "$CARRY/cache" 2>/dev/null
+export GPU_CHECK_DRY="$DRY_RUN"
 
 record() {  # record STEP NAME EXIT SECONDS COMMAND: one JSON line per inner command, merged per step
-  py - "$PARTS/steps/$1.json" "$1" "$2" "$3" "$4" "$5" <<'EOF'
+  "$PYTHON" - "$PARTS/steps/$1.json" "$1" "$2" "$3" "$4" "$5" <<'EOF'
 import json, os, sys
 path, step, name, code, seconds, command = sys.argv[1:7]
 record = json.load(open(path)) if os.path.exists(path) else {"step": step, "commands": []}
@@ -68,91 +78,119 @@ os.replace(tmp, path)
 EOF
 }
 
-run_bounded() {  # run_bounded STEP NAME SECONDS CMD...: run with a time limit, log to PARTS/NAME.log, record it
-  local step="$1" name="$2" limit="$3"
-  shift 3
-  echo "gpu_check: [$step] $name: $*"
-  local start end code
-  start=$(date +%s)
-  timeout --kill-after=20 "$limit" "$@" >"$PARTS/$name.log" 2>&1
-  code=$?
-  end=$(date +%s)
-  tail -n 3 "$PARTS/$name.log"
-  [ "$code" = 0 ] || echo "gpu_check: [$step] $name exited with $code (log: $PARTS/$name.log)"
-  record "$step" "$name" "$code" "$((end - start))" "$*"
+seconds_left() {  # what the current step's deadline leaves for one more command
+  echo $((STEP_END - $(date +%s) - REPORT_RESERVE))
 }
 
-install_and_build() {  # install_and_build STEP: the venv, the editable install (builds the extension), a load check
-  run_bounded "$1" venv 120 "$SYSTEM_PYTHON" -m venv --system-site-packages "$VENV"
-  run_bounded "$1" install 300 "$VENV/bin/python" -m pip install --no-index --no-deps --no-build-isolation -e .
-  run_bounded "$1" extension 60 "$VENV/bin/python" -c "from procap.kernels import _ext; \
+run_bounded() {  # run_bounded STEP NAME CMD...: run within the step's deadline, log to PARTS/NAME.log, record it
+  local step="$1" name="$2"
+  shift 2
+  local limit
+  limit=$(seconds_left)
+  if [ "$limit" -lt 5 ]; then
+    echo "gpu_check: [$step] $name skipped: the step's deadline is reached"
+    record "$step" "$name" 124 0 "skipped (deadline): $*"
+    return
+  fi
+  echo "gpu_check: [$step] $name (at most ${limit}s): $*"
+  local start code
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$PARTS/$name.log" 2>&1
+  code=$?
+  tail -n 3 "$PARTS/$name.log"
+  [ "$code" = 0 ] || echo "gpu_check: [$step] $name exited with $code (log in parts.tgz: $name.log)"
+  record "$step" "$name" "$code" "$(($(date +%s) - start))" "$*"
+}
+
+xdist_args() {  # parallel tests where pytest-xdist is installed (the GPU image has it)
+  if "$PYTHON" -c "import xdist" 2>/dev/null; then echo "-n ${GPU_CHECK_WORKERS:-8}"; fi
+}
+
+extension() {  # the carried extension if there is one, else an in-place build (skipped with GPU_CHECK_BUILD=0)
+  local carried
+  carried=$(ls "$CARRY"/_C*.so 2>/dev/null | head -n 1)
+  if [ -n "$carried" ]; then
+    cp "$carried" "$ROOT/kernels/"
+    record setup extension_carried 0 0 "cp $carried kernels/"
+  elif [ "${GPU_CHECK_BUILD:-1}" != 0 ]; then
+    run_bounded setup extension_build env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS=16 \
+      "$PYTHON" setup.py build_ext --inplace
+  fi
+  run_bounded setup extension_load "$PYTHON" -c "from procap.kernels import _ext; \
 print('extension loaded:', _ext.AVAILABLE, _ext.LOAD_ERROR or ''); \
 print('cpu ops:', _ext.has_kernel('vq_nearest', 'cpu'), 'cuda ops:', _ext.has_kernel('vq_nearest', 'cuda'))"
 }
 
 step_setup() {
-  run_bounded setup environment 60 bash -c "nvidia-smi || echo 'no nvidia-smi'; $SYSTEM_PYTHON -c 'import torch, triton; \
-print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.is_available())'"
+  run_bounded setup environment bash -c "nvidia-smi || echo 'no nvidia-smi'; $PYTHON -c 'import sys, torch, triton; \
+print(sys.prefix, sys.base_prefix); print(torch.__version__, torch.version.cuda, triton.__version__, \
+torch.cuda.is_available())'"
   local missing
-  missing=$("$SYSTEM_PYTHON" - <<'EOF'
+  missing=$("$PYTHON" - <<'EOF'
 import importlib.util
 need = ["torch", "triton", "numpy", "PIL", "cv2", "h5py", "safetensors", "tqdm", "pycocoevalcap", "pytest",
         "pytest_benchmark", "hypothesis", "setuptools"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 EOF
 )
-  if [ -n "$missing" ]; then
-    echo "gpu_check: missing packages (nothing is downloaded; install them from a local wheelhouse): $missing"
-  fi
+  [ -z "$missing" ] || echo "gpu_check: missing packages (nothing is downloaded; carry them as wheels): $missing"
   record setup missing_packages "$([ -z "$missing" ] && echo 0 || echo 1)" 0 "check imports: ${missing:-none missing}"
-  install_and_build setup
+  extension
   local tests="${GPU_CHECK_TESTS:-}"
   if [ -z "$tests" ]; then
     if [ "$DRY_RUN" = 1 ]; then tests="tests/kernels/test_dispatch.py tests/fast/test_nvtx.py"
     else tests="tests/kernels tests/fast tests/test_attention.py tests/model"; fi
   fi
-  # shellcheck disable=SC2086  # the test paths are words
-  run_bounded setup tests 420 "$VENV/bin/python" -m pytest $tests -q -p no:cacheprovider --junitxml="$PARTS/tests.xml"
+  # shellcheck disable=SC2046,SC2086  # the test paths and the xdist arguments are words
+  run_bounded setup tests "$PYTHON" -m pytest $tests -q -x -p no:cacheprovider $(xdist_args) \
+    --junitxml="$PARTS/tests.xml"
 }
 
 step_e2e() {
   # k = 2 only; eager fp32 at batch 32 (the paper's protocol), the fast path at 1/8/32/128, stages at 1/32.
-  run_bounded e2e e2e_bench 420 env PROCAP_BENCH_K=2 "$VENV/bin/python" -m pytest bench/test_e2e.py \
-    --benchmark-only -q -p no:cacheprovider --benchmark-json="$PARTS/e2e.bench.json"
-  run_bounded e2e stages 150 env PROCAP_BENCH_BATCHES="$([ "$DRY_RUN" = 1 ] && echo 1,4 || echo 1,32)" \
-    "$VENV/bin/python" -m pytest bench/test_stages.py --benchmark-only -q -p no:cacheprovider \
+  run_bounded e2e e2e_bench env PROCAP_BENCH_K=2 "$PYTHON" -m pytest bench/test_e2e.py --benchmark-only -q \
+    -p no:cacheprovider -k "${GPU_CHECK_E2E_K:-not compiled}" --benchmark-json="$PARTS/e2e.bench.json"
+  run_bounded e2e stages env PROCAP_BENCH_BATCHES="$([ "$DRY_RUN" = 1 ] && echo 1,4 || echo 1,32)" \
+    "$PYTHON" -m pytest bench/test_stages.py --benchmark-only -q -p no:cacheprovider \
     --benchmark-json="$PARTS/stages.bench.json"
 }
 
 step_kernels() {
-  run_bounded kernels kernel_bench 540 "$VENV/bin/python" -m pytest bench/test_masking.py bench/test_vq.py \
+  run_bounded kernels kernel_bench "$PYTHON" -m pytest bench/test_masking.py bench/test_vq.py \
     bench/test_groupnorm.py bench/test_attention.py --benchmark-only -q -p no:cacheprovider \
-    --benchmark-json="$PARTS/kernels.bench.json"
+    ${GPU_CHECK_KERNELS_K:+-k "$GPU_CHECK_KERNELS_K"} --benchmark-json="$PARTS/kernels.bench.json"
 }
 
-export GPU_CHECK_DRY="$DRY_RUN"
-if [ "$DRY_RUN" = 0 ] && ! "$SYSTEM_PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "gpu_check.sh: no CUDA GPU is visible; use --dry-run on a CPU machine" >&2
-  exit 2
-fi
-# One results file per run of the three steps: named by the device and the date of the parts' first step.
-device=$("$SYSTEM_PYTHON" -c "import torch, re; n = torch.cuda.get_device_name(0) if torch.cuda.is_available() \
-else 'cpu'; print(re.sub(r'[^a-z0-9]+', '-', n.lower()).strip('-'))")
-[ -f "$PARTS/date" ] || date +%F >"$PARTS/date"
-result_dir="$ROOT/bench/results"
-[ "$DRY_RUN" = 1 ] && result_dir="$OUT"
-RESULT="$result_dir/$device-$(cat "$PARTS/date")-gpu-check.json"
-for step in "${STEPS[@]}"; do
-  rm -f "$PARTS/steps/$step.json"
-  if [ "$step" != setup ] && [ ! -x "$VENV/bin/python" ]; then
-    # A machine that starts bare for every command (as lent GPU machines do) has lost the setup step's venv:
-    # install and build again (about a minute), without the setup step's tests.
-    echo "gpu_check: no $VENV here (a fresh machine?): installing and building before the $step step"
-    install_and_build "$step"
+step_profile() {
+  if [ "$DRY_RUN" = 1 ]; then  # tuning needs CUDA: the dry run checks that the script starts
+    run_bounded profile tune "$PYTHON" bench/gpu_tune.py --list
+    return
   fi
+  # shellcheck disable=SC2086  # GPU_TUNE_ARGS are words
+  run_bounded profile tune "$PYTHON" bench/gpu_tune.py --deadline $(($(seconds_left) - 120)) \
+    --out "$PARTS/tune.json" ${GPU_TUNE_ARGS:-}
+  cat "$PARTS/tune.log"  # the compact table is the tail of the command's output
+}
+
+finish() {  # the results of the steps so far into OUT_DIR: result.json, parts.tgz, caches.tgz, the extension
+  "$PYTHON" bench/gpu_check_report.py --parts "$PARTS" --out "$OUT_DIR/result.json"
+  tar -czf "$OUT_DIR/parts.tgz" -C "$PARTS" .
+  tar -czf "$OUT_DIR/caches.tgz.tmp" -C "$CARRY/cache" . 2>/dev/null
+  if [ "$(stat -c %s "$OUT_DIR/caches.tgz.tmp" 2>/dev/null || echo 0)" -le $((16 * 1024 * 1024)) ]; then
+    mv "$OUT_DIR/caches.tgz.tmp" "$OUT_DIR/caches.tgz"
+  else
+    rm -f "$OUT_DIR/caches.tgz.tmp"
+    echo "gpu_check: the caches are over 16 MiB and are not returned"
+  fi
+  cp "$ROOT"/kernels/_C*.so "$OUT_DIR/" 2>/dev/null || true
+}
+
+for step in "${STEPS[@]}"; do
+  STEP_END=$(($(date +%s) + STEP_DEADLINE))
+  rm -f "$PARTS/steps/$step.json"
   "step_$step"
-  py bench/gpu_check_report.py --parts "$PARTS" --out "$RESULT"
+  finish
 done
-failed=$(py -c "import json, glob; print(sum(not json.load(open(p))['ok'] for p in glob.glob('$PARTS/steps/*.json')))")
-echo "gpu_check: parts in $PARTS; steps with a failed command: $failed"
+failed=$("$PYTHON" -c "import json, glob; print(sum(not json.load(open(p))['ok'] for p in glob.glob('$PARTS/steps/*.json')))")
+echo "gpu_check: results in $OUT_DIR ($(ls "$OUT_DIR" | tr '\n' ' ')); steps with a failed command: $failed"
 [ "$failed" = 0 ]

@@ -3,10 +3,10 @@
     python bench/gpu_check_report.py --parts DIR --out FILE
 
 Reads ``DIR/steps/*.json`` (one record per step the script ran: command, exit code, seconds), ``DIR/*.xml``
-(pytest JUnit reports) and ``DIR/*.bench.json`` (pytest-benchmark reports), and writes ``FILE`` (temporary file +
-rename) with the device, versions, date, git commit, every command, the test counts, every benchmark (its
-``extra_info`` and median) and a short summary of the figures a GPU run is for. Missing parts are reported as
-missing, never invented.
+(pytest JUnit reports), ``DIR/*.bench.json`` (pytest-benchmark reports) and ``DIR/tune.json`` (bench/gpu_tune.py),
+and writes ``FILE`` (temporary file + rename) with the device, versions, date, git commit, every command, the test
+counts, every benchmark (its ``extra_info`` and median), the tuning results and a short summary of the figures a GPU
+run is for. Missing parts are reported as missing, never invented.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+STEPS = ("setup", "e2e", "kernels", "profile")  # the steps of bench/gpu_check.sh
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -91,6 +93,7 @@ def assemble(parts: Path) -> dict[str, Any]:
     steps = [json.loads(p.read_text()) for p in sorted((parts / "steps").glob("*.json"))]
     results = {p.name.removesuffix(".bench.json"): benchmarks(p) for p in sorted(parts.glob("*.bench.json"))}
     tests = {p.stem: test_counts(p) for p in sorted(parts.glob("*.xml"))}
+    tune = parts / "tune.json"
     commit = _run(["git", "rev-parse", "HEAD"])
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
     return {
@@ -101,9 +104,10 @@ def assemble(parts: Path) -> dict[str, Any]:
         "steps": steps,
         "commands": [s.get("command") for s in steps],
         "tests": tests,
-        "missing": [name for name in ("setup", "e2e", "kernels") if name not in {s.get("step") for s in steps}],
+        "missing": [name for name in STEPS if name not in {s.get("step") for s in steps}],
         "summary": summary(results),
         "benchmarks": results,
+        "tune": json.loads(tune.read_text()) if tune.is_file() else None,
     }
 
 

@@ -79,7 +79,7 @@ def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], objec
         encoded = m.encoder(tokens)
         memory = m.memory_mlp(encoded)
     pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-    bucket = Bucket(m, batch, STEPS + 1, dtype, device, pool)
+    bucket = Bucket(m, batch, STEPS + 1, dtype, device, pool, captioner.decoder)  # what the Captioner decodes with
     bucket.prefill(memory)
     step = bucket.step_replay() if captioner.use_graphs else bucket.step
 

@@ -1,6 +1,6 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
-Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``) holds the op's whole story: its contract, the plain PyTorch reference,
+Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``) holds the op's whole story: its contract, the plain PyTorch reference,
 the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/.
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
 and ``impl=`` / ``PROCAP_KERNELS``) and warns once when it falls back; :func:`chosen_impl` tells which ran.
@@ -11,14 +11,23 @@ Adding an op: one ``kernels/<op>.py`` (registering a ``FusedOp``), one ``csrc/<o
 """
 
 from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch
+from procap.kernels.greedy import greedy_step, greedy_step_ref
 from procap.kernels.groupnorm import group_norm, group_norm_ref
+from procap.kernels.layernorm import add_layer_norm, add_layer_norm_ref
 from procap.kernels.masking import MaskParams, masking, masking_ref
+from procap.kernels.residual import bias_add, bias_add_ref
 from procap.kernels.vq import vq_nearest, vq_nearest_ref
 
 __all__ = [
     "IMPLS",
     "MaskParams",
+    "add_layer_norm",
+    "add_layer_norm_ref",
+    "bias_add",
+    "bias_add_ref",
     "chosen_impl",
+    "greedy_step",
+    "greedy_step_ref",
     "group_norm",
     "group_norm_ref",
     "masking",

@@ -160,16 +160,72 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
         weight, bias = torch.ones(channels), torch.empty(channels)
         for dtype in DTYPES:
             x = torch.empty(images, channels, size, size, dtype=dtype, memory_format=torch.channels_last)
-            for silu in (True, False):
-                for residual in (None, x):
-                    y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
-                        x, weight, bias, 32, 1e-6, silu, residual
-                    )
-                    for ds in (None, x):
-                        groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
+            in_bias = torch.empty(channels, dtype=dtype)
+            # (residual, in_bias, write_sum): plain; chained blocks; a bias-free conv read by the norm alone; the
+            # same with its sum kept (the block's shortcut); the chained sum with the previous conv's bias.
+            modes = (
+                (None, None, None),
+                (x, None, None),
+                (None, in_bias, False),
+                (None, in_bias, True),
+                (x, in_bias, True),
+            )
+            for stats_kernel in groupnorm.STATS_KERNELS:
+                for silu in (True, False):
+                    for residual, ib, write_sum in modes:
+                        y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
+                            x,
+                            weight,
+                            bias,
+                            32,
+                            1e-6,
+                            silu,
+                            residual,
+                            in_bias=ib,
+                            write_sum=write_sum,
+                            stats_kernel=stats_kernel,
+                        )
+                        if stats_kernel != groupnorm.DEFAULT_STATS_KERNEL or write_sum is False:
+                            continue  # the backward does not depend on the forward's kernels
+                        for ds in (None, x):
+                            groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
 
 
-LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm)
+def _launch_bias_add(config: Any, pairs: int) -> None:
+    from procap.kernels import residual as residual_op
+
+    vq = config.vqgan
+    for level, mult in enumerate(vq.ch_mult):
+        channels, size = vq.ch * mult, config.image_size // 2**level
+        for dtype in DTYPES:
+            x = torch.empty(2 * pairs, channels, size, size, dtype=dtype, memory_format=torch.channels_last)
+            for shortcut in (None, x):
+                residual_op.bias_add_triton(x, torch.empty(channels), shortcut)
+
+
+def _launch_decode(config: Any, pairs: int) -> None:
+    from procap.kernels import greedy, layernorm
+
+    d, steps = config.dec_dim, config.max_caption_len - 1
+    for dtype in DTYPES:
+        x = torch.empty(pairs, d, dtype=dtype)
+        weight = torch.empty(d, dtype=dtype)
+        for out_dtype in (None, torch.float32):  # the residual stream's norms; the final norm feeding fp32 logits
+            layernorm.add_layer_norm_triton(x, x, weight, weight, 1e-5, out_dtype)
+        greedy.greedy_step_triton(
+            torch.empty(pairs, config.vocab_size),
+            torch.empty(pairs, dtype=torch.bool),
+            torch.empty(pairs, dtype=torch.long),
+            torch.empty(pairs, steps, dtype=torch.long),
+            torch.empty(1, dtype=torch.long),
+            x,
+            torch.empty(32, dtype=dtype),
+            torch.empty(config.vocab_size, d, dtype=dtype),
+            torch.empty(config.max_caption_len, d, dtype=dtype),
+        )
+
+
+LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add, _launch_decode)
 
 
 def kernel_modules() -> list[str]:

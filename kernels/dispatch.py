@@ -79,6 +79,8 @@ class FusedOp:
         compiled_name: the op whose per-device kernels decide whether ``cpp`` / ``cuda`` can run.
         dtypes: input dtypes the fused implementations take; others use the reference.
         prefer_cuda_ext: on CUDA try the compiled op before Triton (only once a GPU benchmark shows it ahead).
+        differentiable: the fused implementations have a backward; a forward-only op (inference paths) runs its
+            reference whenever an input requires grad.
     """
 
     name: str
@@ -88,6 +90,7 @@ class FusedOp:
     compiled_name: str | None = None
     dtypes: tuple[torch.dtype, ...] = FUSED_DTYPES
     prefer_cuda_ext: bool = False
+    differentiable: bool = True
 
 
 _OPS: dict[str, FusedOp] = {}
@@ -100,10 +103,12 @@ def register(op: FusedOp) -> FusedOp:
     return op
 
 
-def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype) -> str | None:
+def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype, requires_grad: bool = False) -> str | None:
     """None if ``impl`` can run ``op`` on such inputs, else the reason in a few words."""
     if impl == "reference":
         return None
+    if requires_grad and not op.differentiable:
+        return f"{op.name} has no fused backward (an input requires grad)"
     if dtype not in op.dtypes:
         return f"{dtype} is not one of the fused dtypes ({', '.join(str(d).replace('torch.', '') for d in op.dtypes)})"
     if impl == "triton":
@@ -163,11 +168,10 @@ def _preference(op: FusedOp, device_type: str) -> list[str]:
 @functools.cache
 def _choose(name: str, device_type: str, dtype: torch.dtype, requires_grad: bool) -> str:
     """The implementation for this key; decided once (forgotten by :func:`reset_dispatch`)."""
-    # Every implementation of today's ops has a backward, so requires_grad does not change the order; it is part of
-    # the key so that a forward-only kernel can be added without touching the callers.
+    # A forward-only op (``differentiable=False``) falls back to its reference when an input requires grad.
     op, reasons = _OPS[name], []
     for impl in _preference(op, device_type):
-        reason = why_not(op, impl, device_type, dtype)
+        reason = why_not(op, impl, device_type, dtype, requires_grad)
         if reason is None:
             if impl == "reference" and reasons and (name, device_type) not in _warned:
                 _warned.add((name, device_type))
@@ -188,7 +192,7 @@ def resolve(name: str, impl: str | None, device: torch.device, dtype: torch.dtyp
         return _choose(name, device.type, dtype, requires_grad)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} or None, got {impl!r}")
-    reason = why_not(_OPS[name], impl, device.type, dtype)
+    reason = why_not(_OPS[name], impl, device.type, dtype, requires_grad)
     if reason is not None:
         raise ValueError(f"procap.kernels.{name}: impl={impl!r} cannot run here: {reason}")
     return impl

@@ -1,21 +1,29 @@
-"""Fused GroupNorm (+ SiLU, + residual add) on channels-last activations: reference, Triton kernels, autograd.
+"""Fused GroupNorm (+ SiLU, + residual add, + input bias) on channels-last activations: reference, Triton, autograd.
 
 The VQGAN (taming's f16 layout) normalises every residual-block input with ``GroupNorm(32, eps=1e-6)`` followed by
 swish, ``silu(z) = z * sigmoid(z)``. Eagerly that is a GroupNorm (which PyTorch runs on NCHW, so a channels-last
 tensor is transposed there and back) plus three elementwise passes for the swish. Here one op computes
 
-    s = x (+ residual)                                      (optional; written out, the block's next residual)
+    s = (x + in_bias[c]) + residual                         (both optional; s written out when asked for)
     y = act((s - mean_g) * rstd_g * weight_c + bias_c)      act = silu or identity
 
 with the statistics of group ``g`` over all H*W positions and the group's C/G channels, in three launches:
 
 1. ``_group_norm_stats_kernel``, grid (B, chunks, channel tiles): per-channel mean and M2 (sum of squared
-   deviations) of a chunk of rows, merged tile by tile with Chan's parallel update (no E[x^2] - E[x]^2
-   cancellation); with a residual it also writes ``s``.
-2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks, then the channels of each group, into mean and
-   rstd per (sample, group), and writes per-(sample, channel) ``mean`` and ``scale = rstd * weight``.
+   deviations) of a chunk of rows. Each lane keeps running sums of ``x - shift`` and its square in registers
+   (``shift``: the chunk's first row), so the loop has no block-wide reduction and no barrier; one reduction at the
+   end. ``_group_norm_stats_tiled_kernel``, the former version (two block-wide reductions and a Chan merge per
+   tile), stays for A/B timing (``stats_kernel="tiled"``, bench/gpu_tune.py).
+2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks (Chan's parallel update, no E[x^2] - E[x]^2
+   cancellation), then the channels of each group, into mean and rstd per (sample, group), and writes per-(sample,
+   channel) ``mean`` and ``scale = rstd * weight``.
 3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
    (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
+
+``in_bias`` is the bias of the convolution that produced x, run without it (``procap.fast.vqgan_encoder``): ATen
+would add it in a separate, non-vectorised pass. When the sum is not needed afterwards it is never stored: the apply
+kernel adds the bias again as it reads x. Each add is rounded to the storage dtype as the reference's eager add is,
+so a written sum equals the reference's bit for bit.
 
 HBM traffic: read x twice, write y once (plus read the residual and write ``s`` once with a residual), against about
 12 passes for eager channels-last GroupNorm + swish. Backward (for VQGAN fitting) is two passes over (x, dy) with the
@@ -36,10 +44,18 @@ from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, tri
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
+# The barrier-free statistics kernel keeps two fp32 accumulators per element of its tile: 64 rows x 128 channels
+# over 8 warps is 64 registers of them per thread, and twice the bytes in flight per iteration of the 4-warp tile.
+STATS_TILE_ELEMENTS = 16384 if INTERPRETED else 8192
+STATS_NUM_WARPS = 8
+STATS_PROGRAMS_PER_SM = 8
+TILED_PROGRAMS_PER_SM = 4  # the former kernel's grid
+STATS_KERNELS = ("barrier_free", "tiled")
 MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 tiles
 BLOCK_S = 16  # chunks merged per step in the finalize kernel
 BLOCK_G_MIN = 16
 SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
+DEFAULT_STATS_KERNEL = "barrier_free"  # bench/gpu_tune.py sets "tiled" for the former kernel's timings
 
 
 def group_norm_ref(
@@ -50,6 +66,8 @@ def group_norm_ref(
     eps: float = 1e-6,
     silu: bool = False,
     residual: torch.Tensor | None = None,
+    in_bias: torch.Tensor | None = None,
+    return_sum: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference: ``F.group_norm`` then taming's swish ``y * sigmoid(y)``, in the input dtype (the eager model).
 
@@ -59,16 +77,24 @@ def group_norm_ref(
         num_groups: G, dividing C.
         eps: added to the variance.
         silu: apply ``y * sigmoid(y)`` after the affine normalisation.
+        in_bias: optional (C,) per-channel vector added to x before the residual (the bias of the bias-free
+            convolution that produced x).
+        return_sum: also return the normalised input ``s`` when there is no residual.
 
     Returns:
-        y (B, C, H, W) in x's dtype, or ``(y, x + residual)`` when a residual is given.
+        y (B, C, H, W) in x's dtype, or ``(y, s)`` with ``s = (x + in_bias) + residual`` when a residual is given
+        or ``return_sum`` is set.
     """
-    s = x if residual is None else x + residual
+    s = x
+    if in_bias is not None:
+        s = s + in_bias.to(s.dtype).view(1, -1, 1, 1)
+    if residual is not None:
+        s = s + residual
     # CUDA's group_norm wants the affine parameters in the input's dtype (CPU accepts fp32 ones with bf16 input).
     y = F.group_norm(s, num_groups, weight.to(s.dtype), bias.to(s.dtype), eps)
     if silu:
         y = y * torch.sigmoid(y)
-    return y if residual is None else (y, s)
+    return (y, s) if residual is not None or return_sum else y
 
 
 @triton_jit
@@ -87,9 +113,38 @@ def _silu_grad(z):
 
 
 @triton_jit
+def _as_stored(x, like_ptr, ROUND_BF16: tl.constexpr):
+    """fp32 ``x`` rounded to the storage dtype of ``like_ptr`` and back, as a separate eager add would leave it."""
+    if ROUND_BF16:
+        x = _round_to_bf16_rne(x)
+    return x.to(like_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton_jit
+def _summed_input(
+    X_ptr,
+    R_ptr,
+    offs,
+    ok,
+    in_bias,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """The tensor the norm sees, in fp32: ``(x + in_bias) + residual``, each add rounded like the reference's."""
+    x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_IN_BIAS:  # the bias of the convolution that produced x, never materialised on its own
+        x = _as_stored(x + in_bias, X_ptr, ROUND_BF16)
+    if HAS_RESIDUAL:
+        x = _as_stored(x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
+    return x
+
+
+@triton_jit
 def _group_norm_stats_kernel(
     X_ptr,
     R_ptr,
+    IB_ptr,
     S_ptr,
     Mean_ptr,
     M2_ptr,
@@ -100,11 +155,18 @@ def _group_norm_stats_kernel(
     stride_hw,
     stride_c,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     BLOCK_HW: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """Per-channel (mean, M2) of rows [chunk * rows_per_chunk, ...) of one sample; with a residual, s = x + r."""
+    """Per-channel (mean, M2) of rows [chunk * rows_per_chunk, ...) of one sample, without a barrier in the loop.
+
+    Every lane keeps its own running sums of ``d = x - shift`` and ``d * d`` in registers (``shift``: the chunk's
+    first row, per channel, so ``d`` stays near the spread and the final ``sum(d^2) - sum(d)^2 / n`` does not
+    cancel); the block-wide reductions happen once, after the loop. With ``WRITE_SUM`` the summed input is stored.
+    """
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -112,6 +174,63 @@ def _group_norm_stats_kernel(
     start = pid_s * rows_per_chunk
     stop = tl.minimum(start + rows_per_chunk, HW)
     base = pid_b.to(tl.int64) * stride_b
+    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_IN_BIAS:
+        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    first = base + start.to(tl.int64) * stride_hw + cols * stride_c
+    shift = _summed_input(X_ptr, R_ptr, first, col_ok, in_bias, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+    acc = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    acc_sq = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    for r0 in range(start, stop, BLOCK_HW):
+        rows = r0 + tl.arange(0, BLOCK_HW)
+        ok = (rows < stop)[:, None] & col_ok[None, :]
+        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+        x = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+        if WRITE_SUM:
+            tl.store(S_ptr + offs, x.to(S_ptr.dtype.element_ty), mask=ok)
+        d = tl.where(ok, x - shift[None, :], 0.0)
+        acc += d
+        acc_sq += d * d
+    n = (stop - start).to(tl.float32)
+    sum_d = tl.sum(acc, axis=0)
+    sum_sq = tl.sum(acc_sq, axis=0)
+    out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
+    tl.store(Mean_ptr + out, shift + sum_d / n, mask=col_ok)
+    tl.store(M2_ptr + out, tl.maximum(sum_sq - sum_d * (sum_d / n), 0.0), mask=col_ok)
+
+
+@triton_jit
+def _group_norm_stats_tiled_kernel(
+    X_ptr,
+    R_ptr,
+    IB_ptr,
+    S_ptr,
+    Mean_ptr,
+    M2_ptr,
+    HW,
+    C,
+    rows_per_chunk,
+    stride_b,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """The former statistics kernel, kept for A/B timing: two block-wide reductions and a Chan merge per tile."""
+    pid_b = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    start = pid_s * rows_per_chunk
+    stop = tl.minimum(start + rows_per_chunk, HW)
+    base = pid_b.to(tl.int64) * stride_b
+    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_IN_BIAS:
+        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     count = tl.zeros((BLOCK_C,), dtype=tl.float32)
     mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
     m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
@@ -120,14 +239,10 @@ def _group_norm_stats_kernel(
         row_ok = rows < stop
         ok = row_ok[:, None] & col_ok[None, :]
         offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
-        x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            x = x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-            if ROUND_BF16:
-                x = _round_to_bf16_rne(x)
-            x_stored = x.to(S_ptr.dtype.element_ty)
-            tl.store(S_ptr + offs, x_stored, mask=ok)
-            x = x_stored.to(tl.float32)  # statistics of the rounded sum, as the reference normalises it
+        x = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+        if WRITE_SUM:
+            tl.store(S_ptr + offs, x.to(S_ptr.dtype.element_ty), mask=ok)
+        x = tl.where(ok, x, 0.0)
         n_tile = tl.sum(row_ok.to(tl.float32), axis=0)
         tile_mean = tl.sum(x, axis=0) / n_tile
         centered = tl.where(ok, x - tile_mean[None, :], 0.0)
@@ -227,6 +342,7 @@ def _group_norm_finalize_kernel(
 @triton_jit
 def _group_norm_apply_kernel(
     X_ptr,
+    IB_ptr,
     Y_ptr,
     CMean_ptr,
     Scale_ptr,
@@ -236,19 +352,23 @@ def _group_norm_apply_kernel(
     stride_b,
     stride_hw,
     stride_c,
+    HAS_IN_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     BLOCK_HW: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """y = act((x - mean[b, c]) * scale[b, c] + bias[c]) on a (BLOCK_HW rows, BLOCK_C channels) tile."""
+    """y = act((x (+ in_bias) - mean[b, c]) * scale[b, c] + bias[c]) on a (BLOCK_HW rows, BLOCK_C channels) tile."""
     pid_b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_HW + tl.arange(0, BLOCK_HW)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     ok = (rows < HW)[:, None] & col_ok[None, :]
     offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
-    x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_IN_BIAS:
+        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x = _summed_input(X_ptr, X_ptr, offs, ok, in_bias[None, :], False, HAS_IN_BIAS, ROUND_BF16)
     mean = tl.load(CMean_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
     scale = tl.load(Scale_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
     bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -378,15 +498,21 @@ def _strides(x: torch.Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(3), x.stride(1)
 
 
-def _blocks(channels: int, block_hw: int | None) -> tuple[int, int]:
+def _blocks(channels: int, block_hw: int | None, tile_elements: int = TILE_ELEMENTS) -> tuple[int, int]:
     block_c = min(triton.next_power_of_2(channels), MAX_BLOCK_C)
-    return (block_hw or max(16, TILE_ELEMENTS // block_c)), block_c
+    return (block_hw or max(16, tile_elements // block_c)), block_c
 
 
 def _chunks(
-    batch: int, hw: int, c_tiles: int, block_hw: int, device: torch.device, rows_per_chunk: int | None
+    batch: int,
+    hw: int,
+    c_tiles: int,
+    block_hw: int,
+    device: torch.device,
+    rows_per_chunk: int | None,
+    programs_per_sm: int = 4,
 ) -> tuple[int, int]:
-    """(rows per chunk, chunks per sample) so that the statistics passes fill the GPU (4 programs per SM).
+    """(rows per chunk, chunks per sample) so that a statistics pass fills the GPU (``programs_per_sm`` per SM).
 
     Off CUDA (the interpreter, the compile check) an H100's SM count stands in, so the same chunking is exercised.
     """
@@ -396,14 +522,19 @@ def _chunks(
             if device.type == "cuda"
             else SM_COUNT_OFF_CUDA
         )
-        programs = 4 * sms
+        programs = programs_per_sm * sms
         chunks = max(1, min(triton.cdiv(programs, batch * c_tiles), triton.cdiv(hw, block_hw)))
         rows_per_chunk = triton.cdiv(triton.cdiv(hw, chunks), block_hw) * block_hw
     return rows_per_chunk, triton.cdiv(hw, rows_per_chunk)
 
 
 def _check(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int, residual: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    residual: torch.Tensor | None,
+    in_bias: torch.Tensor | None = None,
 ) -> None:
     if x.dim() != 4:
         raise ValueError(f"the fused group norm takes (B, C, H, W) tensors, got shape {tuple(x.shape)}")
@@ -414,6 +545,8 @@ def _check(
         )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
+    if in_bias is not None and in_bias.shape != (x.shape[1],):
+        raise ValueError(f"in_bias must have shape ({x.shape[1]},), got {tuple(in_bias.shape)}")
     if not triton_can_take(x):
         raise ValueError(
             f"the Triton group norm needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 before "
@@ -430,28 +563,46 @@ def group_norm_fwd(
     silu: bool,
     residual: torch.Tensor | None = None,
     *,
+    in_bias: torch.Tensor | None = None,
+    write_sum: bool | None = None,
     block_hw: int | None = None,
     rows_per_chunk: int | None = None,
+    stats_kernel: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Launch the forward kernels.
 
     Args:
         x: (B, C, H, W); residual: optional, same shape and dtype; weight, bias: (C,).
+        in_bias: optional (C,) vector added to x first (the bias of the convolution that produced x).
+        write_sum: store ``s = (x + in_bias) + residual`` (default: whenever it differs from x). Without it an
+            in_bias is added again where the apply kernel reads x, and ``s`` is returned as None.
         block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones).
+        stats_kernel: ``"barrier_free"`` or ``"tiled"`` (the former kernel); None means :data:`DEFAULT_STATS_KERNEL`.
 
     Returns:
-        ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s = x + residual`` (x itself without a residual) in
-        x's layout and dtype; fp32 group mean and rstd (B, G); fp32 per-channel mean and ``rstd * weight`` (B, C).
+        ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s`` (x itself when nothing is added, None when not
+        written) in x's layout and dtype; fp32 group mean and rstd (B, G); fp32 per-channel mean and
+        ``rstd * weight`` (B, C).
     """
-    _check(x, weight, bias, num_groups, residual)
+    _check(x, weight, bias, num_groups, residual, in_bias)
+    stats_kernel = stats_kernel or DEFAULT_STATS_KERNEL
+    if stats_kernel not in STATS_KERNELS:
+        raise ValueError(f"stats_kernel must be one of {STATS_KERNELS}, got {stats_kernel!r}")
+    summed = residual is not None or in_bias is not None
+    write_sum = summed if write_sum is None else write_sum and summed
+    if residual is not None and not write_sum:
+        raise ValueError("with a residual the sum is always written (the apply kernel reads it)")
     layout = _layout(x)
     x = x.contiguous(memory_format=layout)
-    s = x if residual is None else torch.empty_like(x)
+    s = torch.empty_like(x) if write_sum else x
     batch, channels, height, width = x.shape
     hw = height * width
-    block_hw, block_c = _blocks(channels, block_hw)
+    barrier_free = stats_kernel == "barrier_free"
+    stats_hw, block_c = _blocks(channels, block_hw, STATS_TILE_ELEMENTS if barrier_free else TILE_ELEMENTS)
+    apply_hw, _ = _blocks(channels, block_hw)
     c_tiles = triton.cdiv(channels, block_c)
-    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, block_hw, x.device, rows_per_chunk)
+    per_sm = STATS_PROGRAMS_PER_SM if barrier_free else TILED_PROGRAMS_PER_SM
+    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, stats_hw, x.device, rows_per_chunk, per_sm)
     f32 = {"dtype": torch.float32, "device": x.device}
     part_mean, part_m2 = (torch.empty(batch, n_chunks, channels, **f32) for _ in range(2))
     mean, rstd = (torch.empty(batch, num_groups, **f32) for _ in range(2))
@@ -459,9 +610,12 @@ def group_norm_fwd(
     y = torch.empty_like(x)
     round_bf16 = INTERPRETED and x.dtype == torch.bfloat16
     r = x if residual is None else residual.contiguous(memory_format=layout)
-    _group_norm_stats_kernel[(batch, n_chunks, c_tiles)](
+    ib = x if in_bias is None else in_bias.to(x.dtype).contiguous()  # rounded like the reference's eager add
+    stats = _group_norm_stats_kernel if barrier_free else _group_norm_stats_tiled_kernel
+    stats[(batch, n_chunks, c_tiles)](
         x,
         r,
+        ib,
         s,
         part_mean,
         part_m2,
@@ -470,10 +624,12 @@ def group_norm_fwd(
         rows_per_chunk,
         *_strides(x),
         HAS_RESIDUAL=residual is not None,
+        HAS_IN_BIAS=in_bias is not None,
+        WRITE_SUM=write_sum,
         ROUND_BF16=round_bf16,
-        BLOCK_HW=block_hw,
+        BLOCK_HW=stats_hw,
         BLOCK_C=block_c,
-        num_warps=4,
+        num_warps=STATS_NUM_WARPS if barrier_free and not INTERPRETED else 4,
     )
     block_g = max(BLOCK_G_MIN, triton.next_power_of_2(num_groups))
     _group_norm_finalize_kernel[(batch,)](
@@ -494,8 +650,9 @@ def group_norm_fwd(
         BLOCK_G=block_g,
         num_warps=1,
     )
-    _group_norm_apply_kernel[(batch, triton.cdiv(hw, block_hw), c_tiles)](
+    _group_norm_apply_kernel[(batch, triton.cdiv(hw, apply_hw), c_tiles)](
         s,
+        ib,
         y,
         channel_mean,
         scale,
@@ -503,13 +660,14 @@ def group_norm_fwd(
         hw,
         channels,
         *_strides(x),
+        HAS_IN_BIAS=in_bias is not None and not write_sum,
         SILU=silu,
         ROUND_BF16=round_bf16,
-        BLOCK_HW=block_hw,
+        BLOCK_HW=apply_hw,
         BLOCK_C=block_c,
         num_warps=4,
     )
-    return y, s, mean, rstd, channel_mean, scale
+    return y, (s if write_sum or not summed else None), mean, rstd, channel_mean, scale
 
 
 def _backward_coefficients(
@@ -613,15 +771,19 @@ def group_norm_bwd(
 
 
 class GroupNormFunction(torch.autograd.Function):
-    """Autograd wrapper: differentiable in x, weight, bias and the residual (the sum output's gradient included)."""
+    """Autograd wrapper: differentiable in x, weight, bias, the residual and the in_bias (the sum's gradient too)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, num_groups, eps, silu):
-        y, s, _, rstd, channel_mean, scale = group_norm_fwd(x, weight, bias, num_groups, eps, silu, residual)
+    def forward(ctx, x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum):
+        y, s, _, rstd, channel_mean, scale = group_norm_fwd(
+            x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias
+        )
         ctx.save_for_backward(s, weight, bias, rstd, channel_mean, scale)
-        ctx.silu, ctx.has_residual = silu, residual is not None
+        ctx.silu, ctx.has_residual, ctx.in_bias_dtype = silu, residual is not None, None
+        if in_bias is not None:
+            ctx.in_bias_dtype = in_bias.dtype
         ctx.set_materialize_grads(False)  # an unused sum output must not cost a zero-filled gradient pass
-        return y if residual is None else (y, s)
+        return (y, s) if residual is not None or return_sum else y
 
     @staticmethod
     def backward(ctx, dy, *rest):
@@ -630,7 +792,11 @@ class GroupNormFunction(torch.autograd.Function):
         if dy is None:
             dy = torch.zeros_like(s)
         dx, dweight, dbias = group_norm_bwd(dy, ds, s, weight, bias, rstd, channel_mean, scale, ctx.silu)
-        return (dx, dweight.to(weight.dtype), dbias.to(bias.dtype), dx if ctx.has_residual else None, None, None, None)
+        d_in_bias = None
+        if ctx.in_bias_dtype is not None:  # a per-channel add: its gradient is dx summed over samples and positions
+            d_in_bias = dx.float().sum((0, 2, 3)).to(ctx.in_bias_dtype)
+        d_residual = dx if ctx.has_residual else None
+        return (dx, dweight.to(weight.dtype), dbias.to(bias.dtype), d_residual, d_in_bias, None, None, None, None)
 
 
 def group_norm_triton(
@@ -641,14 +807,23 @@ def group_norm_triton(
     eps: float = 1e-6,
     silu: bool = False,
     residual: torch.Tensor | None = None,
+    in_bias: torch.Tensor | None = None,
+    return_sum: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`group_norm_ref` (same arguments, same outputs)."""
-    tensors = (x, weight, bias) + (() if residual is None else (residual,))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return GroupNormFunction.apply(x, weight, bias, residual, num_groups, eps, silu)
-    # Inference (the frozen VQGAN): no autograd context to build and keep; the statistics are dropped.
-    y, s = group_norm_fwd(x, weight, bias, num_groups, eps, silu, residual)[:2]
-    return y if residual is None else (y, s)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(x, weight, bias, residual, in_bias)):
+        return GroupNormFunction.apply(x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum)
+    # Inference (the frozen VQGAN): no autograd context to build and keep; the statistics are dropped, and an
+    # in_bias sum nobody asked for is never written (the apply kernel adds the bias again as it reads x).
+    keep_sum = residual is not None or return_sum
+    y, s = group_norm_fwd(
+        x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, write_sum=keep_sum or None
+    )[:2]
+    return (y, s) if keep_sum else y
+
+
+def _tensors(*maybe: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return tuple(t for t in maybe if t is not None)
 
 
 # ----------------------------------------------------------------------------------------------- dispatch
@@ -664,8 +839,12 @@ def group_norm(
     silu: bool = False,
     residual: torch.Tensor | None = None,
     impl: str | None = None,
+    *,
+    in_bias: torch.Tensor | None = None,
+    return_sum: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """GroupNorm, optionally fused with SiLU and a preceding residual add, through the fastest implementation.
+    """GroupNorm, optionally fused with SiLU, a preceding per-channel bias and residual add, through the fastest
+    implementation.
 
     On CUDA the Triton kernels (channels-last or NCHW (B, C, H, W), fp32/fp16/bf16); elsewhere, other ranks, and
     under ``torch.compile`` (whose Inductor fuses the reference itself) :func:`group_norm_ref`.
@@ -676,12 +855,17 @@ def group_norm(
         silu: apply ``y * sigmoid(y)`` (taming's swish) to the normalised output.
         residual: optional tensor like x; the op then normalises ``x + residual`` and also returns that sum.
         impl: None (automatic) or one of ``procap.kernels.IMPLS`` ("reference" or "triton" for this op).
+        in_bias: optional (C,) vector added to x before the residual: the bias of a convolution run without it,
+            added where the norm reads its input instead of in a separate pass.
+        return_sum: also return ``s = (x + in_bias) + residual`` when there is no residual.
 
     Returns:
-        y (B, C, H, W) in x's dtype and layout, or ``(y, x + residual)``.
+        y (B, C, H, W) in x's dtype and layout, or ``(y, s)`` with a residual or ``return_sum``.
     """
     if torch.compiler.is_compiling() or (impl is None and x.dim() != 4):
-        return group_norm_ref(x, weight, bias, num_groups, eps, silu, residual)
-    tensors = (x, weight, bias) + (() if residual is None else (residual,))
+        return group_norm_ref(x, weight, bias, num_groups, eps, silu, residual, in_bias, return_sum)
+    tensors = _tensors(x, weight, bias, residual, in_bias)
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return run("group_norm", impl, x, requires_grad, x, weight, bias, num_groups, eps, silu, residual)
+    return run(
+        "group_norm", impl, x, requires_grad, x, weight, bias, num_groups, eps, silu, residual, in_bias, return_sum
+    )

@@ -8,7 +8,6 @@ import time
 import pytest
 from report_checks import check_report_html
 
-
 QUICK_CHANGE = 0.95  # change detected, ProCap, 60 test pairs
 QUICK_TYPE = 0.0  # set from the measured figure below
 

@@ -1,15 +1,18 @@
-"""bench/gpu_check.sh and its report: argument handling, refusing to run without a GPU, one assembled results JSON.
+"""bench/gpu_check.sh and its report: argument handling, refusing to run without a GPU, the results in $OUT, the
+step deadline, one assembled results JSON.
 
-The full CPU dry run (``bash bench/gpu_check.sh --dry-run all``: offline install into a venv, extension build, tests
-and every benchmark suite at CPU shapes) takes minutes, so it is run by hand (docs/fast.md), not here.
+The full CPU dry run (``bash bench/gpu_check.sh --dry-run all``: extension build, tests and every benchmark suite at
+CPU shapes) takes minutes, so it is run by hand (docs/gpu.md), not here; the ``profile`` step's dry run is quick.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,35 @@ def test_refuses_a_gpu_run_without_a_gpu(tmp_path):
     assert done.returncode == 2 and "--dry-run" in done.stderr
 
 
+def _dry_run_profile(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPU_CHECK_CARRY": str(tmp_path / "carry"), "OUT": str(tmp_path / "out"), **env}
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", "profile"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_results_go_to_out_as_few_files(tmp_path):
+    done = _dry_run_profile(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "out"  # $OUT: the only folder a lent machine sends back, at most 8 files
+    assert sorted(p.name for p in out.iterdir()) == ["caches.tgz", "parts.tgz", "result.json"]
+    report = json.loads((out / "result.json").read_text())
+    assert [s["step"] for s in report["steps"]] == ["profile"] and report["steps"][0]["ok"]
+    assert report["missing"] == ["setup", "e2e", "kernels"]
+    with tarfile.open(out / "parts.tgz") as parts:
+        names = {Path(n).as_posix().lstrip("./") for n in parts.getnames()}
+    assert {"steps/profile.json", "tune.log"} <= names
+    assert (tmp_path / "carry" / "cache" / "triton").is_dir()  # the caches live in the carried folder
+
+
+def test_the_step_deadline_skips_what_does_not_fit_and_still_reports(tmp_path):
+    done = _dry_run_profile(tmp_path, STEP_DEADLINE="10")  # less than the report's reserve: nothing may start
+    assert done.returncode == 1 and "deadline" in done.stdout
+    report = json.loads((tmp_path / "out" / "result.json").read_text())
+    (command,) = report["steps"][0]["commands"]
+    assert command["timed_out"] and command["command"].startswith("skipped (deadline)")
+
+
 def test_report_assembles_the_parts(tmp_path):
     (tmp_path / "steps").mkdir()
     step = {
@@ -75,7 +107,7 @@ def test_report_assembles_the_parts(tmp_path):
     assert report["environment"]["torch"] == torch.__version__ and "device" in report["environment"]
     assert report["commands"] == ["bash bench/gpu_check.sh setup"] and report["date"]
     assert report["tests"]["tests"] == {"tests": 5, "failures": 1, "errors": 0, "skipped": 2}
-    assert report["missing"] == ["e2e", "kernels"]
+    assert report["missing"] == ["e2e", "kernels", "profile"] and report["tune"] is None
     assert report["summary"]["e2e_k2"][0]["tps_paper"] == 76800.0
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -102,4 +134,4 @@ def test_report_runs_as_a_script(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["missing"] == ["setup", "e2e", "kernels"]
+    assert json.loads((tmp_path / "r.json").read_text())["missing"] == ["setup", "e2e", "kernels", "profile"]

@@ -4,12 +4,16 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 
 - bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last (``cudnn_benchmark`` lets cuDNN pick
   its convolution algorithms while the Captioner runs);
+- the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder` (bias-free convolutions, each
+  bias added where its output is read; ``fused_vqgan``);
 - the procedure encoder and decoder through the attention backend given at construction;
-- the model decoder's own cached decoding (:meth:`~procap.model.decoder.CaptionDecoder.setup_caches`,
-  ``prefill``, ``decode_step``): the memory's cross-attention keys/values once per batch, a static KV cache for
-  self-attention, the position as a device tensor;
-- that decoding step captured in a CUDA graph per batch bucket (the batch is padded up to the bucket) and
-  replayed ``max_len - 1`` times with no host synchronisation; one copy out at the end.
+- cached decoding: the memory's cross-attention keys/values once per batch, a static KV cache for
+  self-attention, the position as a device tensor, through :class:`~procap.fast.lean_decode.LeanDecoder`
+  (``lean_decode``; about 30 ops per step) or the model decoder's own ``decode_step``;
+- on CUDA one graph per batch bucket (the batch is padded up to the bucket) over the whole pipeline: pixel
+  statistics, VQGAN, encoder, prefill and every decoding step (``capture_memory``, the default with graphs), or
+  the decoding step alone replayed ``max_len - 1`` times; no host synchronisation inside; one copy out at the end,
+  and one read of the pixel statistics after it.
 
 Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
 then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
@@ -33,11 +37,20 @@ import torch
 from procap.attention import BACKENDS, select_backend
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
-from procap.fast.inputs import to_image_batch, to_unit_float
+from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
+from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
+from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.model.beam import beam_search_cached, check_beam_arguments
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
+
+
+def _raise_for_bad_pixels(stats: list) -> None:
+    """Raise for the per-chunk ``[[before (finite, min, max)], [after ...]]`` statistics of a batch, read once."""
+    for side, what in enumerate(("before images", "after images")):
+        rows = [chunk[side] for chunk in stats]
+        raise_for_pixel_stats((min(r[0] for r in rows), min(r[1] for r in rows), max(r[2] for r in rows)), what)
 
 
 def default_device() -> torch.device:
@@ -83,9 +96,10 @@ class Captioner:
             split into chunks of the largest bucket when bigger.
         use_graphs: capture the decoding step in CUDA graphs (default: on CUDA only).
         pad_to_bucket: pad batches up to their bucket (default: when graphs are used; the CPU gains nothing).
-        capture_memory: also run VQGAN + encoder + prefill from static input buffers, captured in one CUDA graph
-            per bucket when ``use_graphs`` (cuts launch overhead at small batches; implies bucket padding, and
-            the VQGAN / encoder NVTX ranges then appear once at capture, replays show as ``procap.memory``).
+        capture_memory: run the whole pipeline (pixel checks, VQGAN, encoder, prefill and every decoding step) from
+            static input buffers, captured in one CUDA graph per bucket when ``use_graphs``; implies bucket
+            padding. Default: on whenever graphs are used and batches are padded (every bucket, batch 32
+            included). The VQGAN / encoder NVTX ranges then appear once at capture, replays as ``procap.pipeline``.
         attention_backend: ``procap.attention`` backend for encoder and decoder, set on the model once here
             (``auto``: the fastest available for the device and dtype).
         copy_model: deep-copy ``model`` before casting it (False for a model nobody else holds).
@@ -99,6 +113,13 @@ class Captioner:
             (:func:`procap.model.beam.beam_search_cached`: the beams of every pair are rows of one batch in the
             static KV cache, eager, no graphs), equal to ``ProCap.generate(num_beams=...)`` in fp32.
         length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
+        fused_vqgan: run the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder`
+            (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
+            GEMM, an 8-channel input): True, False (the model's encoder), or a dict of its keyword arguments
+            (e.g. ``{"downsample_4x4": False}``).
+        lean_decode: decode with :class:`~procap.fast.lean_decode.LeanDecoder` (merged projections, fused
+            residual + LayerNorm and pick; about 30 ops per step instead of about 60) where it applies: the
+            standard decoder with an SDPA attention backend; otherwise, and with False, the model's ``decode_step``.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -118,12 +139,14 @@ class Captioner:
         pad_to_bucket: bool | None = None,
         attention_backend: str = "auto",
         copy_model: bool = True,
-        capture_memory: bool = False,
+        capture_memory: bool | None = None,
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
         num_beams: int = 1,
         length_penalty: float = 1.0,
+        fused_vqgan: bool | dict[str, Any] = True,
+        lean_decode: bool = True,
     ) -> None:
         check_beam_arguments(num_beams, length_penalty)
         if num_beams > 1 and capture_memory:
@@ -141,10 +164,10 @@ class Captioner:
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
         if attention_backend not in BACKENDS:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
-        self.capture_memory, self.cudnn_benchmark, self.allow_tf32 = capture_memory, cudnn_benchmark, allow_tf32
+        self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
-        self.torch_compile = torch_compile
-        self._requested = (use_graphs, pad_to_bucket)
+        self.torch_compile, self.fused_vqgan, self.lean_decode = torch_compile, fused_vqgan, lean_decode
+        self._requested = (use_graphs, pad_to_bucket, capture_memory)
         self._configure()
         self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
         self._buckets: dict[int, Bucket] = {}
@@ -210,10 +233,13 @@ class Captioner:
     # -- set-up -------------------------------------------------------------------------------------------------
     def _configure(self) -> None:
         """Resolve graphs / padding / attention backend for the current device and dtype."""
-        use_graphs, pad_to_bucket = self._requested
+        use_graphs, pad_to_bucket, capture_memory = self._requested
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
+        if capture_memory is None:  # the whole pipeline in one graph wherever graphs and bucket padding are on
+            capture_memory = self.use_graphs and pad_to_bucket is not False
+        self.capture_memory = capture_memory
         self.pad_to_bucket = (self.use_graphs or self.capture_memory) if pad_to_bucket is None else pad_to_bucket
         if self.capture_memory and not self.pad_to_bucket:
             raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
@@ -224,18 +250,28 @@ class Captioner:
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         model.eval().requires_grad_(False)
+        encoder = model.vqgan.encoder
+        if isinstance(encoder, FusedVQGANEncoder):  # again after .to(): rebuilt from the model's own encoder
+            model.vqgan.encoder = encoder = encoder.reference
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
-        if self.device.type == "cuda":
+        channels_last = self.device.type == "cuda"
+        if channels_last:
             model.vqgan.to(memory_format=torch.channels_last)
+        if self.fused_vqgan:
+            options = {} if self.fused_vqgan is True else dict(self.fused_vqgan)
+            model.vqgan.encoder = FusedVQGANEncoder(encoder, channels_last=channels_last, **options)
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
-        if self.device.type == "cuda":
+        if channels_last and not self.fused_vqgan:  # the fused encoder lays its input out itself
             self._hooks.append(
                 model.vqgan.encoder.register_forward_pre_hook(
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
                 )
             )
+        self.decoder = model.decoder
+        if self.lean_decode and lean_decoding_supported(model.decoder, self.backend):
+            self.decoder = LeanDecoder(model.decoder, self.backend)
         if self.torch_compile:
             options = {"dynamic": False, **({} if self.torch_compile is True else dict(self.torch_compile))}
             for module in (model.vqgan.encoder, model.encoder):
@@ -265,7 +301,7 @@ class Captioner:
         for hook in self._hooks:
             hook.remove()
         if self._requested[0] and self.device.type != "cuda":
-            self._requested = (None, self._requested[1])  # graphs were asked for on CUDA; the CPU has none
+            self._requested = (None, *self._requested[1:])  # graphs were asked for on CUDA; the CPU has none
         self._buckets.clear()  # captured graphs hold pointers to the old buffers
         self._configure()
         self.model = self._prepare(self.model)
@@ -281,12 +317,14 @@ class Captioner:
     def _bucket(self, batch: int) -> Bucket:
         rows = self.bucket(batch)
         if rows not in self._buckets:
-            self._buckets[rows] = Bucket(self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool)
+            self._buckets[rows] = Bucket(
+                self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool, self.decoder
+            )
         return self._buckets[rows]
 
     @property
     def graphs(self) -> frozenset[tuple]:
-        """Keys of the captured graphs: ``(bucket, max_len)`` per decoding step, ``("memory", bucket, max_len)``."""
+        """Keys of the captured graphs: ``(bucket, max_len)`` per decoding step, ``("pipeline", bucket, max_len)``."""
         return frozenset(key for bucket in self._buckets.values() for key in bucket.graph_keys())
 
     # -- captioning ---------------------------------------------------------------------------------------------
@@ -316,22 +354,33 @@ class Captioner:
         return bucket.decoding.out[:b].clone()  # clone out: the next batch overwrites the static buffer
 
     @torch.no_grad()
-    def _generate_static(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """``capture_memory`` path: copy in -> (replay) encode -> (replay) decode steps -> clone out."""
+    def _generate_static(self, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``capture_memory`` path: copy in -> (replay) the whole pipeline -> clone out tokens and pixel statistics."""
         b = before.shape[0]
         bucket = self._bucket(b)
         static_before, static_after = bucket.static_inputs()
         static_before[:b].copy_(before, non_blocking=True)
         static_after[:b].copy_(after, non_blocking=True)
+        if b < bucket.rows:  # padding rows: valid pixels, never a former batch's (the checks read every row)
+            static_before[b:].zero_()
+            static_after[b:].zero_()
         with self._process_flags():
-            encode = bucket.encode_replay() if self.use_graphs else bucket.encode
-            step = bucket.step_replay() if self.use_graphs else bucket.step
-            with nvtx_range("procap.memory", self.device):
-                encode()
-            with nvtx_range("procap.decode", self.device):
-                for _ in range(bucket.decoding.steps):
-                    step()
-        return bucket.decoding.out[:b].clone()
+            if self.use_graphs:
+                with nvtx_range("procap.pipeline", self.device):
+                    bucket.pipeline_replay()()
+            else:
+                with nvtx_range("procap.memory", self.device):
+                    bucket.encode()
+                with nvtx_range("procap.decode", self.device):
+                    for _ in range(bucket.decoding.steps):
+                        bucket.step()
+        return bucket.decoding.out[:b].clone(), bucket.pixel_stats.clone()
+
+    def _generate_eager(self, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory, then the (graphed) decoding loop; the pixel statistics computed on the device alongside."""
+        before, after = before.to(self.device, non_blocking=True), after.to(self.device, non_blocking=True)
+        stats = torch.stack([pixel_stats(before), pixel_stats(after)])
+        return self.decode(self.memory(before, after)), stats
 
     @torch.no_grad()
     def generate(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -339,19 +388,24 @@ class Captioner:
 
         Same contract as ``ProCap.generate``: EOS included, PAD after it, specials suppressed (the ``authors``
         variant: every step kept, only [UNK] suppressed). Pixels follow :mod:`procap.fast.inputs`' rule: uint8
-        0-255 is scaled to [0, 1]; non-finite or out-of-range floats raise :class:`ProCapError` (checking them
-        costs one host read per call).
+        0-255 is scaled to [0, 1]; non-finite or out-of-range floats raise :class:`ProCapError`: their statistics
+        are computed on the device with the work (inside the whole-pipeline graph) and read once, after everything
+        is queued, so the check never stalls the GPU before the work.
         """
         if before.shape != after.shape:
             raise ProCapError(
                 f"before and after batches differ in shape: {tuple(before.shape)} vs {tuple(after.shape)}"
             )
-        before = to_unit_float(before, "before images")
-        after = to_unit_float(after, "after images")
-        chunk, outs = self.batch_sizes[-1], []
+        before = as_float_pixels(before, "before images")
+        after = as_float_pixels(after, "after images")
+        chunk, outs, stats = self.batch_sizes[-1], [], []
         for start in range(0, before.shape[0], chunk):
             b, a = before[start : start + chunk], after[start : start + chunk]
-            outs.append(self._generate_static(b, a) if self.capture_memory else self.decode(self.memory(b, a)))
+            tokens, chunk_stats = self._generate_static(b, a) if self.capture_memory else self._generate_eager(b, a)
+            outs.append(tokens)
+            stats.append(chunk_stats)
+        if stats:
+            _raise_for_bad_pixels(torch.stack(stats).tolist())
         if not outs:
             return torch.empty(0, self.max_len - 1, dtype=torch.long, device=self.device)
         return torch.cat(outs)

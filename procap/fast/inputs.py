@@ -43,18 +43,25 @@ def _from_path(path: Path, size: int) -> torch.Tensor:
     return load_image(path, size)  # ProCapError naming the file when missing or undecodable
 
 
-def check_pixels(images: torch.Tensor, what: str = "images") -> None:
-    """Float pixels must be finite and in [0, 1]: NaN, Inf or 0-255 values would caption garbage silently.
+def pixel_stats(images: torch.Tensor) -> torch.Tensor:
+    """``(all finite, min, max)`` of float pixels as a (3,) fp32 tensor on their device, without a host read.
 
-    One reduction and one host read for the whole batch.
+    Integer or empty images give ``(1, 0, 0)`` (always acceptable). Read it with :func:`raise_for_pixel_stats`, once
+    the work that uses the images is queued (the read then waits for results that are needed anyway).
+    """
+    if images.numel() == 0 or not images.is_floating_point():
+        return torch.tensor([1.0, 0.0, 0.0], device=images.device)
+    values = images.detach().float()
+    return torch.stack([values.isfinite().all().float(), values.amin(), values.amax()])
+
+
+def raise_for_pixel_stats(stats: Sequence[float], what: str = "images") -> None:
+    """Raise for ``(all finite, min, max)`` from :func:`pixel_stats` that float pixels in [0, 1] cannot have.
 
     Raises:
         ProCapError: naming what was wrong and the fix (0-255 values: divide by 255).
     """
-    if images.numel() == 0 or not images.is_floating_point():
-        return
-    values = images.detach().float()
-    finite, low, high = torch.stack([values.isfinite().all().float(), values.amin(), values.amax()]).tolist()
+    finite, low, high = stats
     if not finite:
         raise ProCapError(f"{what} hold NaN or infinite values; pass finite pixels in [0, 1].")
     if low < 0.0 or high > 1.0:
@@ -62,17 +69,37 @@ def check_pixels(images: torch.Tensor, what: str = "images") -> None:
         raise ProCapError(f"float {what} must lie in [0, 1], got values in [{low:g}, {high:g}]{hint}.")
 
 
-def to_unit_float(images: torch.Tensor, what: str = "images") -> torch.Tensor:
-    """Tensor pixels under the module's rule: uint8 0-255 -> float / 255, float checked to lie in [0, 1].
+def check_pixels(images: torch.Tensor, what: str = "images") -> None:
+    """Float pixels must be finite and in [0, 1]: NaN, Inf or 0-255 values would caption garbage silently.
+
+    One reduction and one host read for the whole batch (the Captioner reads the device-side
+    :func:`pixel_stats` after its work instead).
 
     Raises:
-        ProCapError: an integer or boolean dtype other than uint8, or float values outside [0, 1].
+        ProCapError: naming what was wrong and the fix (0-255 values: divide by 255).
+    """
+    raise_for_pixel_stats(pixel_stats(images).tolist(), what)
+
+
+def as_float_pixels(images: torch.Tensor, what: str = "images") -> torch.Tensor:
+    """Tensor pixels under the module's rule, without reading anything back: uint8 0-255 -> float / 255, float as
+    it is (its range is checked on the device with :func:`pixel_stats`), any other dtype refused.
+
+    Raises:
+        ProCapError: an integer or boolean dtype other than uint8.
     """
     if images.dtype == torch.uint8:
         return images.float().div_(255.0)
     if not images.is_floating_point():
         raise ProCapError(f"{what} must be uint8 (0-255) or float in [0, 1], got dtype {images.dtype}.")
-    check_pixels(images, what)
+    return images
+
+
+def to_unit_float(images: torch.Tensor, what: str = "images") -> torch.Tensor:
+    """:func:`as_float_pixels` and then the range check at once (one host read): for single images."""
+    images = as_float_pixels(images, what)
+    if images.dtype != torch.uint8:
+        check_pixels(images, what)
     return images
 
 

@@ -117,3 +117,28 @@ def test_imagine_takes_files_and_pil_images(tmp_path):
     from_tensors = imagine(model, *(torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays))
     for given in (paths, [str(p) for p in paths], [Image.fromarray(a) for a in arrays], arrays):
         assert torch.equal(imagine(model, *given).codes, from_tensors.codes)
+
+
+@pytest.mark.parametrize("capture_memory", [True, False], ids=["static", "eager"])
+def test_pixel_statistics_are_read_once_after_the_work(trained, monkeypatch, capture_memory):
+    # The check is computed on the device with the work (inside the whole-pipeline graph on CUDA) and read once at
+    # the end, so it never stalls the GPU before the work is queued.
+    from procap.fast import captioner as captioner_module
+    from procap.fast.bucket import Bucket
+
+    captioner = Captioner(
+        trained[0], _Words(), device="cpu", max_len=4, batch_sizes=(4,), capture_memory=capture_memory
+    )
+    events: list[str] = []
+    real_step, real_raise = Bucket.step, captioner_module._raise_for_bad_pixels
+    monkeypatch.setattr(Bucket, "step", lambda self: (events.append("step"), real_step(self))[1])
+    monkeypatch.setattr(
+        captioner_module, "_raise_for_bad_pixels", lambda stats: (events.append("read"), real_raise(stats))[1]
+    )
+    bad = torch.rand(3, 3, 32, 32)
+    bad[1, 0, 0, 0] = float("nan")
+    with pytest.raises(ProCapError, match="before images hold NaN"):
+        captioner.generate(bad, torch.rand(3, 3, 32, 32))
+    assert events == ["step"] * 3 + ["read"]
+    # The bucket's padding rows never keep a former batch's pixels: a good batch of 1 passes after the bad one.
+    assert captioner.generate(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)).shape == (1, 3)

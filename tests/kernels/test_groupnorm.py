@@ -10,7 +10,8 @@ from kernel_helpers import DTYPES, impl_device, max_abs_err
 
 from procap import kernels
 from procap.config import get_preset
-from procap.kernels.groupnorm import group_norm_fwd, group_norm_ref
+from procap.kernels import groupnorm
+from procap.kernels.groupnorm import STATS_KERNELS, group_norm_fwd, group_norm_ref
 from procap.model.vqgan import VQGAN
 
 IMPLS = ["reference", "triton"]
@@ -46,11 +47,15 @@ def _outputs(out) -> list[torch.Tensor]:
     return list(out) if isinstance(out, tuple) else [out]
 
 
-def _truth(x, r, weight, bias, groups, silu):
-    """fp64 ground truth and its leaves."""
-    leaves = [t.detach().double().requires_grad_(True) for t in (x, weight, bias) + ((r,) if r is not None else ())]
+def _truth(x, r, weight, bias, groups, silu, in_bias=None):
+    """fp64 ground truth and its leaves (x, weight, bias, then the residual and the in_bias when given)."""
+    given = [t for t in (x, weight, bias, r, in_bias) if t is not None]
+    leaves = [t.detach().double().requires_grad_(True) for t in given]
     x64, w64, b64 = leaves[:3]
-    out = group_norm_ref(x64, w64, b64, groups, 1e-6, silu, leaves[3] if r is not None else None)
+    rest = iter(leaves[3:])
+    r64 = next(rest) if r is not None else None
+    ib64 = next(rest) if in_bias is not None else None
+    out = group_norm_ref(x64, w64, b64, groups, 1e-6, silu, r64, ib64, return_sum=in_bias is not None)
     return _outputs(out), leaves
 
 
@@ -108,18 +113,72 @@ def test_layouts_are_kept(channels_last):
     )
 
 
-def test_many_tiles_and_chunks_with_a_large_mean():
-    # Small tiles and chunks exercise both merges (tiles in a chunk, chunks in the finalize kernel). A mean 1e4 times
-    # the spread loses every digit in E[x^2] - E[x]^2 in fp32; the Chan merges keep the variance. (torch 2.13's own
-    # CPU group_norm in fp32 was off by 66 here, so the fp64 reference is the yardstick.)
+@pytest.mark.parametrize("stats_kernel", STATS_KERNELS)
+def test_many_tiles_and_chunks_with_a_large_mean(stats_kernel):
+    # Small tiles and chunks exercise both merges (tiles or lanes in a chunk, chunks in the finalize kernel). A mean
+    # 1e4 times the spread loses every digit in E[x^2] - E[x]^2 in fp32; the Chan merges and the barrier-free
+    # kernel's per-chunk shift keep the variance. (torch 2.13's own CPU group_norm in fp32 was off by 66 here, so
+    # the fp64 reference is the yardstick.)
     shape = (2, 64, 13, 11)
     device = impl_device("triton")
     x = (torch.randn(shape, device=device) * 0.01 + 100.0).contiguous(memory_format=torch.channels_last)
     weight, bias = torch.randn(64, device=device), torch.randn(64, device=device)
     truth = group_norm_ref(x.double(), weight.double(), bias.double(), 32, 1e-6, True)
     for block_hw, rows_per_chunk in [(16, 16), (16, 48), (32, 200)]:
-        y = group_norm_fwd(x, weight, bias, 32, 1e-6, True, block_hw=block_hw, rows_per_chunk=rows_per_chunk)[0]
+        y = group_norm_fwd(
+            x, weight, bias, 32, 1e-6, True, block_hw=block_hw, rows_per_chunk=rows_per_chunk, stats_kernel=stats_kernel
+        )[0]
         assert max_abs_err(y, truth) < 5e-3, (block_hw, rows_per_chunk)
+
+
+@pytest.mark.parametrize("stats_kernel", STATS_KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("silu", [True, False], ids=["silu", "plain"])
+@pytest.mark.parametrize(
+    "residual,return_sum", [(False, False), (False, True), (True, False)], ids=["x+b", "x+b,sum", "x+b+r"]
+)
+def test_in_bias_matches_reference(stats_kernel, dtype, silu, residual, return_sum, monkeypatch):
+    # The bias of a convolution run without it, added where the norm reads x: the same outputs as the reference
+    # normalising (x + b) (+ r); the sum, when written, rounded exactly like the reference's two eager adds.
+    monkeypatch.setattr(groupnorm, "DEFAULT_STATS_KERNEL", stats_kernel)
+    shape, groups = (2, 64, 7, 9), 32
+    x, r, weight, bias = _inputs(shape, dtype, impl_device("triton"), residual=residual)
+    in_bias = torch.randn(shape[1], device=x.device) * 4
+    got = _outputs(
+        kernels.group_norm(x, weight, bias, groups, 1e-6, silu, r, "triton", in_bias=in_bias, return_sum=return_sum)
+    )
+    ref = _outputs(group_norm_ref(x, weight, bias, groups, 1e-6, silu, r, in_bias, return_sum))
+    truth, _ = _truth(x, r, weight, bias, groups, silu, in_bias)
+    assert len(got) == len(ref) == (2 if residual or return_sum else 1)
+    for g, f, t in zip(got, ref, truth):
+        assert g.dtype == dtype and g.is_contiguous(memory_format=torch.channels_last)
+        assert max_abs_err(g, t) <= 2 * max_abs_err(f, t) + 2e-5
+    if dtype == torch.float32:
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    if len(got) == 2:
+        assert torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("residual", [False, True], ids=["x+b", "x+b+r"])
+def test_in_bias_gradients_match_reference(dtype, residual):
+    shape, groups = (2, 64, 5, 7), 32
+    x, r, weight, bias = _inputs(shape, dtype, impl_device("triton"), residual=residual, requires_grad=True)
+    in_bias = torch.randn(shape[1], device=x.device, requires_grad=True)
+    leaves = [x, weight, bias] + ([r] if residual else []) + [in_bias]
+    got = _outputs(kernels.group_norm(x, weight, bias, groups, 1e-6, True, r, "triton", in_bias=in_bias))
+    ref = _outputs(group_norm_ref(x, weight, bias, groups, 1e-6, True, r, in_bias))
+    truth, leaves64 = _truth(x, r, weight, bias, groups, True, in_bias)
+    grads_out = [torch.randn(shape, device=x.device) for _ in got]
+    g_got = torch.autograd.grad([o.float() for o in got], leaves, grads_out)
+    g_ref = torch.autograd.grad([o.float() for o in ref], leaves, grads_out)
+    g_true = torch.autograd.grad(truth[: len(got)], leaves64, [g.double() for g in grads_out])
+    names = ["x", "weight", "bias"] + (["residual"] if residual else []) + ["in_bias"]
+    for name, a, b, t in zip(names, g_got, g_ref, g_true):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        # Up to 2x the reference's own error, plus one rounding of the largest value in the storage dtype.
+        ulp = torch.finfo(a.dtype).eps * t.abs().max().item()
+        assert max_abs_err(a, t) <= 2 * max_abs_err(b, t) + ulp + 1e-5, name
 
 
 def test_bad_inputs_raise():

@@ -1,0 +1,366 @@
+"""A/B timing of named fast-path variants in one process on one model: CUDA events at batch 1 and 32, a correctness
+gate per variant, a top-kernel table per variant, and a compact table printed last.
+
+    python bench/gpu_tune.py --variants baseline,whole_graph,fold_bias,all --batches 1,32 --out tune.json
+    python bench/gpu_tune.py --list
+
+One random-weight model (``--preset``, k = ``--k``) is built once; every variant is a ``Captioner`` over a copy of it
+with the variant's options (and the group-norm statistics kernel it names). Per variant and batch: the first call
+(capture, cuDNN autotuning, compilation) is timed apart as ``setup_s``, then ``--iters`` calls are timed with CUDA
+events, one pair of events around each call (the median is reported, with TPS counting 24 tokens per caption as
+the paper does, and MFU from the model FLOPs of the reference graph). The gate: the decoder memory of the largest
+batch against the fp32 oracle's (``ProCap.memory`` in fp32, TF32 off), as ``||delta|| / ||oracle||``, and the
+fraction of tokens equal to the first variant's. With ``--profile-batch``, one profiled call per variant gives its
+top kernels by device time. No new variant starts after ``--deadline`` seconds; the JSON is written in any case,
+and the compact table is the last thing printed (a remote run returns the tail of its output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEPS = 24  # decoded tokens per caption, the paper's counting
+BASELINE = {"fused_vqgan": False, "lean_decode": False, "capture_memory": False}
+FUSED_ENCODER_ONLY_BIAS = {"downsample_4x4": False, "input_channels": None}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of the fast path: Captioner keyword arguments and the group-norm statistics kernel."""
+
+    description: str
+    captioner: dict[str, Any] = field(default_factory=dict)
+    stats_kernel: str = "barrier_free"
+
+
+VARIANTS: dict[str, Variant] = {
+    "baseline": Variant(
+        "as measured on 2026-11-23: model encoder and decode step, decode-step graph, former GN statistics",
+        BASELINE,
+        "tiled",
+    ),
+    "whole_graph": Variant(
+        "baseline + one graph over the whole pipeline", {**BASELINE, "capture_memory": True}, "tiled"
+    ),
+    "compile": Variant(
+        "baseline + torch.compile of the VQGAN and the encoder", {**BASELINE, "torch_compile": True}, "tiled"
+    ),
+    "compile_whole_graph": Variant(
+        "compile + whole graph", {**BASELINE, "torch_compile": True, "capture_memory": True}, "tiled"
+    ),
+    "fold_bias": Variant(
+        "baseline + bias-free convolutions (biases in the GN, the residual add, the GEMM epilogues)",
+        {**BASELINE, "fused_vqgan": FUSED_ENCODER_ONLY_BIAS},
+        "tiled",
+    ),
+    "down4x4": Variant(
+        "fold_bias + the 4x4 downsample", {**BASELINE, "fused_vqgan": {"input_channels": None}}, "tiled"
+    ),
+    "conv_in8": Variant("down4x4 + conv_in on 8 input channels", {**BASELINE, "fused_vqgan": True}, "tiled"),
+    "gn_stats_v2": Variant("baseline + the barrier-free GN statistics kernel", BASELINE, "barrier_free"),
+    "lean_decode": Variant("baseline + the lean decoding step", {**BASELINE, "lean_decode": True}, "tiled"),
+    "all": Variant("every change: the Captioner's defaults", {}, "barrier_free"),
+    "all_compile": Variant("all + torch.compile", {"torch_compile": True}, "barrier_free"),
+}
+DEFAULT_VARIANTS = ("baseline", "whole_graph", "fold_bias", "down4x4", "conv_in8", "gn_stats_v2", "lean_decode", "all")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line; unknown variants, bad batch lists and non-positive counts exit with status 2."""
+    parser = argparse.ArgumentParser(prog="python bench/gpu_tune.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated names (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes (default 1,32)")
+    parser.add_argument("--preset", default="clevr", help="model preset with random weights (default clevr)")
+    parser.add_argument("--k", type=int, default=2, help="keyframes (default 2)")
+    parser.add_argument("--iters", type=int, default=20, help="timed calls per variant and batch (default 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first (default 2)")
+    parser.add_argument("--deadline", type=float, default=480.0, help="start no variant after this many seconds")
+    parser.add_argument("--profile-batch", type=int, default=32, help="profile one call at this batch (0: none)")
+    parser.add_argument("--top", type=int, default=12, help="kernels per profile table (default 12)")
+    parser.add_argument("--out", type=Path, help="write the results JSON here")
+    args = parser.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    try:
+        args.batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    except ValueError:
+        parser.error(f"--batches takes comma-separated integers, got {args.batches!r}")
+    if not args.batches or min(args.batches) < 1 or args.iters < 1 or args.warmup < 0 or args.k < 1:
+        parser.error("batches, --iters and --k must be positive, --warmup not negative")
+    return args
+
+
+def time_calls(fn: Callable[[], Any], iters: int, timer: Callable[[Callable[[], Any]], float]) -> list[float]:
+    """Milliseconds of ``iters`` calls of ``fn``, each measured by ``timer`` (CUDA events on a GPU)."""
+    return [timer(fn) for _ in range(iters)]
+
+
+def cuda_event_timer(fn: Callable[[], Any]) -> float:
+    """Device milliseconds of one call: CUDA events recorded around it, then a synchronisation."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def relative_difference(value: Any, reference: Any) -> float:
+    """``||value - reference|| / ||reference||`` in fp64."""
+    value, reference = value.double(), reference.double()
+    return float((value - reference).norm() / reference.norm().clamp_min(1e-30))
+
+
+def token_match(tokens: Any, reference: Any) -> float:
+    """Fraction of equal token positions."""
+    return float((tokens == reference).double().mean())
+
+
+def run_variants(
+    names: Sequence[str],
+    measure: Callable[[str], dict[str, Any]],
+    deadline_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Measure each variant in turn until the deadline; a failing variant is reported, not fatal.
+
+    Returns:
+        ``(results, not_started)``: per variant its measurement (or ``{"error": ...}``), and the names the deadline
+        left out.
+    """
+    start, results = clock(), {}
+    for index, name in enumerate(names):
+        if clock() - start > deadline_s:
+            return results, list(names[index:])
+        try:
+            results[name] = measure(name)
+        except Exception as exc:  # noqa: BLE001 - one broken variant must not cost the others' figures
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+    return results, []
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def compact_table(results: dict[str, dict[str, Any]], batches: Sequence[int]) -> str:
+    """One line per variant: median ms per batch, TPS and MFU at the largest batch, the gate, the setup time."""
+    top = max(batches)
+    header = ["variant"] + [f"b{b} ms" for b in batches] + [f"b{top} TPS", "MFU", "mem rel", "tokens", "setup s"]
+    rows = [header]
+    for name, result in results.items():
+        if "error" in result:
+            rows.append([name, f"failed: {result['error']}"])
+            continue
+        per_batch = result.get("batches", {})
+        largest = per_batch.get(str(top), {})
+        rows.append(
+            [name]
+            + [_cell(per_batch.get(str(b), {}).get("median_ms"), ".2f") for b in batches]
+            + [
+                _cell(largest.get("tps"), ",.0f"),
+                _cell(largest.get("mfu"), ".1%"),
+                _cell(result.get("memory_rel_diff"), ".1e"),
+                _cell(result.get("token_match"), ".1%"),
+                _cell(sum(v.get("setup_s", 0.0) for v in per_batch.values()) or None, ".1f"),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(header))]
+    lines = []
+    for row in rows:
+        if len(row) == 2 and row[1].startswith("failed"):
+            lines.append(f"{row[0]:<{widths[0]}}  {row[1]}")
+        else:
+            lines.append(
+                "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            )
+    return "\n".join(lines)
+
+
+def kernel_table(name: str, kernels: list[dict[str, Any]]) -> str:
+    """A variant's top kernels: ms per call, launches per call, name."""
+    lines = [f"top kernels, {name}:"]
+    for k in kernels:
+        lines.append(f"  {k['ms_per_call']:8.3f} ms  {k['launches_per_call']:6.0f}x  {k['name'][:100]}")
+    return "\n".join(lines)
+
+
+# -- the GPU side ----------------------------------------------------------------------------------------------------
+class _NoVocab:
+    def decode(self, ids: Any) -> str:
+        return ""
+
+
+class TuneSession:
+    """The model, the images, the fp32 oracle memory and the first variant's tokens, shared by every variant."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from procap.config import get_preset
+        from procap.model.procap import ProCap
+
+        self.args, self.device = args, torch.device("cuda")
+        config = get_preset(args.preset, num_keyframes=args.k, max_caption_len=STEPS + 1)
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            self.model = ProCap(config).eval().requires_grad_(False)
+        size = config.image_size
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        top = max(args.batches)
+        self.images = tuple(torch.rand(top, 3, size, size, device=self.device, generator=generator) for _ in range(2))
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        saved = (matmul.allow_tf32, cudnn.allow_tf32)
+        matmul.allow_tf32 = cudnn.allow_tf32 = False
+        with torch.no_grad():
+            self.oracle_memory = self.model.memory(*self.images)
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+        self.flops_per_pair = self._model_flops()
+        self.reference_tokens: Any = None
+
+    def _model_flops(self) -> float:
+        """Model FLOPs per pair, counted on the reference graph (the model's encoder and decode step, fp32)."""
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from procap.attention import use_backend
+        from procap.fast import Captioner
+
+        counter = Captioner(
+            self.model, _NoVocab(), device=self.device, dtype=torch.float32, max_len=STEPS + 1, batch_sizes=(1,),
+            use_graphs=False, attention_backend="math", fused_vqgan=False, lean_decode=False,
+        )  # fmt: skip
+        with use_backend("math"), FlopCounterMode(display=False) as flops:
+            counter.generate(self.images[0][:1], self.images[1][:1])
+        return float(flops.get_total_flops())
+
+    def measure(self, name: str) -> dict[str, Any]:
+        import torch
+        from telemetry import mfu  # bench/ is on sys.path (see the end of this file)
+
+        from procap.fast import Captioner
+        from procap.kernels import groupnorm
+
+        variant, args = VARIANTS[name], self.args
+        saved_kernel, groupnorm.DEFAULT_STATS_KERNEL = groupnorm.DEFAULT_STATS_KERNEL, variant.stats_kernel
+        try:
+            options = copy.deepcopy(variant.captioner)
+            captioner = Captioner(
+                self.model, _NoVocab(), device=self.device, dtype=torch.bfloat16, max_len=STEPS + 1,
+                batch_sizes=tuple(args.batches), copy_model=True, **options,
+            )  # fmt: skip
+            result: dict[str, Any] = {"description": variant.description, "batches": {}}
+            torch.cuda.reset_peak_memory_stats(self.device)
+            for batch in args.batches:
+                before, after = (image[:batch] for image in self.images)
+                call = functools.partial(captioner.generate, before, after)
+                start = time.perf_counter()
+                tokens = call()
+                torch.cuda.synchronize(self.device)
+                setup_s = time.perf_counter() - start
+                for _ in range(args.warmup):
+                    call()
+                ms = statistics.median(time_calls(call, args.iters, cuda_event_timer))
+                pairs_per_s = batch / (ms / 1e3)
+                result["batches"][str(batch)] = {
+                    "median_ms": ms,
+                    "tps": pairs_per_s * STEPS,
+                    "mfu": mfu(self.flops_per_pair, pairs_per_s, self.device),
+                    "setup_s": setup_s,
+                }
+            result["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            with torch.no_grad():
+                memory = captioner.memory(*self.images)
+            result["memory_rel_diff"] = relative_difference(memory, self.oracle_memory)
+            if self.reference_tokens is None:
+                self.reference_tokens = tokens
+            result["token_match"] = (
+                token_match(tokens, self.reference_tokens) if tokens.shape == self.reference_tokens.shape else None
+            )
+            if args.profile_batch:
+                result["top_kernels"] = self._profile(captioner, args.profile_batch, args.top)
+            return result
+        finally:
+            groupnorm.DEFAULT_STATS_KERNEL = saved_kernel
+            torch.cuda.empty_cache()
+
+    def _profile(self, captioner: Any, batch: int, top: int) -> list[dict[str, Any]]:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        before, after = (image[:batch] for image in self.images)
+        captioner.generate(before, after)  # this batch's graph exists before the trace
+        torch.cuda.synchronize(self.device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            captioner.generate(before, after)
+            torch.cuda.synchronize(self.device)
+        events = sorted(
+            (e for e in prof.key_averages() if e.self_device_time_total > 0),
+            key=lambda e: e.self_device_time_total,
+            reverse=True,
+        )
+        return [
+            {"name": e.key, "ms_per_call": e.self_device_time_total / 1e3, "launches_per_call": e.count}
+            for e in events[:top]
+        ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for name, variant in VARIANTS.items():
+            print(f"{name:<20} {variant.description}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_tune: needs a CUDA GPU (argument handling and tables are tested on the CPU)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    session = TuneSession(args)
+    remaining = args.deadline - (time.monotonic() - started)
+    results, not_started = run_variants(args.variants, session.measure, remaining)
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "k": args.k,
+        "batches": args.batches,
+        "flops_per_pair": session.flops_per_pair,
+        "variants": results,
+        "not_started": not_started,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        os.replace(tmp, args.out)
+    for name, result in results.items():
+        if result.get("top_kernels"):
+            print(kernel_table(name, result["top_kernels"]))
+    if not_started:
+        print(f"gpu_tune: the deadline left out {', '.join(not_started)}")
+    print(compact_table(results, args.batches))
+    return 0
+
+
+if __name__ == "__main__":
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]  # bench/telemetry.py, and procap from this checkout
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The VQGAN encoder's inference path for ``procap.fast``: bias-free convolutions, each bias added where it is read.
+
+On CUDA, ATen runs a biased cuDNN convolution as the convolution followed by a separate broadcast ``add_`` of the
+bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes were 18 % of the first H100 profile
+(docs/gpu.md, "What is in the way" and "Prepared, not yet measured"). :class:`FusedVQGANEncoder` computes what
+:class:`procap.model.vqgan.Encoder` computes, with the same modules and state-dict keys, but:
+
+- every convolution runs without its bias, and the bias travels with the output (:class:`_Pending`) until the
+  next op that reads that tensor adds it: the group norm's ``in_bias`` (statistics and apply kernels), the
+  residual block's output add (``procap.kernels.bias_add``: shortcut + h + bias in one pass), or a GEMM epilogue;
+- the 1x1 convolutions (``nin_shortcut``; the attention's ``q``/``k``/``v``/``proj_out``, q/k/v merged into one
+  GEMM) run as ``F.linear`` over the channels-last tensor viewed as (B, H, W, C), which needs no copy and adds the
+  bias in cuBLAS's epilogue;
+- ``Downsample``'s asymmetric ``F.pad`` + 3x3 stride-2 convolution runs as one convolution with the 3x3 kernel
+  zero-extended to 4x4 (``W4[..., 1:, 1:] = W3``) and padding 1: the same taps on the same pixels, for any input
+  size, with no padded copy of the activation (the zero taps are hardware FLOPs, not model FLOPs: benchmarks count
+  model FLOPs on the reference module);
+- ``conv_in`` reads its 3-channel input zero-padded to 8 channels with zero weights, so cuDNN's kernels for
+  16-byte-aligned channels apply.
+
+The reference encoder stays the model's own (``procap.model.vqgan.Encoder``); the tests compare the two in fp32,
+bf16 and under the Triton interpreter. Inference only (eval mode; dropout is not applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from procap import kernels
+from procap.attention import attention
+from procap.model.vqgan import Encoder
+from procap.model.vqgan_blocks import AttnBlock, ResnetBlock
+
+INPUT_CHANNELS = 8  # conv_in's input padded to 8 channels: 16 bytes per pixel in bf16
+
+
+@dataclass
+class _Pending:
+    """A tensor whose value is ``(tensor + bias[c]) + residual``: the adds not yet done, left to the next reader."""
+
+    tensor: torch.Tensor
+    bias: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+
+
+def _key(module_name: str) -> str:
+    """A buffer-name suffix for the attention block at ``module_name`` (``mid.attn_1`` -> ``mid_attn_1``)."""
+    return module_name.replace(".", "_")
+
+
+def pointwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A 1x1 convolution as a GEMM with the bias in its epilogue: (B, C_in, H, W) -> (B, C_out, H, W).
+
+    ``x.permute(0, 2, 3, 1)`` of a channels-last tensor is a contiguous (B, H, W, C) view and the result comes back
+    channels-last, so on CUDA nothing is copied.
+    """
+    return F.linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias).permute(0, 3, 1, 2)
+
+
+def downsample_weight_4x4(weight: torch.Tensor) -> torch.Tensor:
+    """The 3x3 stride-2 kernel after taming's (0, 1, 0, 1) zero pad, as a 4x4 kernel for padding 1.
+
+    ``conv(F.pad(x, (0, 1, 0, 1)), W3, stride=2)`` reads pixels ``2i + a`` for ``a`` in 0..2 (and the zero pad past
+    the end); ``conv(x, W4, stride=2, padding=1)`` reads ``2i + a - 1`` for ``a`` in 0..3, with ``W4[..., 0, :]``
+    and ``W4[..., :, 0]`` zero: the same taps, and the same output size for any input size.
+    """
+    out = weight.new_zeros(*weight.shape[:2], 4, 4)
+    out[..., 1:, 1:] = weight
+    return out
+
+
+class FusedVQGANEncoder(nn.Module):
+    """:class:`procap.model.vqgan.Encoder` for inference, with every convolution bias-free (module docstring).
+
+    Args:
+        encoder: the model's encoder; its modules are shared (so the state-dict keys are the same), not copied.
+        downsample_4x4: the pad + 3x3 stride-2 ``Downsample`` as a 4x4 convolution with padding 1 (else the pad
+            and the bias-free 3x3 convolution).
+        input_channels: pad the image channels to this many (zero weights) before ``conv_in``; None keeps 3.
+        channels_last: run in channels-last (the CUDA path), which makes the 1x1 GEMMs copy-free.
+
+    Attributes:
+        reference: the wrapped :class:`Encoder` (not a submodule: its children are this module's children).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        *,
+        downsample_4x4: bool = True,
+        input_channels: int | None = INPUT_CHANNELS,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.conv_in, self.down, self.mid = encoder.conv_in, encoder.down, encoder.mid
+        self.norm_out, self.conv_out = encoder.norm_out, encoder.conv_out
+        object.__setattr__(self, "reference", encoder)  # kept out of the module tree: no second set of keys
+        self.downsample_4x4, self.channels_last = downsample_4x4, channels_last
+        self.train(encoder.training)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        weight = self.conv_in.weight.detach()
+        if input_channels is not None and input_channels > weight.shape[1]:
+            weight = torch.cat([weight, weight.new_zeros(weight.shape[0], input_channels - weight.shape[1], 3, 3)], 1)
+        self.register_buffer("conv_in_weight", weight.contiguous(memory_format=layout), persistent=False)
+        for i, level in enumerate(self.down):
+            if hasattr(level, "downsample") and downsample_4x4:
+                w4 = downsample_weight_4x4(level.downsample.conv.weight.detach())
+                self.register_buffer(f"downsample_weight_{i}", w4.contiguous(memory_format=layout), persistent=False)
+        for name, module in self.named_modules():
+            if isinstance(module, AttnBlock):  # q, k, v as one (3C, C) GEMM
+                qkv_w = torch.cat([p.weight.detach().flatten(1) for p in (module.q, module.k, module.v)])
+                qkv_b = torch.cat([p.bias.detach() for p in (module.q, module.k, module.v)])
+                self.register_buffer(f"qkv_weight_{_key(name)}", qkv_w, persistent=False)
+                self.register_buffer(f"qkv_bias_{_key(name)}", qkv_b, persistent=False)
+
+    # -- the ops --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _materialise(value: _Pending) -> torch.Tensor:
+        """The pending adds done: one pass (``bias_add``) when a bias is pending, a plain add for a residual alone."""
+        if value.bias is not None:
+            return kernels.bias_add(value.tensor, value.bias, value.residual)
+        return value.tensor if value.residual is None else value.tensor + value.residual
+
+    @staticmethod
+    def _norm(
+        norm: nn.GroupNorm, value: _Pending, silu: bool = True, keep_sum: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(act(norm(v)), v or None)`` of the pending value v, its adds done inside the fused norm."""
+        args = (norm.weight, norm.bias, norm.num_groups, norm.eps, silu)
+        if value.bias is None and value.residual is None:
+            return kernels.group_norm(value.tensor, *args), value.tensor
+        out = kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias, return_sum=keep_sum)
+        if isinstance(out, tuple):
+            return out[0], (out[1] if keep_sum else None)
+        return out, None
+
+    @staticmethod
+    def _conv3x3(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+        return F.conv2d(x, conv.weight, None, conv.stride, conv.padding)
+
+    def _resnet(self, block: ResnetBlock, value: _Pending) -> _Pending:
+        """The block's output as ``(conv2 out, conv2 bias, shortcut)``: nothing summed yet."""
+        h, shortcut = self._norm(block.norm1, value, keep_sum=True)
+        h = self._conv3x3(h, block.conv1)
+        h, _ = self._norm(block.norm2, _Pending(h, block.conv1.bias))
+        h = self._conv3x3(h, block.conv2)
+        if block.in_channels != block.out_channels:
+            shortcut = pointwise_conv(shortcut, block.nin_shortcut.weight, block.nin_shortcut.bias)
+        return _Pending(h, block.conv2.bias, shortcut)
+
+    def _attention(self, name: str, block: AttnBlock, x: torch.Tensor) -> torch.Tensor:
+        """taming's single-head spatial attention with q/k/v in one GEMM; x + proj_out(attention)."""
+        b, c, h, w = x.shape
+        key = _key(name)
+        y = kernels.group_norm(x, block.norm.weight, block.norm.bias, block.norm.num_groups, block.norm.eps)
+        qkv = F.linear(y.permute(0, 2, 3, 1), getattr(self, f"qkv_weight_{key}"), getattr(self, f"qkv_bias_{key}"))
+        q, k, v = qkv.view(b, 1, h * w, 3 * c).split(c, dim=-1)  # (B, 1, HW, C) each, one head of width C
+        out = F.linear(attention(q, k, v), block.proj_out.weight.flatten(1), block.proj_out.bias)
+        return x + out.view(b, h, w, c).permute(0, 3, 1, 2)
+
+    def _downsample(self, index: int, level: nn.Module, x: torch.Tensor) -> _Pending:
+        conv = level.downsample.conv
+        if self.downsample_4x4:
+            return _Pending(F.conv2d(x, getattr(self, f"downsample_weight_{index}"), None, 2, 1), conv.bias)
+        return _Pending(F.conv2d(F.pad(x, (0, 1, 0, 1)), conv.weight, None, 2, 0), conv.bias)
+
+    def _input(self, images: torch.Tensor) -> torch.Tensor:
+        """Images in the run's layout, zero-padded to ``conv_in_weight``'s input channels."""
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        channels = self.conv_in_weight.shape[1]
+        if images.shape[1] == channels:
+            return images.contiguous(memory_format=layout)
+        b, _, h, w = images.shape
+        padded = images.new_zeros(b, channels, h, w).contiguous(memory_format=layout)
+        padded[:, : images.shape[1]] = images
+        return padded
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) -> (B, z_channels, S/f, S/f), equal to the reference encoder's output up to rounding."""
+        if self.training:
+            raise RuntimeError(
+                "FusedVQGANEncoder is an inference path: call .eval() (training uses the model's Encoder)"
+            )
+        h = F.conv2d(self._input(images), self.conv_in_weight, None, 1, 1)
+        value = _Pending(h, self.conv_in.bias)
+        for index, level in enumerate(self.down):
+            for i, block in enumerate(level.block):
+                value = self._resnet(block, value)
+                if len(level.attn):
+                    value = _Pending(self._attention(f"down.{index}.attn.{i}", level.attn[i], self._materialise(value)))
+            if hasattr(level, "downsample"):
+                value = self._downsample(index, level, self._materialise(value))
+        value = self._resnet(self.mid.block_1, value)
+        value = _Pending(self._attention("mid.attn_1", self.mid.attn_1, self._materialise(value)))
+        value = self._resnet(self.mid.block_2, value)
+        h, _ = self._norm(self.norm_out, value)
+        return kernels.bias_add(self._conv3x3(h, self.conv_out), self.conv_out.bias)

@@ -1,0 +1,142 @@
+"""The fast VQGAN encoder (bias-free convolutions, 4x4 downsample, merged q/k/v, 8-channel input) against the model's.
+
+The reference is :class:`procap.model.vqgan.Encoder` itself; the fast path must give its output (fp32: 1e-5
+relative; bf16: within the bf16 model's own error against fp32) and must never hand a convolution a bias.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from procap import kernels
+from procap.config import VQGANConfig
+from procap.fast.vqgan_encoder import FusedVQGANEncoder, downsample_weight_4x4
+from procap.model.vqgan import VQGAN
+
+# f4 on 16 px: two chained blocks per level, attention after each block of level 1 (nominal 8 px), a 1x1 shortcut
+# where level 2 doubles the width, two downsamples and the mid block.
+CONFIG = VQGANConfig(
+    resolution=16, ch=32, ch_mult=(1, 1, 2), num_res_blocks=2, attn_resolutions=(8,), z_channels=32, embed_dim=16
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch(monkeypatch):
+    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
+    kernels.reset_dispatch()
+    yield
+    kernels.reset_dispatch()
+
+
+def _encoder(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    encoder = VQGAN(CONFIG).encoder.eval()
+    with torch.no_grad():  # random biases: taming's init leaves them small, which would hide a missing one
+        for module in encoder.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.bias.normal_(0.0, 0.5)
+    return encoder
+
+
+class _ConvolutionLog(TorchDispatchMode):
+    """Records every aten op name and, per convolution, whether it was handed a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.conv_biases: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.ops.append(name)
+        if name in ("convolution", "_convolution", "mkldnn_convolution", "conv2d"):
+            self.conv_biases.append(args[2] is not None)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("size", [16, 17, 10], ids=lambda s: f"{s}px")
+def test_4x4_downsample_is_exact_in_fp64(size):
+    torch.manual_seed(size)
+    x = torch.randn(2, 16, size, size, dtype=torch.float64)
+    w3 = torch.randn(16, 16, 3, 3, dtype=torch.float64)
+    padded = F.conv2d(F.pad(x, (0, 1, 0, 1)), w3, stride=2)
+    extended = F.conv2d(x, downsample_weight_4x4(w3), stride=2, padding=1)
+    assert extended.shape == padded.shape
+    torch.testing.assert_close(extended, padded, rtol=0, atol=1e-12)  # the same taps: only summation order differs
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("downsample_4x4", [True, False], ids=["down4x4", "pad+3x3"])
+def test_fp32_output_equals_the_model_encoder(channels_last, downsample_4x4):
+    encoder = _encoder()
+    fused = FusedVQGANEncoder(encoder, downsample_4x4=downsample_4x4, channels_last=channels_last)
+    images = torch.rand(3, 3, 16, 16)
+    with torch.no_grad():
+        ref, got = encoder(images), fused(images)
+    assert got.shape == ref.shape == (3, 32, 4, 4)
+    assert (got - ref).norm() <= 1e-5 * ref.norm()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_no_convolution_gets_a_bias_and_nothing_is_padded():
+    encoder = _encoder()
+    fused = FusedVQGANEncoder(encoder)
+    images = torch.rand(1, 3, 16, 16)
+    with torch.no_grad(), _ConvolutionLog() as reference_log:
+        encoder(images)
+    with torch.no_grad(), _ConvolutionLog() as fused_log:
+        fused(images)
+    assert any(reference_log.conv_biases) and "constant_pad_nd" in reference_log.ops  # what the check would catch
+    assert fused_log.conv_biases and not any(fused_log.conv_biases)
+    assert "constant_pad_nd" not in fused_log.ops
+    # conv_in, 2 per residual block (3 levels x 2 + the mid block's 2), 2 downsamples, conv_out; 1x1s are GEMMs
+    assert len(fused_log.conv_biases) == 1 + 2 * 8 + 2 + 1
+
+
+def test_shares_the_modules_and_keys():
+    encoder = _encoder()
+    fused = FusedVQGANEncoder(encoder)
+    assert list(fused.state_dict()) == list(encoder.state_dict())
+    assert fused.conv_in is encoder.conv_in and fused.reference is encoder
+    assert fused.conv_in_weight.shape == (32, 8, 3, 3) and not fused.conv_in_weight[:, 3:].any()
+    with pytest.raises(RuntimeError, match="inference"):
+        fused.train()(torch.rand(1, 3, 16, 16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_path_matches_the_reference(dtype, monkeypatch):
+    # The fused path with the Triton kernels (interpreted): in_bias norms, the bias + shortcut add.
+    encoder = _encoder()
+    images = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        truth = encoder.double()(images.double())
+        encoder.to(dtype)
+        eager = encoder(images.to(dtype))
+        monkeypatch.setenv("PROCAP_KERNELS", "triton")
+        kernels.reset_dispatch()
+        got = FusedVQGANEncoder(encoder, channels_last=True)(images.to(dtype))
+    assert kernels.chosen_impl("group_norm", "cpu", dtype) == "triton"
+    assert kernels.chosen_impl("bias_add", "cpu", dtype) == "triton"
+    err, eager_err = ((t.double() - truth).norm() / truth.norm() for t in (got, eager))
+    if dtype == torch.float32:
+        assert err <= 1e-5
+    else:  # the fused path rounds less often than the eager bf16 model; allow it the same error and some slack
+        assert err <= 2 * eager_err + 1e-3, (err, eager_err)
+
+
+def test_the_zero_taps_would_inflate_a_flop_count():
+    # Why benchmarks count model FLOPs on the reference encoder (bench/test_e2e.py passes fused_vqgan=False): the
+    # 4x4 downsample and the 8-channel conv_in multiply zeros that a FLOP counter cannot tell from work.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    encoder = _encoder()
+    images = torch.rand(1, 3, 16, 16)
+    counts = []
+    for module in (encoder, FusedVQGANEncoder(encoder)):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(images)
+        counts.append(counter.get_total_flops())
+    assert counts[1] > counts[0]

@@ -1,0 +1,123 @@
+"""bench/gpu_tune.py on a CPU: argument handling, the deadline, failures, the tables (fakes stand in for the GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from procap.fast import Captioner
+from procap.kernels.groupnorm import STATS_KERNELS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tune():
+    spec = importlib.util.spec_from_file_location("gpu_tune", ROOT / "bench" / "gpu_tune.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+tune = _tune()
+
+
+def test_arguments_are_parsed_and_checked(capsys):
+    args = tune.parse_args(["--variants", "baseline, all", "--batches", "32,1,32"])
+    assert args.variants == ["baseline", "all"] and args.batches == [1, 32]
+    assert tune.parse_args([]).variants == list(tune.DEFAULT_VARIANTS)
+    for bad in (["--variants", "baseline,fast"], ["--batches", "1,x"], ["--batches", "0"], ["--iters", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            tune.parse_args(bad)
+        assert exit_info.value.code == 2
+    assert "unknown variant(s) fast" in capsys.readouterr().err
+
+
+def test_every_variant_is_a_valid_captioner_configuration():
+    accepted = set(inspect.signature(Captioner).parameters)
+    for name, variant in tune.VARIANTS.items():
+        assert set(variant.captioner) <= accepted, name
+        assert variant.stats_kernel in STATS_KERNELS, name
+    assert tune.VARIANTS["all"].captioner == {}  # "all" is the Captioner's defaults, whatever they become
+
+
+def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
+    assert tune.main(["--list"]) == 0
+    assert "baseline" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert tune.main(["--variants", "baseline"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_deadline_stops_new_variants_and_a_failure_is_reported():
+    now = [0.0]
+
+    def measure(name):
+        now[0] += 100.0  # each variant takes 100 s on the fake clock
+        if name == "fold_bias":
+            raise RuntimeError("CUDA error: out of memory\nmore lines")
+        return {"batches": {"1": {"median_ms": 1.0}}}
+
+    results, not_started = tune.run_variants(
+        ["baseline", "fold_bias", "all", "lean_decode"], measure, deadline_s=150.0, clock=lambda: now[0]
+    )
+    assert list(results) == ["baseline", "fold_bias"] and not_started == ["all", "lean_decode"]
+    assert results["fold_bias"] == {"error": "RuntimeError: CUDA error: out of memory"}
+
+
+def test_time_calls_uses_the_timer_for_every_call():
+    calls = []
+    times = iter([3.0, 1.0, 2.0])
+    assert tune.time_calls(lambda: calls.append(1), 3, lambda fn: (fn(), next(times))[1]) == [3.0, 1.0, 2.0]
+    assert len(calls) == 3
+
+
+def test_gate_measures():
+    reference = torch.ones(4, 3)
+    assert tune.relative_difference(reference * 1.01, reference) == pytest.approx(0.01)
+    assert tune.token_match(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2, 0, 4])) == 0.75
+
+
+def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
+    results = {
+        "baseline": {
+            "batches": {
+                "1": {"median_ms": 7.561, "tps": 3174.0, "mfu": 0.018, "setup_s": 2.0},
+                "32": {"median_ms": 51.6, "tps": 14883.7, "mfu": 0.232, "setup_s": 3.5},
+            },
+            "memory_rel_diff": 0.0123,
+            "token_match": 1.0,
+        },
+        "all": {"batches": {"32": {"median_ms": 30.25, "tps": 25388.0}}, "memory_rel_diff": None},
+        "compile": {"error": "RuntimeError: boom"},
+    }
+    lines = tune.compact_table(results, [1, 32]).splitlines()
+    assert lines[0].split() == [
+        "variant",
+        "b1",
+        "ms",
+        "b32",
+        "ms",
+        "b32",
+        "TPS",
+        "MFU",
+        "mem",
+        "rel",
+        "tokens",
+        "setup",
+        "s",
+    ]
+    assert lines[1].split() == ["baseline", "7.56", "51.60", "14,884", "23.2%", "1.2e-02", "100.0%", "5.5"]
+    assert lines[2].split() == ["all", "-", "30.25", "25,388", "-", "-", "-", "-"]
+    assert lines[3].split()[:2] == ["compile", "failed:"] and "boom" in lines[3]
+    assert len({len(line.rstrip()) for line in lines[:3]}) == 1  # aligned columns
+
+
+def test_kernel_table():
+    text = tune.kernel_table("all", [{"name": "cudnn_conv", "ms_per_call": 9.0, "launches_per_call": 29}])
+    assert text.splitlines() == ["top kernels, all:", "     9.000 ms      29x  cudnn_conv"]
