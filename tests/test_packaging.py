@@ -40,7 +40,9 @@ def test_version_flag(capsys):
     assert capsys.readouterr().out.startswith("procap 0.")
 
 
-def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys):
+def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys, tmp_path):
+    prepare_argv = ["prepare", "--dataset", "clevr-change", "--root", str(tmp_path / "data"), "--vqgan", "v"]
+    prepare_argv += ["--out", str(tmp_path / "cache")]  # beside the dataset: an --out inside --root is refused
     assert missing_extra_message("h5py.highlevel") == (
         "this needs the optional package h5py, from the [train] extra: pip install 'procap-torch[train]'."
     )
@@ -56,7 +58,7 @@ def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys):
 
     monkeypatch.setattr(prepare, "run", needs_cv2)
     capsys.readouterr()
-    code = main(["prepare", "--dataset", "clevr-change", "--root", ".", "--vqgan", "v", "--out", "o"])
+    code = main(prepare_argv)
     err = capsys.readouterr().err.strip().splitlines()
     expected = (
         "procap prepare needs the optional package cv2, from the [train] extra: pip install 'procap-torch[train]'."
@@ -68,4 +70,4 @@ def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys):
 
     monkeypatch.setattr(prepare, "run", needs_numpy)
     with pytest.raises(ModuleNotFoundError):
-        main(["prepare", "--dataset", "clevr-change", "--root", ".", "--vqgan", "v", "--out", "o"])
+        main(prepare_argv)
