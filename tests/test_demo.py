@@ -8,11 +8,11 @@ import time
 import pytest
 from report_checks import check_report_html
 
-# ProCap's bounds on the quick demo's 60 test pairs: change detected (the issue's 95 %) and change type. The issue
-# asks type >= 80 %; the quick budget reaches about half (validation 52.6 % after its 300 steps, 2026-11-24), so the
+# ProCap's bounds on the quick demo's 60 test pairs: change detected (95 % asked) and change type. Type >= 80 % was
+# asked; the quick budget does not reach it (2026-11-24: 36.7 % of the 30 test changes, validation 52.6 %), so the
 # bound only catches a model that stops telling the types apart (one caption for every change: about 20 %).
 QUICK_CHANGE = 0.95
-QUICK_TYPE = 0.3
+QUICK_TYPE = 0.25
 
 
 @pytest.mark.slow
