@@ -17,7 +17,7 @@ from typing_extensions import Self
 
 # Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
-# The paper's end-to-end TPS on one A40 (fp32, batch 32, 24 tokens counted per caption): DESIGN.md section 6.
+# The paper's end-to-end TPS on one A40 (fp32, batch 32, 24 tokens counted per caption); docs/gpu.md lists them.
 PAPER_A40_TPS = {1: 766.02, 2: 699.04, 4: 461.24, 7: 270.55}
 
 

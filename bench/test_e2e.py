@@ -1,4 +1,4 @@
-"""End-to-end captioning throughput (TPS) against the paper's A40 figures (DESIGN.md section 6).
+"""End-to-end captioning throughput (TPS) against the paper's A40 figures (docs/gpu.md).
 
 Paper configuration: ``clevr`` preset with random weights, k in {1, 2, 4, 7}, 24 decoding steps per caption
 with no early exit (the decoder's position table is one row longer than the preset's 24 so that 24 steps

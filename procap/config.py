@@ -1,6 +1,6 @@
 """Model and training configuration: dataclasses with named presets.
 
-Presets follow the paper (DESIGN.md section 3): ``clevr``, ``spot``, ``edit`` at paper size, and ``tiny``
+Presets follow the paper (docs/model.md): ``clevr``, ``spot``, ``edit`` at paper size, and ``tiny``
 for CPU runs (tests, the demo). Look-up is by exact name; an unknown name raises ``KeyError`` with the
 list of valid ones.
 """
