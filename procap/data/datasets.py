@@ -1,4 +1,4 @@
-"""The dataset registry: every per-dataset fact in one place (DESIGN.md section 5; the authors' configs).
+"""The dataset registry: every per-dataset fact in one place (docs/data.md; the authors' configs).
 
 Each :class:`DatasetSpec` names its loader, the HDF5 files of its procedure cache (the authors' names), its
 vocabulary threshold, its stage-2 encoder learning rate and its change types. Commands take
@@ -52,7 +52,7 @@ DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
         # The authors' vocabularies: every CLEVR-Change word; words seen 4+ times on Spot-the-Diff and on
-        # Image-Editing-Request (shared/real-formats: 826 and 516 words). Encoder lr (mmvid configs): 2e-5 on spot.
+        # Image-Editing-Request (the released vocabularies: 826 and 516 words). Encoder lr (mmvid configs): 2e-5 on spot.
         DatasetSpec(
             "clevr-change",
             "CLEVR-Change",
@@ -109,7 +109,7 @@ def load_split(name: str, root: str | os.PathLike, split: str) -> list[ChangePai
 
     Args:
         name: a :data:`DATASETS` name (``clevr-change``, ``spot-the-diff``, ``image-editing-request``).
-        root: the dataset's root folder (the layout of DESIGN.md section 5).
+        root: the dataset's root folder (the layout of docs/data.md).
         split: ``train``, ``val`` or ``test`` (``valid`` is accepted as ``val``).
 
     Returns:

@@ -1,4 +1,4 @@
-"""Loaders for the three real benchmarks (DESIGN.md section 5); each returns a list of ``ChangePair``.
+"""Loaders for the three real benchmarks (docs/data.md); each returns a list of ``ChangePair``.
 
 They are registered with their other facts in :data:`procap.data.datasets.DATASETS`; call them through
 :func:`procap.data.load_split`.

@@ -1,4 +1,4 @@
-"""The ProCap model (DESIGN.md section 3): frozen VQGAN, procedure encoder, caption decoder, both stages.
+"""The ProCap model (docs/model.md): frozen VQGAN, procedure encoder, caption decoder, both stages.
 
 Stage 1 (explicit procedure modeling, :meth:`ProCap.stage1_loss`) runs one encoder pass over a batch of 3B
 sequences built from B procedures (T = k + 2 frames each) and their captions:

@@ -1,6 +1,6 @@
 """Training options: one dataclass for every stage; the CLI maps its flags onto these fields.
 
-Fields left ``None`` take the paper's value for the stage (:data:`STAGE_DEFAULTS`, DESIGN.md section 3) when
+Fields left ``None`` take the paper's value for the stage (:data:`STAGE_DEFAULTS`, docs/training.md) when
 :meth:`TrainConfig.resolved` is called; small runs override them (``--steps``, ``--lr``, ``--warmup-steps``).
 """
 

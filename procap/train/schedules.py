@@ -1,4 +1,4 @@
-"""Learning-rate schedules and optimisers of the two training stages (paper, DESIGN.md section 3).
+"""Learning-rate schedules and optimisers of the two training stages (paper, docs/training.md).
 
 Schedules are plain functions of the optimisation step, so their whole state is the step count: resuming
 needs no pickled closures. :class:`StepSchedule` applies one function per parameter group.
