@@ -374,9 +374,9 @@ def convert_authors_checkpoint(path: str | Path, vocab_path: str | Path) -> tupl
         ``(model, vocab, info)``: a :class:`procap.model.procap.ProCap` (``variant="authors"``, eval mode, CPU,
         fp32), the :class:`procap.data.Vocabulary`, and JSON-able facts (source, epoch, dataset, ignored keys).
     """
-    from procap.checkpoint import load_weights
     from procap.data import Vocabulary
     from procap.model.procap import ProCap
+    from procap.weights import load_weights
 
     vocab = Vocabulary.load(vocab_path)
     ckpt = read_authors_checkpoint(path)

@@ -123,7 +123,7 @@ def read_clip_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ProCapError(f"CLIP checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
-        from procap.checkpoint import read_tensors
+        from procap.weights import read_tensors
 
         return read_tensors(path, "CLIP checkpoint")[0]
     if not zipfile.is_zipfile(path):

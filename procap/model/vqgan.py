@@ -31,6 +31,7 @@ from procap import kernels
 from procap.config import VQGANConfig
 from procap.errors import ProCapError
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
+from procap.weights import check_dtypes, check_file_fits, load_module_state, load_weights, read_header, save_module
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
 TAMING_PREFIXES = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.", "quantize.")
@@ -207,8 +208,6 @@ class VQGAN(nn.Module):
         """Weights in safetensors with this :class:`VQGANConfig` (and ``extra``) in the metadata; no pickle."""
         import dataclasses
 
-        from procap.checkpoint import save_module
-
         meta = {"format": VQGAN_FORMAT, "vqgan_config": dataclasses.asdict(self.config), "extra": extra or {}}
         return save_module(path, self, meta)
 
@@ -226,8 +225,6 @@ class VQGAN(nn.Module):
             return cls.from_taming_checkpoint(path).eval()
         model = cls(cls.read_config(path))
         state, _ = cls.read_saved(path)
-        from procap.checkpoint import load_weights
-
         load_weights(model, state, path)
         return model.eval()
 
@@ -244,7 +241,6 @@ class VQGAN(nn.Module):
         """
         import json
 
-        from procap.checkpoint import check_file_fits, read_header
         from procap.config import config_from_dict
 
         _, raw = read_header(path, "VQGAN weights")
@@ -264,8 +260,6 @@ class VQGAN(nn.Module):
     @staticmethod
     def read_saved(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
         """``(state_dict, metadata)`` of a file written by :meth:`save`, checked to be one."""
-        from procap.checkpoint import load_module_state
-
         state, meta = load_module_state(path, "VQGAN weights")
         if meta.get("format") != VQGAN_FORMAT:
             raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
@@ -283,8 +277,6 @@ class VQGAN(nn.Module):
             path: the ``.ckpt`` file.
             config: the architecture the checkpoint was trained with (default ``VQGANConfig()``).
         """
-        from procap.checkpoint import check_dtypes
-
         model = cls(config)
         state = load_taming_state_dict(path)
         check_state_dict(model, state, path)

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from procap.checkpoint import capture_rng_state, load_training_state, save_training_state, state_paths
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
 from procap.train import distributed
@@ -35,6 +34,7 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
+from procap.train.state import capture_rng_state, load_training_state, save_training_state, state_paths
 from procap.train.tracking import RunTrackers
 
 MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)

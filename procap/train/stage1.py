@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from procap.checkpoint import load_checkpoint, load_weights, read_tensors, save_checkpoint
+from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.config import get_preset
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, mask_from_params
@@ -24,6 +24,7 @@ from procap.train.datasets import ImageCache, ProcedureDataset, make_procedure_s
 from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
+from procap.weights import load_weights, read_tensors, restore_aliases
 
 _MASK_STREAM = 1  # separates the mask draws from other per-item streams keyed by (seed, epoch, index)
 
@@ -82,10 +83,8 @@ def weight_loader(model: torch.nn.Module):
     """``--resume`` loader: the checkpoint's tensors into the live model (same config by construction)."""
 
     def load(path: Path) -> None:
-        from procap.checkpoint import _restore_aliases, read_checkpoint_metadata
-
         tensors, _ = read_tensors(path)
-        load_weights(model, _restore_aliases(tensors, read_checkpoint_metadata(path).get("aliases", {})), path)
+        load_weights(model, restore_aliases(tensors, read_checkpoint_metadata(path).get("aliases", {})), path)
 
     return load
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from procap.checkpoint import load_module_state, load_weights
 from procap.config import get_preset
 from procap.errors import ProCapError
 from procap.model.vqgan import VQGAN
@@ -21,6 +20,7 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import ImageCache, ImageDataset
 from procap.train.loop import Trainer
 from procap.train.schedules import StepSchedule, warmup_lr
+from procap.weights import load_module_state, load_weights
 
 
 def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:

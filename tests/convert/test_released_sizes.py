@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from procap.checkpoint import load_weights
 from procap.convert.authors import AuthorsCheckpoint, authors_config, convert_state_dict
 from procap.model.procap import ProCap, count_parameters
+from procap.weights import load_weights
 
 DATA = Path(__file__).parent / "data"
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}

@@ -12,18 +12,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from procap.checkpoint import (
+from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
+from procap.config import ProCapConfig
+from procap.errors import ProCapError
+from procap.train.state import (
     capture_rng_state,
-    load_checkpoint,
     load_training_state,
-    read_checkpoint_metadata,
     restore_rng_state,
-    save_checkpoint,
     save_training_state,
     state_paths,
 )
-from procap.config import ProCapConfig
-from procap.errors import ProCapError
 
 
 def _images(batch: int = 3, size: int = 16):

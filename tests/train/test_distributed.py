@@ -177,7 +177,7 @@ def test_sampler_refuses_a_global_batch_larger_than_the_data():
 def test_training_state_keeps_every_ranks_rng(tmp_path, model):
     import torch
 
-    from procap.checkpoint import capture_rng_state, load_training_state, save_training_state
+    from procap.train.state import capture_rng_state, load_training_state, save_training_state
 
     optimizer = torch.optim.AdamW(model.parameters())
     torch.manual_seed(1)
