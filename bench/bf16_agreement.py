@@ -10,7 +10,7 @@ Both run on the same device; the oracle in fp32 with TF32 off. Reported per mode
 - ``caption_agreement``: pairs whose whole token sequence is equal;
 - ``prefix_fraction``: mean length of the common prefix over the oracle's length (where the first divergence falls);
 - ``fp32_fast_caption_agreement``: the fast path in fp32 (TF32 off) against the oracle, which should be 1.0;
-- with ``--data``: the correctness scores (``procap.correctness``) of both, so a bf16 flip can be judged by
+- with ``--data``: the correctness scores (``procap.eval.correctness``) of both, so a bf16 flip can be judged by
   whether it changes what the caption gets right.
 
 With ``--profile DIR`` it also profiles one batch-32 bf16 ``generate`` with ``torch.profiler`` and prints the top
@@ -118,7 +118,7 @@ def _dataset(root: str, split: str, size: int, max_pairs: int | None) -> tuple[l
 
 
 def _correctness(model: ProCap, vocab: Any, tokens: torch.Tensor, pairs: list, root: str) -> dict[str, Any]:
-    from procap.correctness import caption_accuracy, scene_truths
+    from procap.eval.correctness import caption_accuracy, scene_truths
 
     captions = {p.id: model.caption_text(vocab, row) for p, row in zip(pairs, tokens.tolist())}
     return caption_accuracy(captions, scene_truths(root, pairs))

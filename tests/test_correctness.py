@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from procap.correctness import NO_CHANGE, PairTruth, caption_accuracy, parse_caption, scene_truths
 from procap.data.synthetic import TEMPLATES
+from procap.eval.correctness import NO_CHANGE, PairTruth, caption_accuracy, parse_caption, scene_truths
 
 OBJECT = {"size": "small", "color": "red", "material": "metal", "shape": "cube"}
 NEW = {"color": "blue", "material": "rubber"}

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from procap import evaluate
 from procap.errors import ProCapError
+from procap.eval import metrics
 
 REFS = {
     "a": ["the red cube moved", "the red cube changed its location"],
@@ -17,14 +17,14 @@ FAST = ["bleu", "rouge", "cider"]
 def test_perfect_predictions_beat_wrong_ones():
     perfect = {k: v[0] for k, v in REFS.items()}
     wrong = {k: "a purple elephant sat down" for k in REFS}
-    good, bad = evaluate.score(perfect, REFS, FAST), evaluate.score(wrong, REFS, FAST)
+    good, bad = metrics.score(perfect, REFS, FAST), metrics.score(wrong, REFS, FAST)
     assert good["Bleu_4"] > 0.9 and good["ROUGE_L"] > 0.9 and good["CIDEr"] > 1.0
     assert bad["Bleu_4"] < 0.1 and bad["CIDEr"] < good["CIDEr"] / 5
 
 
 def test_breakdown_by_change_type():
     types = {"a": "move", "b": "no_change", "c": "color", "d": "drop"}
-    result = evaluate.score({k: v[0] for k, v in REFS.items()}, REFS, FAST, change_types=types)
+    result = metrics.score({k: v[0] for k, v in REFS.items()}, REFS, FAST, change_types=types)
     groups = result["by_type"]
     assert {"move", "no_change", "color", "drop", "change", "total"} <= set(groups)
     assert groups["change"]["count"] == 3 and groups["no_change"]["count"] == 1 and groups["total"]["count"] == 4
@@ -32,41 +32,41 @@ def test_breakdown_by_change_type():
 
 
 def test_meteor_runs_with_java_and_says_how_to_fix_without(monkeypatch):
-    if evaluate.java_available():
-        assert evaluate.score({"a": "the red cube moved"}, REFS, ["meteor"])["METEOR"] > 0.5
-    monkeypatch.setattr(evaluate, "java_available", lambda: False)
+    if metrics.java_available():
+        assert metrics.score({"a": "the red cube moved"}, REFS, ["meteor"])["METEOR"] > 0.5
+    monkeypatch.setattr(metrics, "java_available", lambda: False)
     with pytest.raises(ProCapError, match="Java"):
-        evaluate.score({"a": "the red cube moved"}, REFS, ["meteor"])
+        metrics.score({"a": "the red cube moved"}, REFS, ["meteor"])
     # without Java the other metrics still work through the fallback tokenizer
-    assert evaluate.score({k: v[0] for k, v in REFS.items()}, REFS, FAST)["Bleu_4"] > 0.9
+    assert metrics.score({k: v[0] for k, v in REFS.items()}, REFS, FAST)["Bleu_4"] > 0.9
 
 
 def test_bad_inputs():
     with pytest.raises(ProCapError, match="no references"):
-        evaluate.score({"zzz": "x"}, REFS, FAST)
+        metrics.score({"zzz": "x"}, REFS, FAST)
     with pytest.raises(ProCapError, match="unknown metric"):
-        evaluate.score({"a": "x"}, REFS, ["spice"])
+        metrics.score({"a": "x"}, REFS, ["spice"])
 
 
 def test_result_files_round_trip(tmp_path):
     preds = {"a": "the cube moved", "b": "nothing"}
-    evaluate.write_results(tmp_path / "res.json", preds)
+    metrics.write_results(tmp_path / "res.json", preds)
     assert json.loads((tmp_path / "res.json").read_text())[0] == {"image_id": "a", "caption": "the cube moved"}
-    assert evaluate.read_predictions(tmp_path / "res.json") == preds
+    assert metrics.read_predictions(tmp_path / "res.json") == preds
     (tmp_path / "refs.json").write_text(json.dumps({"a": "one ref", "b": ["x", "y"]}))
-    assert evaluate.read_references(tmp_path / "refs.json") == {"a": ["one ref"], "b": ["x", "y"]}
+    assert metrics.read_references(tmp_path / "refs.json") == {"a": ["one ref"], "b": ["x", "y"]}
 
 
 def test_metric_names_accept_result_keys():
     preds = {k: v[0] for k, v in REFS.items()}
-    assert set(evaluate.score(preds, REFS, ["Bleu_4", "CIDEr"])) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
+    assert set(metrics.score(preds, REFS, ["Bleu_4", "CIDEr"])) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
 
 
 def test_fallback_tokenizer_matches_ptb_on_simple_captions(monkeypatch):
     texts = {"x": ["The red cube isn't there.", "Gonna move, ok?"]}
-    java = evaluate._tokenize(texts) if evaluate.java_available() else None
-    monkeypatch.setattr(evaluate, "java_available", lambda: False)
-    ours = evaluate._tokenize(texts)
+    java = metrics._tokenize(texts) if metrics.java_available() else None
+    monkeypatch.setattr(metrics, "java_available", lambda: False)
+    ours = metrics._tokenize(texts)
     assert ours == {"x": ["the red cube is n't there", "gon na move ok"]}
     if java is not None:
         assert java == ours
@@ -82,11 +82,11 @@ def test_fallback_tokenizer_matches_ptb_on_simple_captions(monkeypatch):
     ],
 )
 def test_metric_name_spellings(spellings, name):
-    assert {evaluate.metric_name(s) for s in spellings} == {name}
-    assert name in evaluate.METRIC_TABLE
+    assert {metrics.metric_name(s) for s in spellings} == {name}
+    assert name in metrics.METRIC_TABLE
 
 
 def test_metric_names_drop_duplicates_and_reject_unknown():
-    assert evaluate.metric_names(["cider", "CIDEr-D", "bleu"]) == ["CIDEr", "BLEU-4"]
+    assert metrics.metric_names(["cider", "CIDEr-D", "bleu"]) == ["CIDEr", "BLEU-4"]
     with pytest.raises(ProCapError, match="unknown metric 'spice'"):
-        evaluate.metric_names(["spice"])
+        metrics.metric_names(["spice"])

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procap import evaluate
 from procap.cli import main
 from procap.errors import ProCapError
+from procap.eval import metrics
 
 REFS = {"a": ["the red cube moved away"], "b": ["the small blue sphere has disappeared now"]}
 # Every character the Stanford tokenizer (or Python) treats as a line break or as whitespace.
@@ -23,20 +23,20 @@ BREAKS = ["\r", "\n", "\r\n", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\t", 
 def test_a_line_break_inside_a_caption_does_not_shift_the_references(brk):
     """Was: '\\r' made the tokenizer emit an extra line and BLEU-4 of two perfect captions fell to 0.0004."""
     predictions = {"a": f"the red cube{brk}moved away", "b": REFS["b"][0]}
-    scores = evaluate.score(predictions, REFS, ["bleu", "rouge"])
+    scores = metrics.score(predictions, REFS, ["bleu", "rouge"])
     assert scores["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
     assert scores["ROUGE_L"] == pytest.approx(1.0)
 
 
 def test_references_with_line_breaks_and_empty_captions_keep_their_ids():
     refs = {"a": ["the red\rcube moved away", ""], "b": ["", "the small blue sphere\u2028has disappeared now"]}
-    scores = evaluate.score({k: v for k, v in (("a", REFS["a"][0]), ("b", REFS["b"][0]))}, refs, ["rouge"])
+    scores = metrics.score({k: v for k, v in (("a", REFS["a"][0]), ("b", REFS["b"][0]))}, refs, ["rouge"])
     assert scores["ROUGE_L"] == pytest.approx(1.0)
 
 
 def test_a_string_reference_is_one_reference_in_the_python_api_as_in_files():
     """Was: score({"a": ...}, {"a": "the red cube moved away"}) scored against each character."""
-    as_string = evaluate.score({"a": REFS["a"][0]}, {"a": REFS["a"][0]}, ["bleu"])
+    as_string = metrics.score({"a": REFS["a"][0]}, {"a": REFS["a"][0]}, ["bleu"])
     assert as_string["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
 
 
@@ -52,17 +52,17 @@ def test_a_string_reference_is_one_reference_in_the_python_api_as_in_files():
 def test_references_that_cannot_be_scored_against_are_refused(references, message):
     """Was: blank references scored the caption against nothing, with exit 0."""
     with pytest.raises(ProCapError, match=message):
-        evaluate.score({"a": "the cube moved"}, references, ["bleu"])
+        metrics.score({"a": "the cube moved"}, references, ["bleu"])
 
 
 def test_a_reference_file_naming_an_id_twice_is_refused(tmp_path):
     path = tmp_path / "refs.json"
     path.write_text('{"a": ["the cube moved"], "a": ["a sphere"]}')
     with pytest.raises(ProCapError, match=f"{path} names the key 'a' twice"):
-        evaluate.read_references(path)
+        metrics.read_references(path)
 
 
-@pytest.mark.skipif(not evaluate.java_available(), reason="the Stanford tokenizer needs Java")
+@pytest.mark.skipif(not metrics.java_available(), reason="the Stanford tokenizer needs Java")
 def test_a_tokenizer_that_returns_the_wrong_number_of_lines_is_an_error(monkeypatch):
     real_run = subprocess.run
 
@@ -72,7 +72,7 @@ def test_a_tokenizer_that_returns_the_wrong_number_of_lines_is_an_error(monkeypa
 
     monkeypatch.setattr(subprocess, "run", one_line_too_many)
     with pytest.raises(ProCapError, match="3 lines for 2 captions"):
-        evaluate.score({"a": REFS["a"][0]}, REFS, ["bleu"])
+        metrics.score({"a": REFS["a"][0]}, REFS, ["bleu"])
 
 
 @pytest.mark.parametrize(
@@ -90,14 +90,14 @@ def test_prediction_files_with_wrong_types_name_the_file(tmp_path, content, mess
     path = tmp_path / "pred.json"
     path.write_text(json.dumps(content))
     with pytest.raises(ProCapError, match=message) as info:
-        evaluate.read_predictions(path)
+        metrics.read_predictions(path)
     assert str(path) in str(info.value)
 
 
 def test_integer_ids_match_string_references(tmp_path):
     path = tmp_path / "pred.json"
     path.write_text(json.dumps([{"image_id": 7, "caption": "x"}]))
-    assert evaluate.read_predictions(path) == {"7": "x"}
+    assert metrics.read_predictions(path) == {"7": "x"}
 
 
 def test_score_takes_references_from_a_dataset_split(tmp_path, monkeypatch, capsys):
@@ -136,7 +136,7 @@ def test_every_caption_is_scored_against_its_own_references(captions):
     """Whatever whitespace a caption holds, a prediction equal to its reference scores ROUGE-L 1 for every id."""
     refs = {f"id{i}": [c] for i, c in enumerate(captions)}
     preds = {k: v[0] for k, v in refs.items()}
-    assert evaluate.score(preds, refs, ["rouge"])["ROUGE_L"] == pytest.approx(1.0)
+    assert metrics.score(preds, refs, ["rouge"])["ROUGE_L"] == pytest.approx(1.0)
 
 
 _JSON = st.recursive(
@@ -154,12 +154,12 @@ _PREDICTION_LIKE = st.lists(st.fixed_dictionaries({"image_id": _JSON, "caption":
 def test_prediction_and_reference_files_load_or_fail_with_one_sentence(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("json") / "file.json"
     path.write_text(json.dumps(data))
-    for reader in (evaluate.read_predictions, evaluate.read_references):
+    for reader in (metrics.read_predictions, metrics.read_references):
         try:
             loaded = reader(path)
         except ProCapError as exc:
             assert str(path) in str(exc) and "\n" not in str(exc)
             continue
         assert all(isinstance(k, str) for k in loaded)
-        values = loaded.values() if reader is evaluate.read_predictions else (c for v in loaded.values() for c in v)
+        values = loaded.values() if reader is metrics.read_predictions else (c for v in loaded.values() for c in v)
         assert all(isinstance(v, str) for v in values)

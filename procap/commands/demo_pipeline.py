@@ -9,7 +9,7 @@ stage-1 procedures, then for every training seed train
 
 Budgets are equal in optimisation steps: the two models without stage 1 get the stage-1 steps as extra stage-2
 steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
-correctness (:mod:`procap.correctness`: change detected, type, object, new value, distinct captions); with
+correctness (:mod:`procap.eval.correctness`: change detected, type, object, new value, distinct captions); with
 several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation. Last,
 :func:`procap.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
 procedure, in one self-contained file.
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
+from procap.data.images import ImageCache
 from procap.train.config import TrainConfig
-from procap.train.datasets import ImageCache
 
 PRESET = "tiny"
 IMAGE_SIZE = 64
@@ -263,7 +263,7 @@ def evaluate_run(
     name: str, checkpoint: Path, pairs: list, metrics, cache: ImageCache, device: str, out: Path, truths: dict
 ) -> dict[str, Any]:
     from procap.checkpoint import load_checkpoint
-    from procap.train.evaluation import evaluate_model
+    from procap.eval.split import evaluate_model
 
     model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
     extra = {
@@ -424,11 +424,11 @@ def run_demo(
         train_tokenizer: fit a new VQGAN for ``budget.vqgan_steps`` steps instead of using the embedded one
             (:func:`procap.train.tokenizer.embedded_tokenizer_path`).
     """
-    from procap.correctness import scene_truths
     from procap.data import load_split
+    from procap.eval.correctness import scene_truths
+    from procap.eval.split import default_metrics
     from procap.files import atomic_write_json
     from procap.train.common import build_vocab
-    from procap.train.evaluation import default_metrics
     from procap.train.tokenizer import embedded_tokenizer_path
     from procap.train.vqgan_train import train_vqgan
 

@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
-    from procap.evaluate import metric_names
+    from procap.eval.metrics import metric_names
+    from procap.eval.split import evaluate_model
     from procap.files import atomic_write_json
-    from procap.train.evaluation import evaluate_model
 
     try:
         metrics = metric_names(args.metrics) if args.metrics else None
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
     truths = None
     if args.dataset == "clevr-change":
-        from procap.correctness import scene_truths
+        from procap.eval.correctness import scene_truths
 
         truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
     generate = _generator(args, model, vocab, device)

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str] | None, str]:
     """(id -> references, id -> change type or None, how messages name the source)."""
-    from procap.evaluate import read_references
+    from procap.eval.metrics import read_references
 
     if args.refs is not None:
         if args.dataset is not None or args.root is not None:
@@ -69,7 +69,7 @@ def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pr
 def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.data.records import read_json
-    from procap.evaluate import format_table, metric_names, read_predictions, score
+    from procap.eval.metrics import format_table, metric_names, read_predictions, score
     from procap.files import atomic_write_json
 
     try:

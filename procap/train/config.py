@@ -14,7 +14,7 @@ import torch
 
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
-from procap.evaluate import metric_names
+from procap.eval.metrics import metric_names
 
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
 # Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's

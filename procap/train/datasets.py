@@ -2,7 +2,8 @@
 
 Both read :class:`procap.data.ChangePair` records. Images go through :func:`procap.data.load_image` (the one
 preprocessing shared with evaluation and ``procap.fast``) and, for small datasets such as the demo's, are kept
-in memory after the first decode so CPU training is not bound by PNG decoding.
+in memory after the first decode (:class:`procap.data.images.ImageCache`) so CPU training is not bound by PNG
+decoding.
 
 Stage-1 frames come from a *procedure source*: any callable ``(pair, before, after) -> (T, 3, S, S)`` float
 tensor in [0, 1] whose first and last frames are ``before`` and ``after``. :class:`CrossFadeProcedures` is the
@@ -12,7 +13,6 @@ plug in at the single place :func:`make_procedure_source` builds the source.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,37 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from procap.data.images import ImageCache
+
 ProcedureSource = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class ImageCache:
-    """``load_image`` with an optional in-memory cache keyed by (path, size).
-
-    Args:
-        size: square side the images are resized to.
-        enabled: keep decoded images in memory (use for datasets that fit: 64 px images cost 48 KiB each).
-    """
-
-    def __init__(self, size: int, enabled: bool = True) -> None:
-        self.size, self.enabled = size, enabled
-        self._images: dict[str, torch.Tensor] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, path: Path | str) -> torch.Tensor:
-        """(3, size, size) float32 in [0, 1]."""
-        from procap.data import load_image
-
-        key = str(path)
-        image = self._images.get(key)
-        if image is None:
-            image = load_image(path, self.size)
-            if self.enabled:
-                with self._lock:
-                    self._images[key] = image
-        return image
-
-    def __len__(self) -> int:
-        return len(self._images)
 
 
 def pick_caption(captions: Sequence[str], seed: int, epoch: int, index: int) -> str:

@@ -15,12 +15,13 @@ import torch
 
 from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.config import get_preset
+from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, mask_from_params
 from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
-from procap.train.datasets import ImageCache, ProcedureDataset, make_procedure_source
+from procap.train.datasets import ProcedureDataset, make_procedure_source
 from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer

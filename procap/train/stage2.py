@@ -16,10 +16,12 @@ from typing import Any
 import torch
 
 from procap.checkpoint import save_checkpoint
+from procap.data.images import ImageCache
+from procap.eval.split import caption_pairs, score_captions
 from procap.train import distributed
-from procap.train.common import caption_pairs, load_pairs, score_captions
+from procap.train.common import load_pairs
 from procap.train.config import TrainConfig
-from procap.train.datasets import ImageCache, PairDataset
+from procap.train.datasets import PairDataset
 from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
@@ -63,7 +65,7 @@ def make_validator(
     """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed).
 
     Besides the caption metrics it reports ``distinct`` (distinct captions / validation pairs) and, with
-    ``truths`` (:func:`procap.correctness.scene_truths`), the correctness fractions ``acc_change``,
+    ``truths`` (:func:`procap.eval.correctness.scene_truths`), the correctness fractions ``acc_change``,
     ``acc_type``, ``acc_object``. When the captions stop varying (at most two distinct captions over at least
     ten pairs) it warns: that is the signature of a collapsed memory, visible long before the scores say so.
     """
@@ -85,7 +87,7 @@ def make_validator(
         distinct = len(set(predictions.values()))
         metrics["distinct"] = distinct / max(1, len(predictions))
         if truths:
-            from procap.correctness import caption_accuracy
+            from procap.eval.correctness import caption_accuracy
 
             accuracy = caption_accuracy(predictions, truths)
             metrics.update({f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None})
@@ -126,14 +128,14 @@ def train(
         vocab: vocabulary when starting from scratch (ignored with ``init``: the checkpoint's is used).
         cache: shared in-memory image cache.
         truths: ground truth per pair id for validation correctness (default: read from ``cfg.data`` on
-            CLEVR-Change, see :func:`procap.correctness.scene_truths`).
+            CLEVR-Change, see :func:`procap.eval.correctness.scene_truths`).
     """
     cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
     if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
-        from procap.correctness import scene_truths
+        from procap.eval.correctness import scene_truths
 
         truths = scene_truths(cfg.data, val_pairs)
     model, vocab = _model_and_vocab(cfg, pairs, vocab)

@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from procap.config import get_preset
+from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.model.vqgan import VQGAN
 from procap.train import distributed
 from procap.train.config import TrainConfig
-from procap.train.datasets import ImageCache, ImageDataset
+from procap.train.datasets import ImageDataset
 from procap.train.loop import Trainer
 from procap.train.schedules import StepSchedule, warmup_lr
 from procap.weights import load_module_state, load_weights

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from procap.data.images import ImageCache
 from procap.train.datasets import (
     CrossFadeProcedures,
     EpochBatchSampler,
-    ImageCache,
     PairDataset,
     ProcedureDataset,
     pick_caption,

@@ -1,0 +1,181 @@
+"""Evaluate a checkpoint on a split: captions, COCO-style result file, metrics (per change type on CLEVR-Change)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from procap.data.images import ImageCache
+from procap.eval.metrics import METRICS
+from procap.files import atomic_write_json
+
+ALL_METRICS = METRICS  # the names of procap.eval.metrics.METRIC_TABLE
+
+
+@torch.no_grad()
+def caption_pairs(
+    model: torch.nn.Module,
+    vocab: Any,
+    pairs: Sequence[Any],
+    batch_size: int = 32,
+    cache: ImageCache | None = None,
+    device: torch.device | str = "cpu",
+    amp: bool = False,
+    max_len: int | None = None,
+    remember: bool = False,
+    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
+
+    Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
+    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation). ``generate``
+    replaces ``model.generate`` (``(before, after) -> tokens``: a ``procap.fast.Captioner``, beam search...).
+    """
+    from tqdm.auto import tqdm
+
+    device = torch.device(device)
+    cache = cache or ImageCache(model.config.image_size, enabled=False)
+    model.eval()
+    predictions: dict[str, str] = {}
+    tokens, seconds = 0, 0.0
+    eos = vocab.eos_id
+    for start in tqdm(range(0, len(pairs), batch_size), desc="caption", leave=False, disable=len(pairs) <= batch_size):
+        chunk = pairs[start : start + batch_size]
+        before = torch.stack([cache(p.before_path) for p in chunk]).to(device)
+        after = torch.stack([cache(p.after_path) for p in chunk]).to(device)
+        if remember and hasattr(model.vqgan, "remember"):
+            model.vqgan.remember(torch.cat([before, after]), codes=False)
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            ids = model.generate(before, after, max_len=max_len) if generate is None else generate(before, after)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        ids = ids.cpu()
+        for pair, row in zip(chunk, ids):
+            predictions[pair.id] = model.caption_text(vocab, row.tolist())
+            hit = (row == eos).nonzero()
+            tokens += int(hit[0, 0]) + 1 if hit.numel() else row.numel()
+    rates = {
+        "captions_per_s": len(pairs) / max(seconds, 1e-9),
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "seconds": seconds,
+    }
+    return predictions, rates
+
+
+def score_captions(
+    predictions: dict[str, str],
+    pairs: Sequence[Any],
+    metrics: Sequence[str] = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr"),
+    by_type: bool = False,
+) -> dict[str, Any]:
+    """Score ``predictions`` (id -> text) against the pairs' references with ``procap.eval.metrics.score``.
+
+    Args:
+        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (``procap.eval.metrics.metric_name``).
+        by_type: return ``{group: {metric: value}}`` for total / change / no_change / each change type
+            (CLEVR-Change) instead of one ``{metric: value}``.
+
+    Returns:
+        Scores x100 (as in the papers) keyed by the table's names (``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``).
+    """
+    from procap.eval.metrics import METRIC_TABLE, metric_names, score
+
+    names = metric_names(metrics)
+
+    def display(raw: dict[str, float]) -> dict[str, float]:
+        return {m: 100.0 * float(raw[METRIC_TABLE[m][1]]) for m in names}
+
+    references = {p.id: list(p.captions) for p in pairs}
+    predictions = {p.id: predictions[p.id] for p in pairs}
+    if not by_type:
+        return display(score(predictions, references, metrics=names))
+    result = score(predictions, references, metrics=names, change_types={p.id: p.change_type for p in pairs})
+    groups = result.get("by_type", result)  # {group: {metric: value}}
+    return {name: display(values) for name, values in groups.items() if isinstance(values, dict)}
+
+
+def default_metrics() -> tuple[tuple[str, ...], str | None]:
+    """All four metrics, or all but METEOR with a note saying why when Java is missing."""
+    from procap.eval.metrics import java_available
+
+    if java_available():
+        return ALL_METRICS, None
+    note = "METEOR skipped: it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
+    return tuple(m for m in ALL_METRICS if m != "METEOR"), note
+
+
+def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str]) -> dict[str, dict]:
+    """CLEVR-Change style scores: ``total``, ``change`` (all semantic changes), ``no_change`` and each type.
+
+    Each group is scored on its own pairs (CIDEr's document frequencies come from the group), as in the
+    change-captioning papers; every group also records its number of pairs.
+    """
+    counts: dict[str, int] = {"total": len(pairs)}
+    for pair in pairs:
+        counts[pair.change_type] = counts.get(pair.change_type, 0) + 1
+        if pair.change_type != "no_change":
+            counts["change"] = counts.get("change", 0) + 1
+    groups = score_captions(predictions, pairs, metrics, by_type=True)
+    return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    vocab: Any,
+    pairs: Sequence[Any],
+    metrics: Sequence[str] | None = None,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    cache: ImageCache | None = None,
+    out: Path | str | None = None,
+    extra: dict[str, Any] | None = None,
+    truths: dict[str, Any] | None = None,
+    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Caption ``pairs`` (greedily with ``model.generate``, or with ``generate``) and score them; writes
+    ``results.json`` and ``metrics.json`` under ``out``.
+
+    Args:
+        generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, beam search).
+        truths: optional ground truth per pair id (:func:`procap.eval.correctness.scene_truths`); when given, the
+            report adds ``"accuracy"`` (change / type / object / new value / distinct, see
+            :func:`procap.eval.correctness.caption_accuracy`).
+
+    Returns:
+        ``{"metrics": {...}, "by_type": {...} (when pairs carry change types), "accuracy": {...} (with
+        ``truths``), "speed": {...}, "note": ...}`` plus the predictions under ``"predictions"`` (id -> caption).
+    """
+    note = None
+    if metrics is None:
+        metrics, note = default_metrics()
+    predictions, speed = caption_pairs(
+        model, vocab, pairs, batch_size=batch_size, cache=cache, device=device, generate=generate
+    )
+    report: dict[str, Any] = {**(extra or {}), "pairs": len(pairs)}
+    if all(p.change_type is not None for p in pairs):
+        # One scoring call for every group: each call starts Java (PTB tokenizer, METEOR).
+        report["by_type"] = breakdown(predictions, pairs, metrics)
+        report["metrics"] = {m: report["by_type"]["total"][m] for m in metrics}
+    else:
+        report["metrics"] = score_captions(predictions, pairs, metrics)
+    if truths:
+        from procap.eval.correctness import caption_accuracy
+
+        report["accuracy"] = caption_accuracy(predictions, truths)
+    report["speed"] = speed
+    if note:
+        report["note"] = note
+    if out is not None:
+        out = Path(out)
+        from procap.eval.metrics import write_results
+
+        write_results(out / "results.json", predictions)
+        atomic_write_json(out / "metrics.json", report, indent=1)
+    report["predictions"] = predictions
+    return report
