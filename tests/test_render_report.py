@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from report_checks import make_fake_demo
 
-from procap.report import build_report
+from procap.viz.report import build_report
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "render_report.sh"
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

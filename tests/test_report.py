@@ -1,4 +1,4 @@
-"""procap.report on a small fake demo folder (no training): a self-contained, complete report.html."""
+"""procap.viz.report on a small fake demo folder (no training): a self-contained, complete report.html."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.procedure import confidence_weights, sample_keyframes
-from procap.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
-from procap.visualize import MIN_TILE, imagine, strip_size
+from procap.viz.figures import MIN_TILE, imagine, strip_size
+from procap.viz.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_report_without_checkpoint_says_so(tmp_path):
 
 
 def test_strip_is_what_imagine_draws_for_the_pair(tmp_path, checkpoint):
-    """The embedded strip is pixel for pixel procap.visualize.imagine on the sample's before and after halves."""
+    """The embedded strip is pixel for pixel procap.viz.figures.imagine on the sample's before and after halves."""
     folder = make_fake_demo(tmp_path / "demo", checkpoint)
     build_report(folder)
     sources = _image_sources(folder / REPORT_NAME)
@@ -81,7 +81,7 @@ def test_stage1_section_draws_a_cached_training_pair(tmp_path):
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.procedure import CacheWriter, authors_key
-    from procap.visualize import procedure_strip_size
+    from procap.viz.figures import procedure_strip_size
 
     folder = make_fake_demo(tmp_path / "demo")
     generate(folder / "data", 6, size=32, seed=2, progress=False)

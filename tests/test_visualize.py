@@ -1,4 +1,4 @@
-"""procap.visualize.imagine and `procap imagine` on tiny random-weight models saved as real checkpoints."""
+"""procap.viz.figures.imagine and `procap imagine` on tiny random-weight models saved as real checkpoints."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.model.encoder import depth_to_space
 from procap.model.procap import ProCap
-from procap.visualize import (
+from procap.viz.figures import (
     GAP,
     MIN_TILE,
     _font,

@@ -1,4 +1,4 @@
-"""procap.visualize.explicit_procedure and `procap procedure`: frames, confidence bars, outlined keyframes."""
+"""procap.viz.figures.explicit_procedure and `procap procedure`: frames, confidence bars, outlined keyframes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image
 from procap.cli import main
 from procap.errors import ProCapError
 from procap.procedure import CacheWriter, ProcedureCache, authors_key, confidence_weights, sample_keyframes
-from procap.visualize import (
+from procap.viz.figures import (
     BAR_COLOUR,
     BAR_HEIGHT,
     GAP,

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.commands.demo_pipeline import run_demo
-    from procap.report import REPORT_NAME
+    from procap.viz.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1)
     validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - args.seeds)  # seeds seed .. seed + seeds - 1

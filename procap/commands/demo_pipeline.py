@@ -11,7 +11,7 @@ Budgets are equal in optimisation steps: the two models without stage 1 get the 
 steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
 correctness (:mod:`procap.eval.correctness`: change detected, type, object, new value, distinct captions); with
 several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation. Last,
-:func:`procap.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
+:func:`procap.viz.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
 procedure, in one self-contained file.
 
 The benchmark, the VQGAN and the procedures are built once (from ``--seed``); the seeds vary model
@@ -508,7 +508,7 @@ def run_demo(
     atomic_write_json(out / "metrics.json", summary, indent=1)
     print_summary(results, metrics, samples, summary, note)
     clock.phase("report", "report.html: metrics, curves, examples with imagined procedures")
-    from procap.report import build_report
+    from procap.viz.report import build_report
 
     build_report(out)
     clock.done()

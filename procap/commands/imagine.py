@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data.images import load_image
     from procap.files import atomic_write
-    from procap.visualize import check_imaginable, imagine
+    from procap.viz.figures import check_imaginable, imagine
 
     device = torch.device(device_name)
     model, vocab, meta = load_checkpoint(checkpoint, map_location=device)

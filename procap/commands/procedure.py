@@ -73,7 +73,7 @@ def find_pair(dataset: str, root: str, pair_id: str):
 
 def load_procedure(args: argparse.Namespace, pair):
     """(frames (l + 2, 3, S, S) uint8, s_bef, s_aft) from the cache or synthesized now, and where they came from."""
-    from procap.visualize import procedure_from_cache, procedure_from_pair
+    from procap.viz.figures import procedure_from_cache, procedure_from_pair
 
     if args.cache is not None:
         from procap.procedure import ProcedureCache
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     from procap.commands.imagine import image_format
     from procap.files import atomic_write
-    from procap.visualize import explicit_procedure, flat_scores_note
+    from procap.viz.figures import explicit_procedure, flat_scores_note
 
     pair, split = find_pair(args.dataset, args.data, args.pair)
     frames, s_bef, s_aft, source = load_procedure(args, pair)

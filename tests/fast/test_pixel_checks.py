@@ -105,7 +105,7 @@ def test_imagine_takes_files_and_pil_images(tmp_path):
     from model.model_helpers import small_config
 
     from procap.model.procap import ProCap
-    from procap.visualize import imagine
+    from procap.viz.figures import imagine
 
     torch.manual_seed(0)
     model = ProCap(small_config()).eval()

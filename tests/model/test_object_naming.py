@@ -138,7 +138,7 @@ def test_stage1_with_merged_tokens_learns_and_reaches_every_cell():
 
 
 def test_imagined_logits_are_back_on_the_latent_grid():
-    from procap.visualize import procedure_logits
+    from procap.viz.figures import procedure_logits
 
     torch.manual_seed(0)
     config = naming_config()

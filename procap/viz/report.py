@@ -7,9 +7,9 @@ run's ``log.jsonl`` and the ProCap checkpoint) and writes ``<folder>/report.html
 - the per-change-type breakdown (CIDEr and type accuracy),
 - training curves drawn with matplotlib (Agg, no display): stage-1 loss, stage-2 loss and validation CIDEr,
 - one test pair per change type: before / after, each model's caption, the references and the procedure the
-  ProCap checkpoint imagines (:func:`procap.visualize.imagine`),
+  ProCap checkpoint imagines (:func:`procap.viz.figures.imagine`),
 - the explicit procedure of one stage-1 training pair from the demo's procedure cache
-  (:func:`procap.visualize.explicit_procedure`: interpolated frames, confidence bars, sampled keyframes).
+  (:func:`procap.viz.figures.explicit_procedure`: interpolated frames, confidence bars, sampled keyframes).
 
 Every image is embedded as a ``data:image/png;base64`` URI and the style sheet is inline: the file opens offline,
 and can be mailed or archived alone. The page is written atomically (temporary file + rename).
@@ -229,7 +229,7 @@ class Imaginer:
         )
         if checkpoint is not None and checkpoint.is_file():
             from procap.checkpoint import load_checkpoint
-            from procap.visualize import check_imaginable, head_note
+            from procap.viz.figures import check_imaginable, head_note
 
             self.model, self.vocab, meta = load_checkpoint(checkpoint, map_location="cpu")
             self.stage = meta.get("extra", {}).get("stage")
@@ -242,7 +242,7 @@ class Imaginer:
     def __call__(self, before: Image.Image, after: Image.Image) -> Image.Image | None:
         if self.model is None:
             return None
-        from procap.visualize import imagine
+        from procap.viz.figures import imagine
 
         size = self.model.config.image_size
         before_t, after_t = (image_tensor(image, size) for image in (before, after))
@@ -288,7 +288,7 @@ def stage1_procedure_html(folder: Path, k: int = 2) -> str:
     """The explicit procedure of the first cached training pair (a "move" pair when there is one), or a note."""
     from procap.data import load_split
     from procap.procedure import ProcedureCache
-    from procap.visualize import explicit_procedure, flat_scores_note, procedure_from_cache
+    from procap.viz.figures import explicit_procedure, flat_scores_note, procedure_from_cache
 
     cache_dir, data = folder / "procedures", folder / "data"
     if not cache_dir.is_dir() or not data.is_dir():
