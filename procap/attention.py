@@ -276,6 +276,17 @@ def _run_backend(
     raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
 
 
+def backend_for_mask(backend: str, attn_mask: torch.Tensor | None) -> str:
+    """The backend a layer holding ``backend`` runs a call with ``attn_mask`` on: the one rule for masks.
+
+    flash-attn takes no mask (the authors' encoder has one, and a KV-cached decoding step masks the cache slots not
+    yet written): a masked call of a layer set to ``flash`` runs on ``sdpa``, whose PyTorch kernels take one.
+    Every other backend, and every call without a mask, keeps ``backend``. An explicit ``backend="flash"`` given to
+    :func:`attention` with a mask still raises: this fallback is for layers that hold a backend for all their calls.
+    """
+    return "sdpa" if attn_mask is not None and backend == "flash" else backend
+
+
 def _flash_fits(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     return attn_mask is None and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0
 

@@ -15,6 +15,7 @@ from procap.attention import (
     attention,
     attention_math,
     available_backends,
+    backend_for_mask,
     select_backend,
     unavailable_reason,
     use_backend,
@@ -165,3 +166,11 @@ def test_flash_attn_4_alone_does_not_count_as_flash(tmp_path, monkeypatch):
     finally:
         for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
             del sys.modules[name]
+
+
+def test_a_layer_set_to_flash_runs_masked_calls_on_sdpa():
+    """backend_for_mask: flash takes no mask, so masked calls of a flash layer run on sdpa; nothing else changes."""
+    mask = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    assert backend_for_mask("flash", mask) == "sdpa"
+    assert backend_for_mask("flash", None) == "flash"
+    assert all(backend_for_mask(name, mask) == name for name in BACKENDS if name != "flash")

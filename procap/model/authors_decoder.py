@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from procap.attention import BACKENDS, attention
+from procap.attention import BACKENDS, attention, backend_for_mask
 from procap.config import ProCapConfig
 from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, DecodingState
 from procap.model.kv_cache import DecoderCache, KVCache
@@ -139,7 +139,7 @@ class AuthorsAttention(nn.Module):
             mask = kv_cache.visible(input_pos)
         else:
             k, v, mask = kv_cache.k, kv_cache.v, None
-        backend = "sdpa" if mask is not None and self.backend == "flash" else self.backend  # flash takes no mask
+        backend = backend_for_mask(self.backend, mask)
         return self.dropout(self.out_proj(merge_heads(attention(q, k, v, attn_mask=mask, backend=backend))))
 
     def _exact(self, x: torch.Tensor, context: torch.Tensor, causal: bool) -> torch.Tensor:

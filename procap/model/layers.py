@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from procap.attention import BACKENDS, attention
+from procap.attention import BACKENDS, attention, backend_for_mask
 from procap.model.kv_cache import KVCache
 
 
@@ -87,8 +87,7 @@ class MultiHeadAttention(nn.Module):
             causal, attn_mask = False, kv_cache.visible(input_pos)
         else:
             k, v = kv_cache.k, kv_cache.v
-        # flash-attn takes no mask (the authors' encoder has one): PyTorch's kernels do
-        backend = "sdpa" if attn_mask is not None and self.backend == "flash" else self.backend
+        backend = backend_for_mask(self.backend, attn_mask)
         out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend)  # (B, H, Lq, Dh)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.dropout(self.out_proj(out))

@@ -72,7 +72,13 @@ class ResnetBlock(nn.Module):
 
 
 class AttnBlock(nn.Module):
-    """Single-head self-attention over all H*W positions with 1x1-conv projections and a residual."""
+    """Single-head self-attention over all H*W positions with 1x1-conv projections and a residual.
+
+    Its backend is always ``auto``, not the one :meth:`procap.model.procap.ProCap.set_attention_backend` gives the
+    encoder and decoder layers: the one head is as wide as the channels (512 in the paper's VQGAN), wider than
+    flash-attn's 256, so a backend pinned for those layers (``flash``, ``sdpa_flash``) may not run it, while
+    ``auto`` picks what runs for its width, device and dtype.
+    """
 
     def __init__(self, channels: int) -> None:
         super().__init__()
