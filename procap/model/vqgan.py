@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -169,15 +170,20 @@ class VQGAN(nn.Module):
         Returns:
             (B, h*w) int64 indices, row-major (h, w).
         """
-        z = self.quant_conv(self.encoder(2.0 * images - 1.0))
+        z = self.latents(images)
         b, d, h, w = z.shape
         indices = kernels.vq_nearest(z.permute(0, 2, 3, 1).reshape(-1, d), self.quantize.embedding.weight)
         return indices.view(b, h * w)
 
     # -- autoencoder ------------------------------------------------------------------------------------------
+    def latents(self, images: torch.Tensor) -> torch.Tensor:
+        """[0, 1] images (B, 3, S, S) -> latents before quantization (B, embed_dim, h, w): taming's range
+        ``2 * images - 1`` through the encoder and ``quant_conv``."""
+        return self.quant_conv(self.encoder(2.0 * images - 1.0))
+
     def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[0, 1] images (B, 3, S, S) -> ``(quant (B, embed_dim, h, w), vq_loss, indices (B, h*w))``."""
-        return self.quantize(self.quant_conv(self.encoder(2.0 * images - 1.0)))
+        return self.quantize(self.latents(images))
 
     def decode(self, quant: torch.Tensor) -> torch.Tensor:
         """Quantized latents (B, embed_dim, h, w) -> images (B, 3, S, S) on the [0, 1] scale (not clamped)."""
@@ -193,13 +199,30 @@ class VQGAN(nn.Module):
         quant, vq_loss, _ = self.encode(images)
         return self.decode(quant), vq_loss
 
-    def reconstruction_loss(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    def reconstruction_loss(
+        self,
+        images: torch.Tensor,
+        before_quantize: Callable[[torch.Tensor], None] | None = None,
+        after_quantize: Callable[[torch.Tensor], None] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Training objective without the GAN term: L1 (in taming's [-1, 1] scale) + codebook + commitment.
+
+        Args:
+            images: (B, 3, S, S) in [0, 1].
+            before_quantize: called with the batch's latents as (B*h*w, embed_dim) rows before they are quantized
+                (the codebook upkeep of ``procap vqgan`` initialises and restarts codes from them).
+            after_quantize: called with the (B, h*w) code indices the batch used.
 
         Returns:
             ``{"loss", "l1", "vq"}`` scalars; ``loss = l1 + vq``.
         """
-        recon, vq_loss = self(images)
+        z = self.latents(images)
+        if before_quantize is not None:
+            before_quantize(z.permute(0, 2, 3, 1).reshape(-1, z.shape[1]))
+        quant, vq_loss, indices = self.quantize(z)
+        if after_quantize is not None:
+            after_quantize(indices)
+        recon = self.decode(quant)
         l1 = (2.0 * (recon - images)).abs().mean()  # x2: the same value as L1 between [-1, 1] images
         return {"loss": l1 + vq_loss, "l1": l1, "vq": vq_loss}
 

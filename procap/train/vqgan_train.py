@@ -91,24 +91,20 @@ class CodebookKeeper:
 
 
 def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
-    """Loss function for :class:`Trainer`: the objective of ``VQGAN.reconstruction_loss``, with codebook upkeep."""
+    """Loss function for :class:`Trainer`: ``VQGAN.reconstruction_loss`` with the codebook upkeep hooked in, and
+    ``codes_used`` (distinct codes of the batch)."""
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        images = batch["image"]
-        z = vqgan.quant_conv(vqgan.encoder(2.0 * images - 1.0))  # (B, D, h, w)
-        if keeper is not None:
-            keeper.before_quantize(z.permute(0, 2, 3, 1).reshape(-1, z.shape[1]))
-        quant, vq_loss, indices = vqgan.quantize(z)
-        if keeper is not None:
-            keeper.record(indices)
-        recon = vqgan.decode(quant)
-        l1 = (2.0 * (recon - images)).abs().mean()  # L1 on taming's [-1, 1] scale
-        return {
-            "loss": l1 + vq_loss,
-            "l1": l1,
-            "vq": vq_loss,
-            "codes_used": torch.tensor(float(indices.unique().numel())),
-        }
+        used: list[torch.Tensor] = []
+
+        def after_quantize(indices: torch.Tensor) -> None:
+            used.append(indices)
+            if keeper is not None:
+                keeper.record(indices)
+
+        before = keeper.before_quantize if keeper is not None else None
+        losses = vqgan.reconstruction_loss(batch["image"], before_quantize=before, after_quantize=after_quantize)
+        return {**losses, "codes_used": torch.tensor(float(used[0].unique().numel()))}
 
     return loss_fn
 
