@@ -38,7 +38,6 @@ VOCAB_NAME = "vocab.json"
 CARD_NAME = "README.md"
 PRETRAINED_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, CARD_NAME)
 _PYPI_PAGE = f"https://pypi.org/project/{DISTRIBUTION}/"
-AUTHORS_REPO = "BlueberryOreo/ProCap"  # where the paper's authors host their released checkpoints
 # config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
 _CONFIG_TAGS = {"library_name": "procap", "model_type": "procap", "architectures": ["ProCap"]}
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"

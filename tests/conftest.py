@@ -37,5 +37,3 @@ def _seed_everything():
 # evaluated lazily, so collection never initialises CUDA. (No other test folder has a package-less conftest.py, so
 # ``conftest`` always names this file.)
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
-
-os.environ.setdefault("PROCAP_TEST", "1")

@@ -35,7 +35,6 @@ from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, gro
 from procap.weights import check_dtypes, check_file_fits, load_module_state, load_weights, read_header, save_module
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
-TAMING_PREFIXES = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.", "quantize.")
 
 
 def attention_levels(config: VQGANConfig) -> list[bool]:

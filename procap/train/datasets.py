@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from procap.data.images import ImageCache
+from procap.errors import ProCapError
 
 ProcedureSource = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -105,14 +106,10 @@ def make_procedure_source(spec: str, num_keyframes: int, root: str | None = None
     """
     if spec == "crossfade":
         return CrossFadeProcedures(num_keyframes)
-    from procap.errors import ProCapError
+    # Imported here: procap.procedure brings h5py (the [train] extra), needed only when a cache is read; without
+    # it the CLI names the extra to install.
+    from procap.procedure import CachedProcedures
 
-    try:
-        from procap.procedure import CachedProcedures  # provided by the procedure-generation issue
-    except ImportError:
-        raise ProCapError(
-            f"--procedures {spec}: procap.procedure is not available; use --procedures crossfade"
-        ) from None
     if not Path(spec).exists():
         raise ProCapError(f"procedure cache {spec} does not exist; build it with `procap prepare`")
     return CachedProcedures(spec, num_keyframes=num_keyframes)
