@@ -17,10 +17,10 @@ Their greedy decoding (:func:`authors_greedy_decode`, the oracle) runs every ste
 [UNK], and keeps whatever comes after the first EOS; the caption text is cut at the first EOS later
 (:meth:`procap.model.procap.ProCap.caption_text`).
 
-:class:`AuthorsCaptionDecoder` has the cached-decoding interface of :class:`procap.model.decoder.CaptionDecoder`
-(``setup_caches``, ``prefill``, ``forward_step``, ``decode_step``, ``generate_cached``) over the same
-:class:`~procap.model.decoder.DecodingState` and :mod:`procap.model.kv_cache` buffers, so ``procap.fast`` captures
-its step in a CUDA graph unchanged. With a cache its attention goes through :func:`procap.attention.attention`
+:class:`AuthorsCaptionDecoder` is a :class:`procap.model.decoder.CachedDecoder` like the paper's decoder: the base
+owns ``setup_caches``, ``prefill``, ``decode_step`` and ``generate_cached`` over the same
+:class:`~procap.model.decoder.DecodingState` and :mod:`procap.model.kv_cache` buffers, and this decoder supplies
+``forward_step`` and its pick rule, so ``procap.fast`` captures its step in a CUDA graph unchanged. With a cache its attention goes through :func:`procap.attention.attention`
 (the query rescaled, since that divides by sqrt(head_dim)); without one it follows the authors' order of
 operations exactly.
 """
@@ -35,7 +35,7 @@ from torch import nn
 
 from procap.attention import BACKENDS, attention, backend_for_mask
 from procap.config import ProCapConfig
-from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, DecodingState
+from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, DecodingState
 from procap.model.kv_cache import DecoderCache, KVCache
 
 # The authors write -1e10 into the [UNK] logit (not -inf); the argmax is the same either way.
@@ -209,7 +209,7 @@ def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
     return pe
 
 
-class AuthorsCaptionDecoder(nn.Module):
+class AuthorsCaptionDecoder(CachedDecoder):
     """The authors' word-level caption decoder.
 
     Attributes:
@@ -259,29 +259,7 @@ class AuthorsCaptionDecoder(nn.Module):
             x = layer(x, memory)
         return self.out(x)
 
-    # -- cached decoding (the interface of procap.model.decoder.CaptionDecoder) -----------------------------------
-    def setup_caches(
-        self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str, memory_len: int | None = None
-    ) -> DecodingState:
-        """Buffers of a cached greedy decode for ``batch`` rows and captions of ``max_len`` tokens (BOS included)."""
-        if not 2 <= max_len <= self.positions.shape[0]:
-            raise ValueError(f"max_len must be in [2, {self.positions.shape[0]}], got {max_len}")
-        heads = self.layers[0].self_attn.heads
-        vocab, dim = self.out.weight.shape
-        n = self.memory_len if memory_len is None else memory_len
-        cache = DecoderCache(
-            [KVCache(batch, heads, max_len - 1, dim // heads, dtype, device) for _ in self.layers],
-            [KVCache(batch, heads, n, dim // heads, dtype, device) for _ in self.layers],
-        )
-        return DecodingState(cache, batch, max_len, vocab, device)
-
-    @torch.no_grad()
-    def prefill(self, memory: torch.Tensor, state: DecodingState) -> None:
-        """Project the memory (b, N, D), b <= state.batch, into every layer's cross-attention cache; reset ``state``."""
-        for layer, cache in zip(self.layers, state.cache.cross_attn):
-            cache.fill(*layer.cross_attn.project_kv(memory))
-        state.reset()
-
+    # -- cached decoding (setup_caches, prefill, decode_step, generate_cached: CachedDecoder) ------------------
     def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """Logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
         x = self.embed(tokens[:, None], input_pos)  # (B, 1, D)
@@ -289,24 +267,16 @@ class AuthorsCaptionDecoder(nn.Module):
             x = layer(x, None, self_cache, cross_cache, input_pos)
         return self.out(x[:, 0])
 
-    @torch.no_grad()
-    def decode_step(self, state: DecodingState) -> None:
-        """Decode position ``state.pos`` by their rule: argmax with [UNK] suppressed, kept after EOS too."""
-        scores = self.forward_step(state.tokens, state.pos, state.cache).float().masked_fill(self.suppressed, UNK_LOGIT)
-        next_token = scores.argmax(dim=-1)
-        state.logits.copy_(scores)
-        state.out.index_copy_(1, state.pos, next_token[:, None])
-        state.tokens.copy_(next_token)
-        state.pos += 1
+    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Their rule: argmax with [UNK] suppressed, kept after EOS too (``state.finished`` is not used)."""
+        scores = logits.float().masked_fill(self.suppressed, UNK_LOGIT)
+        return scores.argmax(dim=-1), scores
 
-    @torch.no_grad()
-    def generate_cached(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Their greedy tokens with KV caches, eagerly: (B, N, D) -> (B, max_len - 1)."""
-        state = self.setup_caches(memory.shape[0], max_len, memory.dtype, memory.device, memory.shape[1])
-        self.prefill(memory, state)
-        for _ in range(state.steps):
-            self.decode_step(state)
-        return state.out
+    def max_positions(self) -> int:
+        return self.positions.shape[0]
+
+    def output_weight(self) -> torch.Tensor:
+        return self.out.weight
 
 
 @torch.no_grad()

@@ -96,7 +96,95 @@ class DecodingState:
         self.out.fill_(PAD_ID)
 
 
-class CaptionDecoder(nn.Module):
+class CachedDecoder(nn.Module):
+    """Cached greedy decoding shared by the caption decoders: cache set-up, prefill, the step's bookkeeping, the loop.
+
+    :class:`CaptionDecoder` (the paper's) and :class:`procap.model.authors_decoder.AuthorsCaptionDecoder` (the
+    authors' post-LN one) each supply ``layers`` (every layer with ``self_attn.heads`` and
+    ``cross_attn.project_kv``), ``memory_len``, :meth:`forward_step` (one position through the layers with the
+    caches), :meth:`pick` (their decoding rule), :meth:`max_positions` and :meth:`output_weight` (the (V, D) tied
+    embedding / output projection, which sizes the caches).
+    """
+
+    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """Logits of one position: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
+        raise NotImplementedError
+
+    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoding rule: (B, V) logits -> ``(next_token (B,), scores (B, V) fp32)``; may update ``state``."""
+        raise NotImplementedError
+
+    def max_positions(self) -> int:
+        """``max_caption_len``: the longest caption (BOS included) the positions cover."""
+        raise NotImplementedError
+
+    def output_weight(self) -> torch.Tensor:
+        """The (V, D) weight tying the token embedding to the output projection."""
+        raise NotImplementedError
+
+    def setup_caches(
+        self,
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        memory_len: int | None = None,
+    ) -> DecodingState:
+        """Allocate the buffers of a cached greedy decode.
+
+        Args:
+            batch: rows B.
+            max_len: caption length including BOS, at most ``max_caption_len``; ``max_len - 1`` steps.
+            dtype, device: the decoder weights' dtype and device.
+            memory_len: N, memory tokens (default ``num_frames * tokens_per_frame`` of the config).
+
+        Returns:
+            A fresh :class:`DecodingState`; call :meth:`prefill` before decoding.
+        """
+        if not 2 <= max_len <= self.max_positions():
+            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+        heads = self.layers[0].self_attn.heads
+        vocab, dim = self.output_weight().shape
+        head_dim = dim // heads
+        n = self.memory_len if memory_len is None else memory_len
+        cache = DecoderCache(
+            [KVCache(batch, heads, max_len - 1, head_dim, dtype, device) for _ in self.layers],
+            [KVCache(batch, heads, n, head_dim, dtype, device) for _ in self.layers],
+        )
+        return DecodingState(cache, batch, max_len, vocab, device)
+
+    @torch.no_grad()
+    def prefill(self, memory: torch.Tensor, state: DecodingState) -> None:
+        """Project the memory (b, N, D), b <= state.batch, into every layer's cross-attention cache; reset ``state``.
+
+        Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
+        """
+        for layer, cache in zip(self.layers, state.cache.cross_attn):
+            cache.fill(*layer.cross_attn.project_kv(memory))
+        state.reset()
+
+    @torch.no_grad()
+    def decode_step(self, state: DecodingState) -> None:
+        """Decode position ``state.pos``: logits, the decoder's :meth:`pick`, bookkeeping; advances ``state.pos``."""
+        logits = self.forward_step(state.tokens, state.pos, state.cache)
+        next_token, scores = self.pick(logits, state)
+        state.logits.copy_(scores)
+        state.out.index_copy_(1, state.pos, next_token[:, None])
+        state.tokens.copy_(next_token)
+        state.pos += 1
+
+    @torch.no_grad()
+    def generate_cached(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Greedy tokens with KV caches, eagerly: (B, N, D) -> (B, max_len - 1), equal to the decoder's oracle
+        (:func:`greedy_decode`, :func:`procap.model.authors_decoder.authors_greedy_decode`)."""
+        state = self.setup_caches(memory.shape[0], max_len, memory.dtype, memory.device, memory.shape[1])
+        self.prefill(memory, state)
+        for _ in range(state.steps):
+            self.decode_step(state)
+        return state.out
+
+
+class CaptionDecoder(CachedDecoder):
     """Word-level caption decoder.
 
     Attributes:
@@ -147,47 +235,7 @@ class CaptionDecoder(nn.Module):
         with torch.autocast(hidden.device.type, enabled=False):
             return hidden.float() @ self.embed.weight.float().t()
 
-    # -- cached decoding -------------------------------------------------------------------------------------------
-    def setup_caches(
-        self,
-        batch: int,
-        max_len: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        memory_len: int | None = None,
-    ) -> DecodingState:
-        """Allocate the buffers of a cached greedy decode.
-
-        Args:
-            batch: rows B.
-            max_len: caption length including BOS, at most ``max_caption_len``; ``max_len - 1`` steps.
-            dtype, device: the decoder weights' dtype and device.
-            memory_len: N, memory tokens (default ``num_frames * tokens_per_frame`` of the config).
-
-        Returns:
-            A fresh :class:`DecodingState`; call :meth:`prefill` before decoding.
-        """
-        if not 2 <= max_len <= self.pos_embed.shape[0]:
-            raise ValueError(f"max_len must be in [2, {self.pos_embed.shape[0]}], got {max_len}")
-        heads = self.layers[0].self_attn.heads
-        head_dim = self.embed.weight.shape[1] // heads
-        n = self.memory_len if memory_len is None else memory_len
-        cache = DecoderCache(
-            [KVCache(batch, heads, max_len - 1, head_dim, dtype, device) for _ in self.layers],
-            [KVCache(batch, heads, n, head_dim, dtype, device) for _ in self.layers],
-        )
-        return DecodingState(cache, batch, max_len, self.embed.weight.shape[0], device)
-
-    @torch.no_grad()
-    def prefill(self, memory: torch.Tensor, state: DecodingState) -> None:
-        """Project the memory (b, N, D), b <= state.batch, into every layer's cross-attention cache; reset ``state``.
-
-        Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
-        """
-        for layer, cache in zip(self.layers, state.cache.cross_attn):
-            cache.fill(*layer.cross_attn.project_kv(memory))
-        state.reset()
-
+    # -- cached decoding (setup_caches, prefill, decode_step, generate_cached: CachedDecoder) ------------------
     def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """fp32 logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
         x = (self.embed(tokens) + self.pos_embed.index_select(0, input_pos))[:, None]  # (B, 1, D)
@@ -195,25 +243,17 @@ class CaptionDecoder(nn.Module):
             x = layer(x, None, self_cache, cross_cache, input_pos)
         return self.logits(self.norm(x[:, 0]))
 
-    @torch.no_grad()
-    def decode_step(self, state: DecodingState) -> None:
-        """Decode position ``state.pos``: logits, greedy pick, EOS bookkeeping; advances ``state.pos``."""
-        logits = self.forward_step(state.tokens, state.pos, state.cache)
+    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paper's rule, :func:`greedy_pick`: specials but EOS suppressed, PAD after EOS (``state.finished``)."""
         next_token, finished, scores = greedy_pick(logits, state.finished, self.suppressed)
-        state.logits.copy_(scores)
         state.finished.copy_(finished)
-        state.out.index_copy_(1, state.pos, next_token[:, None])
-        state.tokens.copy_(next_token)
-        state.pos += 1
+        return next_token, scores
 
-    @torch.no_grad()
-    def generate_cached(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Greedy tokens with KV caches, eagerly: (B, N, D) -> (B, max_len - 1), equal to :func:`greedy_decode`."""
-        state = self.setup_caches(memory.shape[0], max_len, memory.dtype, memory.device, memory.shape[1])
-        self.prefill(memory, state)
-        for _ in range(state.steps):
-            self.decode_step(state)
-        return state.out
+    def max_positions(self) -> int:
+        return self.pos_embed.shape[0]
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed.weight
 
 
 def suppressed_mask(vocab_size: int, device: torch.device | str | None = None) -> torch.Tensor:
