@@ -17,7 +17,7 @@ from procap.model.procap import ProCap
 from procap.viz.figures import (
     GAP,
     MIN_TILE,
-    _font,
+    caption_font,
     choose_codes,
     imagine,
     line_height,
@@ -134,9 +134,9 @@ def test_strip_size(saved):
     model, vocab, _ = load_checkpoint(saved["procap"])
     before, after = _pair()
     result = imagine(model, before, after, vocab=vocab)
-    step = line_height(_font())
+    step = line_height(caption_font())
     k = model.config.num_keyframes
-    lines = len(wrap_text(result.caption, _font(), (k + 2) * (MIN_TILE + GAP) - GAP))
+    lines = len(wrap_text(result.caption, caption_font(), (k + 2) * (MIN_TILE + GAP) - GAP))
     assert result.strip.size == strip_size(k, MIN_TILE, lines, step)
     assert result.strip.size[0] == 4 * MIN_TILE + 5 * GAP
     strip = render_strip(before, result.frames, after, "the small red cube moved", tile=50)
@@ -150,7 +150,7 @@ def test_strip_size(saved):
 
 
 def test_long_caption_wraps():
-    font = _font()
+    font = caption_font()
     lines = wrap_text("word " * 60, font, 200)
     assert len(lines) > 1 and all(font.getlength(line) <= 200 for line in lines)
 

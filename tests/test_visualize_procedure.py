@@ -16,7 +16,7 @@ from procap.viz.figures import (
     GAP,
     KEY_COLOUR,
     MIN_TILE,
-    _font,
+    caption_font,
     explicit_procedure,
     line_height,
     procedure_from_cache,
@@ -37,7 +37,7 @@ def _procedure(size: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tenso
 
 def _layout(tile: int = MIN_TILE) -> tuple[int, int]:
     """(top of the tiles, top of the bars) in a strip without caption."""
-    step = line_height(_font())
+    step = line_height(caption_font())
     return 2 * GAP + step, 3 * GAP + step + tile
 
 
@@ -53,7 +53,7 @@ def test_shapes_scores_and_keyframes_match_the_sampler():
     assert result.weights.shape == (L,) and torch.allclose(result.weights, weights)
     assert torch.equal(result.keyframes, sample_keyframes(weights, 2)[1:-1])
     assert result.keyframes.tolist() == sorted(result.keyframes.tolist()) and len(set(result.keyframes.tolist())) == 2
-    assert result.strip.size == procedure_strip_size(L + 2, MIN_TILE, 0, line_height(_font()))
+    assert result.strip.size == procedure_strip_size(L + 2, MIN_TILE, 0, line_height(caption_font()))
 
 
 def test_outlines_are_exactly_the_sampled_keyframes():
@@ -85,7 +85,7 @@ def test_uint8_frames_caption_and_bad_shapes():
     as_bytes = (frames * 255).round().to(torch.uint8)
     result = explicit_procedure(as_bytes, s_bef, s_aft, k=2, tile=32, caption="the cube moved")
     assert torch.allclose(result.frames, as_bytes.float() / 255)
-    assert result.strip.size == procedure_strip_size(L + 2, 32, 1, line_height(_font()))
+    assert result.strip.size == procedure_strip_size(L + 2, 32, 1, line_height(caption_font()))
     with pytest.raises(ProCapError, match="similarities"):
         explicit_procedure(frames, s_bef[:-1], s_aft[:-1])
     with pytest.raises(ProCapError, match="frames must be"):

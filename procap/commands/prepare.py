@@ -145,12 +145,12 @@ def _wait_for_all_ranks() -> None:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from procap.procedure.pipeline import _load_pairs, options_from_args
+    from procap.procedure.pipeline import options_from_args, prepare_pairs
     from procap.procedure.shards import merge_shards
 
     args.size = args.size or 224  # not used by a merge; PrepareOptions wants one
     opts = options_from_args(args)
-    pairs = _load_pairs(opts)
+    pairs = prepare_pairs(opts)
     pairs = pairs[: opts.limit] if opts.limit is not None else pairs
     stats = merge_shards(opts.out, pairs, opts.dataset)
     print(f"procedure cache {args.out}: merged {stats['merged']} pairs from {stats['shards']} shards")

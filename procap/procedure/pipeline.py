@@ -299,7 +299,7 @@ def prepare(
     """
     levels_for(opts.num_frames)  # ValueError early for bad l
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pairs = list(pairs) if pairs is not None else _load_pairs(opts)
+    pairs = list(pairs) if pairs is not None else prepare_pairs(opts)
     if opts.limit is not None:
         pairs = pairs[: opts.limit]
     if opts.shard is not None:
@@ -383,7 +383,8 @@ def _score_key(group_key: tuple[str, str]) -> tuple[str | None, str]:
     return score_subkey(group), key
 
 
-def _load_pairs(opts: PrepareOptions) -> list[Any]:
+def prepare_pairs(opts: PrepareOptions) -> list[Any]:
+    """The pairs of every split in ``opts.splits``: the input of ``procap prepare``; none found is an error."""
     from procap.data import load_split
 
     pairs = []

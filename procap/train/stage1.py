@@ -30,7 +30,9 @@ from procap.weights import load_weights, read_tensors, restore_aliases
 _MASK_STREAM = 1  # separates the mask draws from other per-item streams keyed by (seed, epoch, index)
 
 
-def _model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
+def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
+    """The model and vocabulary a stage starts from: ``--init``'s checkpoint, or a new model (its encoder from CLIP
+    with ``--init-encoder``) over ``vocab`` or the vocabulary of ``pairs``."""
     if cfg.init and cfg.init_encoder:
         raise ProCapError("--init continues an existing model and --init-encoder starts a new one; pass only one")
     if cfg.init:
@@ -104,7 +106,7 @@ def pretrain(
     cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
-    model, vocab = _model_and_vocab(cfg, pairs, vocab)
+    model, vocab = model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)
     ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)

@@ -25,7 +25,7 @@ from procap.train.datasets import PairDataset
 from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
-from procap.train.stage1 import _model_and_vocab, weight_loader
+from procap.train.stage1 import model_and_vocab, weight_loader
 
 SELECT_METRIC = "CIDEr"
 
@@ -138,7 +138,7 @@ def train(
         from procap.eval.correctness import scene_truths
 
         truths = scene_truths(cfg.data, val_pairs)
-    model, vocab = _model_and_vocab(cfg, pairs, vocab)
+    model, vocab = model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)
     _, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)

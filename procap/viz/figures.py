@@ -255,7 +255,7 @@ def _strip_caption(
     return model.caption_text(vocab, model.generate(before, after)[0].tolist())
 
 
-def _font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
+def caption_font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
     """PIL's default font: the scalable one where Pillow has FreeType, else its small bitmap font."""
     try:
         return ImageFont.load_default(size=size)
@@ -309,7 +309,7 @@ def render_strip(
         An RGB image of :func:`strip_size`.
     """
     tile = tile or max(before.shape[-1], MIN_TILE)
-    font = _font()
+    font = caption_font()
     step = line_height(font)
     images = [before, *frames, after]
     labels = ["before", *(f"imagined {i + 1}" for i in range(len(frames))), "after"]
@@ -463,7 +463,7 @@ def render_procedure_strip(
         An RGB image of :func:`procedure_strip_size`.
     """
     tile = tile or max(frames.shape[-1], MIN_TILE)
-    font = _font()
+    font = caption_font()
     step = line_height(font)
     count = frames.shape[0]
     keys = {int(i) for i in keyframes}
