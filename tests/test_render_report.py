@@ -47,8 +47,7 @@ def test_chromium_renders_the_embedded_images(tmp_path):
 
 @pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
 def test_the_screenshot_is_as_tall_as_the_page(tmp_path):
-    """Was: a fixed 4,000 px window cut the demo's 5,400 px page. A red band at the foot of a 6,000 px page must be
-    in the picture."""
+    """The screenshot covers the whole page: a red band at the foot of a 6,000 px page is in the picture."""
     page = tmp_path / "tall.html"
     band = '<div style="height:6000px"></div><div style="height:60px;background:#ff0000"></div>'
     page.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{band}</body></html>", encoding="utf-8")

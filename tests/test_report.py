@@ -126,8 +126,7 @@ def test_curves_read_every_log(tmp_path):
 
 
 def test_overlapping_loss_curves_stay_apart(tmp_path):
-    """Was: the three stage-2 losses (within a few percent) lay on one line on a linear scale, told apart by
-    colour alone. Losses now use a log scale and each model a line style and marker of its own."""
+    """Losses within a few percent of each other stay apart: a log scale, and a line style and marker per model."""
     figure = curves_figure(make_fake_demo(tmp_path / "demo"))
     stage1, stage2, cider = figure.axes[:3]
     assert stage1.get_yscale() == stage2.get_yscale() == "log" and cider.get_yscale() == "linear"

@@ -21,7 +21,7 @@ BREAKS = ["\r", "\n", "\r\n", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\t", 
 
 @pytest.mark.parametrize("brk", BREAKS, ids=[repr(b) for b in BREAKS])
 def test_a_line_break_inside_a_caption_does_not_shift_the_references(brk):
-    """Was: '\\r' made the tokenizer emit an extra line and BLEU-4 of two perfect captions fell to 0.0004."""
+    """A line break ('\\r' included) inside a caption adds no tokenizer line: two perfect captions score BLEU-4 1.0."""
     predictions = {"a": f"the red cube{brk}moved away", "b": REFS["b"][0]}
     scores = metrics.score(predictions, REFS, ["bleu", "rouge"])
     assert scores["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
@@ -35,7 +35,7 @@ def test_references_with_line_breaks_and_empty_captions_keep_their_ids():
 
 
 def test_a_string_reference_is_one_reference_in_the_python_api_as_in_files():
-    """Was: score({"a": ...}, {"a": "the red cube moved away"}) scored against each character."""
+    """score({"a": ...}, {"a": "the red cube moved away"}) scores against that one sentence, not each character."""
     as_string = metrics.score({"a": REFS["a"][0]}, {"a": REFS["a"][0]}, ["bleu"])
     assert as_string["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
 
@@ -50,7 +50,7 @@ def test_a_string_reference_is_one_reference_in_the_python_api_as_in_files():
     ],
 )
 def test_references_that_cannot_be_scored_against_are_refused(references, message):
-    """Was: blank references scored the caption against nothing, with exit 0."""
+    """References that cannot be scored against (blank ones...) are refused with one sentence."""
     with pytest.raises(ProCapError, match=message):
         metrics.score({"a": "the cube moved"}, references, ["bleu"])
 
@@ -86,7 +86,7 @@ def test_a_tokenizer_that_returns_the_wrong_number_of_lines_is_an_error(monkeypa
     ],
 )
 def test_prediction_files_with_wrong_types_name_the_file(tmp_path, content, message):
-    """Was: a null caption was scored as the word 'None' and duplicate ids silently kept the last caption."""
+    """A null caption or an id given twice is refused with one sentence naming the file."""
     path = tmp_path / "pred.json"
     path.write_text(json.dumps(content))
     with pytest.raises(ProCapError, match=message) as info:

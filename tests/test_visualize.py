@@ -173,7 +173,7 @@ def test_wrong_image_shape_is_one_sentence(saved):
 
 @pytest.mark.parametrize("fill,message", [(float("nan"), "NaN or infinite"), (200.0, "divide 0-255")])
 def test_non_finite_or_0_255_pixels_are_one_sentence(saved, fill, message):
-    """Was: NaN or 0-255 floats imagined frames and a caption ('' for NaN) without any error."""
+    """NaN / infinite or 0-255 float pixels are refused with one sentence instead of imagining frames."""
     model, _, _ = load_checkpoint(saved["procap"])
     bad = torch.rand(3, 64, 64)
     bad[0, 0, 0] = fill

@@ -22,7 +22,7 @@ from .fixtures import make_edit, make_spot
 
 # ------------------------------------------------------------------------------------------ images
 def test_sixteen_bit_png_is_scaled_by_its_depth(tmp_path):
-    """Was: Pillow's convert('RGB') clipped 16-bit values at 255, so 99.5 % of the pixels came out white."""
+    """A 16-bit PNG is scaled by its bit depth: it loads like the same image saved with 8 bits."""
     ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
     Image.fromarray(ramp).save(tmp_path / "g16.png")
     Image.fromarray(np.rint(ramp / 257.0).astype(np.uint8)).save(tmp_path / "g8.png")
@@ -39,7 +39,7 @@ def test_float_images_are_refused_with_the_file_name(tmp_path):
 
 
 def test_an_image_above_the_pixel_limit_names_the_file_and_the_override(tmp_path, monkeypatch):
-    """Was: a 14000 x 14000 PNG raised Pillow's DecompressionBombError as a traceback."""
+    """An image above the pixel limit is one sentence naming the file and the variable that raises the limit."""
     Image.new("RGB", (40, 30)).save(tmp_path / "big.png")
     monkeypatch.setenv(MAX_PIXELS_ENV, "1000")
     with pytest.raises(ProCapError, match=f"big.png has more than 1,000 pixels.*{MAX_PIXELS_ENV}"):
@@ -75,7 +75,7 @@ def test_a_directory_is_not_reported_as_missing(tmp_path):
     ],
 )
 def test_image_editing_request_fields_are_typed(tmp_path, entry, message):
-    """Was: a non-string img0 raised TypeError from pathlib as a traceback."""
+    """Wrongly typed Image-Editing-Request fields (a non-string img0...) are one sentence naming the file."""
     (tmp_path / "train.json").write_text(json.dumps([entry]))
     with pytest.raises(ProCapError, match=message) as info:
         load_split("image-editing-request", tmp_path, "train")
@@ -91,7 +91,7 @@ def test_image_editing_request_fields_are_typed(tmp_path, entry, message):
     ],
 )
 def test_spot_the_diff_fields_are_typed(tmp_path, entry, message):
-    """Was: a dict img_id was silently turned into the id "{'a': 1}" and non-string sentences dropped."""
+    """Wrongly typed Spot-the-Diff fields (a dict img_id, non-string sentences) are refused with one sentence."""
     (tmp_path / "annotations").mkdir()
     (tmp_path / "annotations" / "train.json").write_text(json.dumps([entry]))
     with pytest.raises(ProCapError, match=message):

@@ -1,7 +1,4 @@
-"""procap.fast: NaN / Inf / 0-255 float pixels are refused with one sentence instead of captioning garbage.
-
-Was: the Captioner returned '' (or any caption) for such input, with no error.
-"""
+"""procap.fast: NaN / Inf / 0-255 float pixels are refused with one sentence instead of captioning garbage."""
 
 from __future__ import annotations
 
@@ -79,7 +76,7 @@ def test_a_float_pil_image_is_one_sentence():
     ids=["PIL 0x0", "PIL 5x0", "numpy", "uint8 tensor", "float tensor"],
 )
 def test_an_image_without_pixels_is_refused(empty):
-    """Was: a 0 x 0 image was resized into a blank frame and captioned."""
+    """An image without pixels (0 x 0) is refused with one sentence."""
     with pytest.raises(ProCapError, match="needs at least one pixel"):
         to_image_tensor(empty, 32)
 

@@ -47,7 +47,7 @@ def test_env_forces_reference(monkeypatch):
 
 
 def test_a_misspelt_env_value_warns_once_naming_the_valid_ones(monkeypatch):
-    """Was: PROCAP_KERNELS=refrence was ignored without a word and the C++ / Triton kernels ran."""
+    """A misspelt PROCAP_KERNELS (refrence) warns once, naming the valid values."""
     monkeypatch.setenv("PROCAP_KERNELS", "refrence")
     kernels.reset_dispatch()
     with pytest.warns(RuntimeWarning, match="PROCAP_KERNELS='refrence' is not one of reference, triton, cpp, cuda"):

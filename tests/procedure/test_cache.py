@@ -114,7 +114,7 @@ def test_authors_score_file_is_found_beside_their_videos(tmp_path):
 
 @pytest.mark.parametrize("content", [b"", b"not an HDF5 file\n"], ids=["empty", "text"])
 def test_a_damaged_cache_file_names_the_file(tmp_path, content):
-    """Was: h5py's OSError ('file signature not found') as a traceback, exit 1."""
+    """An empty or non-HDF5 cache file is one sentence naming the file, not h5py's OSError."""
     (tmp_path / "sc_videos.h5").write_bytes(content)
     with pytest.raises(ProCapError, match=r"sc_videos.h5 is not an HDF5 file"):
         CachedProcedures(tmp_path, 2)
@@ -142,7 +142,7 @@ RAMP = np.linspace(1, 0, 9).astype(np.float32)
     ids=["string", "rank-3", "float frames", "text scores", "2-d scores"],
 )
 def test_wrongly_typed_cache_entries_name_the_file(tmp_path, frames, attrs, message):
-    """Was: IndexError / TypeError tracebacks from inside the sampler on the first training step."""
+    """Wrongly typed cache entries are one sentence naming the file when sampled, not a traceback from the sampler."""
     source = _write_entry(tmp_path, frames, **attrs)
     with pytest.raises(ProCapError, match=message) as info:
         source.sample("12")

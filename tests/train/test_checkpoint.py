@@ -124,7 +124,7 @@ def test_weights_that_do_not_fit(tmp_path, model, vocab):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_weights_name_the_file(tmp_path, model, vocab, value):
-    """Was: a checkpoint with NaN weights (a diverged run) loaded and captioned '' with exit 0."""
+    """A checkpoint with NaN or infinite weights (a diverged run) is refused with one sentence naming the file."""
     from safetensors.torch import save_file
 
     path = save_checkpoint(tmp_path / "m.safetensors", model, vocab)

@@ -215,7 +215,7 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
 
 
 def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train_pairs, capsys):
-    """Was: --batch-size far above the split was clamped to the whole split without a word (5.7 GB of memory)."""
+    """A --batch-size above the size of the split is clamped to the split, and the run says so."""
     cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=10_000, progress=False, device="cpu")
     data = PairDataset(train_pairs, vocab, 16, 12)
     trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
@@ -224,7 +224,7 @@ def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train
 
 
 def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, train_pairs):
-    """Was: a 10-step stage 1 with --log-every 10 logged one record, and the report drew its loss as one point."""
+    """--log-every shrinks so that a run logs at least MIN_LOGGED_POINTS records (every step of a shorter run)."""
     data = PairDataset(train_pairs, vocab, 16, 12)
     for steps, expected in ((10, 1), (200, 10), (5000, 10)):
         cfg = TrainConfig(stage="train", out=str(tmp_path), steps=steps, batch_size=2, log_every=10, progress=False)

@@ -1,7 +1,7 @@
 """One writer per run folder; Ctrl-C / SIGTERM save a resumable checkpoint; a default time-based save.
 
-Was: two `procap train` on one --out both exited 0 with interleaved logs, weights from one run and the config of
-the other; an interrupted run with the default --save-every lost every step.
+A second `procap train` on the --out of a running one is refused; an interrupted run with the default --save-every
+keeps its steps.
 """
 
 from __future__ import annotations
