@@ -37,7 +37,7 @@ FORMAT_VERSION = "1"
 
 
 # ----------------------------------------------------------------------------------------------- vocabulary
-def vocab_to_dict(vocab: Any) -> dict[str, int]:
+def vocab_to_dict(vocab: Vocabulary) -> dict[str, int]:
     """Word -> index map of a :class:`procap.data.Vocabulary` through its own JSON ``save``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "vocab.json"
@@ -45,13 +45,13 @@ def vocab_to_dict(vocab: Any) -> dict[str, int]:
         return json.loads(path.read_text(encoding="utf-8"))
 
 
-def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Any:
+def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Vocabulary:
     """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map; errors name ``source``."""
     return Vocabulary.from_dict(word2idx, source)
 
 
 # ----------------------------------------------------------------------------------------------- model files
-def save_checkpoint(path: Path | str, model: torch.nn.Module, vocab: Any, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(path: Path | str, model: ProCap, vocab: Vocabulary, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (a ProCap), its config and ``vocab`` to one safetensors file, atomically.
 
     Args:
@@ -97,7 +97,9 @@ def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     return decoded
 
 
-def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+def load_checkpoint(
+    path: Path | str, map_location: str | torch.device = "cpu"
+) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
     """Rebuild a ProCap model and its vocabulary from a checkpoint written by :func:`save_checkpoint`.
 
     Args:

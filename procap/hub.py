@@ -26,10 +26,14 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION, require
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
 
 HF_PREFIX = "hf://"
 WEIGHTS_NAME = "model.safetensors"
@@ -185,9 +189,9 @@ def resolve_checkpoint(
 
 # ----------------------------------------------------------------------------------------------- saving
 def save_pretrained(
-    model: Any,
+    model: ProCap,
     directory: str | Path,
-    vocab: Any = None,
+    vocab: Vocabulary | None = None,
     *,
     dataset: str | None = None,
     metrics: dict[str, float] | None = None,
@@ -233,7 +237,7 @@ def save_pretrained(
     return directory
 
 
-def model_card(model: Any, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
+def model_card(model: ProCap, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
     """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence."""
     from procap.model.procap import count_parameters
 
@@ -350,9 +354,9 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------------------------- pushing
 def push_to_hub(
-    model: Any,
+    model: ProCap,
     repo_id: str,
-    vocab: Any = None,
+    vocab: Vocabulary | None = None,
     *,
     private: bool | None = None,
     token: str | None = None,

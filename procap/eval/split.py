@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,13 +13,17 @@ from procap.data.images import ImageCache
 from procap.eval.metrics import METRICS
 from procap.files import atomic_write_json
 
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
+
 ALL_METRICS = METRICS  # the names of procap.eval.metrics.METRIC_TABLE
 
 
 @torch.no_grad()
 def caption_pairs(
-    model: torch.nn.Module,
-    vocab: Any,
+    model: ProCap,
+    vocab: Vocabulary,
     pairs: Sequence[Any],
     batch_size: int = 32,
     cache: ImageCache | None = None,
@@ -126,8 +130,8 @@ def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequen
 
 
 def evaluate_model(
-    model: torch.nn.Module,
-    vocab: Any,
+    model: ProCap,
+    vocab: Vocabulary,
     pairs: Sequence[Any],
     metrics: Sequence[str] | None = None,
     batch_size: int = 32,

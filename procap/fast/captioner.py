@@ -30,7 +30,7 @@ import contextlib
 import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,10 @@ from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.model.beam import beam_search_cached, check_beam_arguments
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
 
@@ -129,8 +133,8 @@ class Captioner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        vocab: Any,
+        model: ProCap,
+        vocab: Vocabulary,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
         max_len: int | None = 24,
@@ -211,8 +215,8 @@ class Captioner:
     @classmethod
     def _wrap_loaded(
         cls,
-        model: torch.nn.Module,
-        vocab: Any,
+        model: ProCap,
+        vocab: Vocabulary,
         device: torch.device | str | None,
         dtype: torch.dtype | str | None,
         max_len: int | None,
@@ -248,7 +252,7 @@ class Captioner:
         self.backend = backend if backend != "auto" else select_backend(self.device, self.dtype)
         self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+    def _prepare(self, model: ProCap) -> torch.nn.Module:
         model.eval().requires_grad_(False)
         encoder = model.vqgan.encoder
         if isinstance(encoder, FusedVQGANEncoder):  # again after .to(): rebuilt from the model's own encoder

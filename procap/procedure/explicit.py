@@ -9,13 +9,16 @@ frames=...)`` encodes [before, keyframes, after]. It is the slow baseline the im
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure
 from procap.procedure.sampling import confidence_weights, sample_keyframes
 from procap.procedure.similarity import Similarity, VQGANSimilarity
+
+if TYPE_CHECKING:
+    from procap.model.procap import ProCap
 
 
 @torch.no_grad()
@@ -59,7 +62,11 @@ def explicit_frames(
 
 
 def _defaults(
-    model: Any, interpolator: Interpolator | None, similarity: Similarity | None, k: int | None, num_frames: int | None
+    model: ProCap,
+    interpolator: Interpolator | None,
+    similarity: Similarity | None,
+    k: int | None,
+    num_frames: int | None,
 ) -> tuple[Interpolator, Similarity, int, int]:
     config = model.config
     interpolator = interpolator or FlowInterpolator()
@@ -73,7 +80,7 @@ def _defaults(
 
 @torch.no_grad()
 def explicit_memory(
-    model: Any,
+    model: ProCap,
     before: torch.Tensor,
     after: torch.Tensor,
     interpolator: Interpolator | None = None,
@@ -94,7 +101,7 @@ def explicit_memory(
 
 @torch.no_grad()
 def explicit_captions(
-    model: Any,
+    model: ProCap,
     befores: torch.Tensor,
     afters: torch.Tensor,
     interpolator: Interpolator | None = None,

@@ -5,12 +5,14 @@ Captioning and scoring a split (``caption_pairs``, ``score_captions``) live in :
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
 
 
 def load_pairs(cfg: TrainConfig, split: str) -> list:
@@ -34,7 +36,7 @@ def build_vocab(pairs: Sequence[Any], dataset: str) -> Any:
     return Vocabulary.build([c for p in pairs for c in p.captions], min_count=get_dataset(dataset).min_count)
 
 
-def new_model(preset: str, vocab: Any, vqgan_path: str | None, **overrides: Any) -> torch.nn.Module:
+def new_model(preset: str, vocab: Vocabulary, vqgan_path: str | None, **overrides: Any) -> ProCap:
     """A freshly initialised ProCap for ``preset`` sized to ``vocab``, with trained VQGAN weights when given."""
     from procap.config import get_preset
     from procap.model.procap import ProCap

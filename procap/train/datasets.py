@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from torch.utils.data import Dataset, Sampler
 
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
 
 ProcedureSource = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -53,7 +56,7 @@ class PairDataset(Dataset):
     def __init__(
         self,
         pairs: Sequence[Any],
-        vocab: Any,
+        vocab: Vocabulary,
         image_size: int,
         max_len: int = 24,
         seed: int = 0,
@@ -127,7 +130,7 @@ class ProcedureDataset(Dataset):
     def __init__(
         self,
         pairs: Sequence[Any],
-        vocab: Any,
+        vocab: Vocabulary,
         image_size: int,
         procedure_source: ProcedureSource,
         max_len: int = 24,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,10 +27,14 @@ from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
 from procap.weights import load_weights, read_tensors, restore_aliases
 
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
+
 _MASK_STREAM = 1  # separates the mask draws from other per-item streams keyed by (seed, epoch, index)
 
 
-def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple[torch.nn.Module, Any]:
+def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -> tuple[ProCap, Vocabulary]:
     """The model and vocabulary a stage starts from: ``--init``'s checkpoint, or a new model (its encoder from CLIP
     with ``--init-encoder``) over ``vocab`` or the vocabulary of ``pairs``."""
     if cfg.init and cfg.init_encoder:
@@ -58,9 +62,7 @@ def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Any) -> tuple
     return model, vocab
 
 
-def item_masks(
-    model: torch.nn.Module, indices: torch.Tensor, seed: int, epoch: int, device: torch.device
-) -> MaskParams:
+def item_masks(model: ProCap, indices: torch.Tensor, seed: int, epoch: int, device: torch.device) -> MaskParams:
     """Stage-1 masks drawn per training item from (seed, epoch, item index), not per batch.
 
     A sample's mask then does not depend on which batch, rank or micro-batch it lands in: a data-parallel or
@@ -82,7 +84,7 @@ def item_masks(
     return MaskParams(*(torch.cat([getattr(d, f) for d in draws]).to(device, non_blocking=True) for f in fields))
 
 
-def weight_loader(model: torch.nn.Module):
+def weight_loader(model: ProCap):
     """``--resume`` loader: the checkpoint's tensors into the live model (same config by construction)."""
 
     def load(path: Path) -> None:
@@ -93,7 +95,10 @@ def weight_loader(model: torch.nn.Module):
 
 
 def pretrain(
-    cfg: TrainConfig, pairs: Sequence[Any] | None = None, vocab: Any = None, cache: ImageCache | None = None
+    cfg: TrainConfig,
+    pairs: Sequence[Any] | None = None,
+    vocab: Vocabulary | None = None,
+    cache: ImageCache | None = None,
 ) -> Path:
     """Run stage 1 and return the final checkpoint ``<out>/stage1.safetensors``.
 

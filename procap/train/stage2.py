@@ -11,7 +11,7 @@ import random
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,10 @@ from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
 from procap.train.stage1 import model_and_vocab, weight_loader
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
 
 SELECT_METRIC = "CIDEr"
 
@@ -43,7 +47,7 @@ def validation_subset(pairs: Sequence[Any], limit: int | None, seed: int = 0) ->
     return [pairs[i] for i in keep]
 
 
-def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:
+def decode_length(vocab: Vocabulary, pairs: Sequence[Any], limit: int) -> int:
     """Decoding length for validation: the longest training caption + 2 tokens of slack, at most ``limit``.
 
     Greedy decoding is causal, so any length that fits the generated caption and its EOS gives identical
@@ -55,8 +59,8 @@ def decode_length(vocab: Any, pairs: Sequence[Any], limit: int) -> int:
 
 def make_validator(
     cfg: TrainConfig,
-    model: torch.nn.Module,
-    vocab: Any,
+    model: ProCap,
+    vocab: Vocabulary,
     pairs: Sequence[Any],
     cache: ImageCache,
     max_len: int | None = None,
@@ -115,7 +119,7 @@ def train(
     cfg: TrainConfig,
     pairs: Sequence[Any] | None = None,
     val_pairs: Sequence[Any] | None = None,
-    vocab: Any = None,
+    vocab: Vocabulary | None = None,
     cache: ImageCache | None = None,
     truths: dict[str, Any] | None = None,
 ) -> Path:

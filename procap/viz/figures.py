@@ -28,13 +28,17 @@ Which head is read matters. The MSM head is trained only in stage 1, where the e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from procap.errors import ProCapError
 from procap.model.encoder import depth_to_space
+
+if TYPE_CHECKING:
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
 
 MIN_TILE = 128  # small images (the tiny preset's 64 px) are enlarged so that the strip is readable
 GAP = 4  # pixels between tiles and around the strip
@@ -87,7 +91,7 @@ def head_note(stage: str | None) -> str:
     return HEAD_NOTES.get(stage or "", "encoder and MSM head of a checkpoint whose training stage is not recorded")
 
 
-def check_imaginable(model: Any) -> None:
+def check_imaginable(model: ProCap) -> None:
     """Raise :class:`ProCapError` (one sentence) when ``model`` cannot imagine a procedure."""
     config = model.config
     if config.variant == "authors":
@@ -104,7 +108,7 @@ def check_imaginable(model: Any) -> None:
 
 @torch.no_grad()
 def procedure_logits(
-    model: Any, before: torch.Tensor, after: torch.Tensor, caption_ids: torch.Tensor | None = None
+    model: ProCap, before: torch.Tensor, after: torch.Tensor, caption_ids: torch.Tensor | None = None
 ) -> torch.Tensor:
     """MSM logits at the procedure-query positions.
 
@@ -180,12 +184,12 @@ def _as_batch(image: Any, size: int, name: str) -> torch.Tensor:
 
 @torch.no_grad()
 def imagine(
-    model: Any,
+    model: ProCap,
     before: torch.Tensor,
     after: torch.Tensor,
     sample: bool = False,
     generator: torch.Generator | None = None,
-    vocab: Any = None,
+    vocab: Vocabulary | None = None,
     stage: str | None = None,
     tile: int | None = None,
     condition: str | None = None,
@@ -232,7 +236,7 @@ def imagine(
     return ImaginedProcedure(codes.cpu(), probs.cpu(), frames, before, after, caption, head_note(stage), strip)
 
 
-def _caption_ids(model: Any, vocab: Any, condition: str | None, device: torch.device) -> torch.Tensor | None:
+def _caption_ids(model: ProCap, vocab: Vocabulary, condition: str | None, device: torch.device) -> torch.Tensor | None:
     """(1, max_caption_len) ids of ``condition``, or None without one."""
     if condition is None:
         return None
@@ -243,7 +247,12 @@ def _caption_ids(model: Any, vocab: Any, condition: str | None, device: torch.de
 
 
 def _strip_caption(
-    model: Any, vocab: Any, before: torch.Tensor, after: torch.Tensor, condition: str | None, stage: str | None
+    model: ProCap,
+    vocab: Vocabulary,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    condition: str | None,
+    stage: str | None,
 ) -> str:
     """The text under the strip: the conditioning caption, or the generated one (none from a stage-1 decoder)."""
     if condition is not None:
