@@ -141,6 +141,8 @@ for _stage in ("vqgan", "pretrain", "train"):
         case("out of range", f"{_stage} {TRAIN_OK} --lr nan", "--lr"),
         case("out of range", f"{_stage} {TRAIN_OK} --steps 0", "--steps"),
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 0", "--batch-size"),
+        # more than any machine holds (a single process without --grad-accum would cut it to the items)
+        case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
         case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
         case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
@@ -284,6 +286,7 @@ CASES += [
     case("corrupt", "profile --ckpt {text_ckpt} --out {out}", "{text_ckpt}"),
     case("wrong type", "profile --ckpt {vqgan} --out {out}", "{vqgan}"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 0", "--batch-size"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 1000000000000", "--batch-size"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --steps 0", "--steps"),
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
     case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
