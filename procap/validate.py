@@ -115,6 +115,8 @@ def number(
     """
     if value is None:
         return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # from a config file or the Python API
+        raise ProCapError(f"{flag} must be a number, got {value!r}.")
     if isinstance(value, float) and not math.isfinite(value):
         raise ProCapError(f"{flag} must be a finite number, got {value}.")
     if above is not None and not value > above:

@@ -300,6 +300,10 @@ CASES += [
     case("empty", "score --pred {pred} --refs {blank_refs}", "no reference caption for id 'p1'"),
     case("corrupt", "vocab --dataset clevr-change --root {dup_split_clevr} --out {out}/v.json", "twice"),
     case("corrupt", f"evaluate {EVAL_OK} --data {{dup_split_clevr}}", "lists pair CLEVR_semantic_"),
+    case("wrong type", f"train {TRAIN_OK} --config {{config_text_steps}}", "steps must be an integer, got 'ten'"),
+    case("wrong type", f"pretrain {TRAIN_OK} --config {{config_list_lr}}", "lr must be a number, got [1, 2]"),
+    case("wrong type", "vqgan --out {out} --config {config_number_data}", "data must be text, got 5"),
+    case("wrong type", f"train {TRAIN_OK} --config {{config_yes_amp}}", "amp must be true or false"),
     case(
         "corrupt",
         "prepare --dataset clevr-change --root {changed_data} --vqgan {vqgan} --out {stale_cache} --limit 2",
@@ -474,6 +478,10 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
         "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
+        "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
+        "config_list_lr": json.dumps({"lr": [1, 2]}),
+        "config_number_data": json.dumps({"data": 5}),
+        "config_yes_amp": json.dumps({"amp": "yes"}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "word2idx": json.dumps(
             {

@@ -56,6 +56,9 @@ def test_a_read_only_folder_is_reported(tmp_path):
         (5.0, {"minimum": 0, "maximum": 1}, "--n must be at most 1, got 5.0"),
         (float("nan"), {"minimum": 0}, "--n must be a finite number, got nan"),
         (float("inf"), {}, "--n must be a finite number"),
+        ("ten", {"minimum": 1}, "--n must be a number, got 'ten'"),  # a config file's value: compared, a traceback
+        ([1, 2], {"above": 0}, r"--n must be a number, got \[1, 2\]"),
+        (True, {"minimum": 0}, "--n must be a number, got True"),
     ],
 )
 def test_numbers_out_of_range(value, bounds, message):

@@ -229,7 +229,33 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ProCapError(f"--config file {path} has keys that are no training option: {', '.join(unknown[:5])}.")
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    for key, value in data.items():
+        wanted = _config_value_kind(types[key], value)
+        if wanted is not None:
+            raise ProCapError(f"--config file {path}: {key} must be {wanted}, got {value!r}.")
     return data
+
+
+def _config_value_kind(annotation: str, value: Any) -> str | None:
+    """None when ``value`` fits a TrainConfig field annotated ``annotation``, else what the field takes (a file's
+    ``steps: "ten"`` or ``data: 5`` reached the checks as a string or a number and ended in a traceback)."""
+    if value is None:
+        return None if "None" in annotation else "given"
+    if annotation.startswith("tuple"):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return None if ok else "a list of names"
+    if annotation.startswith("bool"):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(value, bool):  # a YAML true is no number
+        return "a number" if annotation.startswith(("int", "float")) else "text"
+    if annotation.startswith("int"):
+        return None if isinstance(value, int) else "an integer"
+    if annotation.startswith("float"):
+        return None if isinstance(value, (int, float)) else "a number"
+    if annotation.startswith("str"):
+        return None if isinstance(value, str) else "text"
+    return None
 
 
 def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
