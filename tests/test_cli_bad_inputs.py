@@ -105,6 +105,10 @@ CASES = [
     case("wrong type", "vocab --dataset image-editing-request --root {typed_ier} --out {out}/v.json", "img0"),
     case("wrong type", "vocab --dataset nope --root {data} --out {out}/v.json", "--dataset"),
     case("out of range", "vocab --dataset clevr-change --root {data} --out {out}/v.json --min-count 0", "--min-count"),
+    # no training word is that frequent: a vocabulary of special tokens only was written with exit 0
+    case(
+        "out of range", "vocab --dataset clevr-change --root {data} --out {out}/v.json --min-count 99999", "--min-count"
+    ),
     case("unwritable", "vocab --dataset clevr-change --root {data} --out {unwritable}", "--out"),
     case("existing", "vocab --dataset clevr-change --root {data} --out {some_dir}", "--out"),
     # prepare
