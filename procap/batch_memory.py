@@ -120,14 +120,15 @@ def clamp_note(flag_value: int, items: int, what: str, command: str, default: in
 def checkpoint_config(path: str | os.PathLike) -> Any:
     """The :class:`procap.config.ProCapConfig` in a checkpoint's header, without reading its weights.
 
-    None when the stored config is malformed: loading the checkpoint reports that, naming the field.
+    None when the file or its stored config is unreadable: loading the checkpoint reports that, naming the file
+    or the field.
     """
     from procap.checkpoint import read_checkpoint_metadata
     from procap.config import ProCapConfig, config_from_dict
 
     try:
         return config_from_dict(ProCapConfig, read_checkpoint_metadata(path)["config"])
-    except ValueError:
+    except (ValueError, ProCapError):
         return None
 
 

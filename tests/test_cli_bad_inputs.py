@@ -168,6 +168,8 @@ for _stage in ("pretrain", "train"):
         case("wrong type", f"{_stage} {TRAIN_OK} --vqgan {{ckpt}}", "{ckpt}"),
         case("corrupt", f"{_stage} {TRAIN_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
         case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "num_keyframes"),
+        # the checkpoint's model is trained: another --preset was ignored with exit 0
+        case("wrong type", f"{_stage} {TRAIN_OK} --init {{ckpt}} --preset clevr", "--preset clevr differs"),
     ]
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),

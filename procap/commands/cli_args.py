@@ -194,6 +194,19 @@ def check_args(args: argparse.Namespace) -> None:
         validate.device(args.device)
 
 
+def check_init_preset(init: str, preset: str) -> None:
+    """A run from ``--init`` trains the checkpoint's model: a ``--preset`` naming another model was ignored with
+    exit 0 (``train --init tiny.safetensors --preset clevr`` trained the tiny model)."""
+    from procap.batch_memory import checkpoint_config
+
+    config = checkpoint_config(init)
+    if config is not None and config.name != preset:
+        raise ProCapError(
+            f"--preset {preset} differs from the {config.name} model of --init {init}, which the run trains; "
+            "leave out --preset."
+        )
+
+
 def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     """The TrainConfig fields stored in a run's config file (JSON, or YAML with the ``[train]`` extra).
 
@@ -263,6 +276,7 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
 
     Without ``--preset`` a run that builds a new model uses its dataset's paper preset and says so on stderr.
     """
+    given_preset = getattr(args, "preset", None)  # on the command line, before a --config file fills it in
     if getattr(args, "config", None):
         for key, value in read_config_file(args.config, stage).items():
             if getattr(args, key, None) is None:  # a flag given on the command line wins
@@ -280,6 +294,8 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
                 "(--preset tiny for a small CPU run)"
             )
     check_args(args)
+    if given_preset and stage != "vqgan" and getattr(args, "init", None):
+        check_init_preset(args.init, given_preset)
     try:
         config = TrainConfig.from_args(stage, args)
     except (ValueError, TypeError) as exc:
