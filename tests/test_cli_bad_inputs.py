@@ -276,6 +276,7 @@ CASES += [
     case("corrupt", "score --pred {pred} --refs {corrupt_json}", "{corrupt_json}"),
     case("wrong type", "score --pred {pred} --refs {list_json}", "{list_json}"),
     case("wrong type", "score --pred {pred} --refs {refs} --types {list_json}", "{list_json}"),
+    case("empty", "score --pred {pred} --refs {refs} --types {other_types}", "no change type for id 'p1'"),
     case("wrong type", "score --pred {pred} --refs {refs} --metrics blue", "--metrics"),
     case("wrong type", "score --pred {pred} --refs {other_refs}", "{other_refs}"),
     case("missing", "score --pred {pred}", "--refs"),
@@ -489,6 +490,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "config_number_data": json.dumps({"data": 5}),
         "config_yes_amp": json.dumps({"amp": "yes"}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
+        "other_types": json.dumps({"q9": "color"}),  # types for other ids: p1 was in no group of the breakdown
         "word2idx": json.dumps(
             {
                 w: i
