@@ -92,29 +92,39 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:,.1f} GiB" if nbytes < 2**40 else f"{nbytes / 2**40:,.1f} TiB"
 
 
-def check_batch(config: Any, batch: int, stage: str, device: Any = None, flag: str = "--batch-size") -> None:
-    """Raise a one-sentence :class:`ProCapError` naming ``flag`` when a batch surely does not fit on ``device``."""
+def check_batch(
+    config: Any,
+    batch: int,
+    stage: str,
+    device: Any = None,
+    flag: str = "--batch-size",
+    requested: int | None = None,
+    what: str = "items",
+) -> None:
+    """Raise a one-sentence :class:`ProCapError` naming ``flag`` when a batch surely does not fit on ``device``.
+
+    ``requested``: the flag's value when ``batch`` is that value cut to the ``what`` there are (the message names
+    both).
+    """
     need = batch_bytes(config, batch, stage)
     have = device_memory(device)
     if have is not None and need > have[0]:
         size = config.vqgan.resolution if stage == "vqgan" else config.image_size
+        given = f"{flag} {batch}" if requested in (None, batch) else f"{flag} {requested} (cut to the {batch} {what})"
         raise ProCapError(
-            f"{flag} {batch} needs at least {_gib(need)} for one batch of {size} px images ({config.name} model), "
+            f"{given} needs at least {_gib(need)} for one batch of {size} px images ({config.name} model), "
             f"more than {have[1]}; lower {flag}."
         )
 
 
-def clamp_note(flag_value: int, items: int, what: str, command: str, default: int = 32) -> int:
-    """``min(flag_value, items)``, said on stderr when a batch above the flag's ``default`` is cut to the items."""
-    if flag_value <= items:
-        return flag_value
-    if flag_value > default:  # the default batch is larger than a handful of pairs without anyone asking for it
+def clamp_note(flag_value: int, items: int, what: str, command: str, default: int = 32) -> None:
+    """Say on stderr that a batch above the flag's ``default`` is cut to the ``items`` there are."""
+    if items < flag_value and flag_value > default:  # the default batch outnumbers a handful of pairs unasked
         print(
             f"procap {command}: --batch-size {flag_value} is more than the {items} {what}; using batches of {items}",
             file=sys.stderr,
             flush=True,
         )
-    return items
 
 
 def checkpoint_config(path: str | os.PathLike) -> Any:
@@ -132,11 +142,18 @@ def checkpoint_config(path: str | os.PathLike) -> Any:
         return None
 
 
-def check_checkpoint_batch(checkpoint: str | os.PathLike, batch: int, device: Any) -> None:
-    """:func:`check_batch` for captioning with ``checkpoint``'s model on ``device``."""
+def check_checkpoint_batch(
+    checkpoint: str | os.PathLike, requested: int, items: int | None, device: Any, what: str, command: str
+) -> int:
+    """The batch for captioning ``items`` pairs with ``checkpoint``'s model on ``device``: ``requested`` cut to the
+    items (said on stderr when it was cut from above the default), refused when it cannot fit (:func:`check_batch`).
+    """
+    batch = requested if items is None else min(requested, items)
     config = checkpoint_config(checkpoint)
     if config is not None:
-        check_batch(config, batch, "inference", device)
+        check_batch(config, batch, "inference", device, requested=requested, what=what)
+    clamp_note(requested, batch, what, command)  # after the check: a refusal stays one sentence
+    return batch
 
 
 def check_training_batch(cfg: Any) -> None:
@@ -169,4 +186,5 @@ def check_training_batch(cfg: Any) -> None:
         pairs = load_pairs(cfg, "train")
         items = len({str(p.before_path) for p in pairs} | {str(p.after_path) for p in pairs})
         items = items if cfg.stage == "vqgan" else len(pairs)
-        check_batch(config, min(cfg.batch_size, items), cfg.stage, device)
+        what = "training images" if cfg.stage == "vqgan" else "training items"
+        check_batch(config, min(cfg.batch_size, items), cfg.stage, device, requested=cfg.batch_size, what=what)

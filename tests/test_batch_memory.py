@@ -92,11 +92,12 @@ def test_evaluate_refuses_up_front_and_writes_nothing(bench, small_machine, tmp_
     argv = ["evaluate", "--ckpt", str(bench["ckpt"]), "--data", str(bench["data"]), "--out", str(out)]
     code = main([*argv, "--metrics", "BLEU-4", "--batch-size", "1000000"])
     err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert lines[0] == "procap evaluate: --batch-size 1000000 is more than the 10 test pairs; using batches of 10"
-    assert code == 2 and len(lines) == 2 and "Traceback" not in err
-    assert lines[1].startswith("procap: error: --batch-size 10 needs at least"), lines[1]
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err  # one sentence, no note before it
+    assert err.startswith("procap: error: --batch-size 1000000 (cut to the 10 test pairs) needs at least"), err
     assert not out.exists()
+    assert main([*argv, "--metrics", "BLEU-4", "--batch-size", "1000000", "--max-pairs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "procap evaluate: --batch-size 1000000 is more than the 1 test pairs; using batches of 1" in err
 
 
 def _train_config(bench, **changes):
@@ -110,6 +111,11 @@ def test_training_checks_the_batch_the_sampler_will_use(bench):
     batch_memory.check_training_batch(_train_config(bench, batch_size=10**12))  # 20 items: fits
     with pytest.raises(ProCapError, match="--batch-size 1000000000000 needs"):
         batch_memory.check_training_batch(_train_config(bench, batch_size=10**12, grad_accum=2))
+
+
+def test_a_cut_training_batch_that_still_cannot_fit_names_both_sizes(bench, small_machine):
+    with pytest.raises(ProCapError, match=r"--batch-size 1000 \(cut to the 20 training items\) needs at least"):
+        batch_memory.check_training_batch(_train_config(bench, batch_size=1000))
 
 
 def test_training_refuses_before_reading_anything(bench, tmp_path, capsys):

@@ -65,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from procap.hub import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
-    from procap.batch_memory import check_checkpoint_batch, clamp_note
+    from procap.batch_memory import check_checkpoint_batch
 
     # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)
-    batch_size = clamp_note(args.batch_size, len(pairs), "pairs given", "caption")
-    check_checkpoint_batch(checkpoint, batch_size, validate.device(args.device))
+    device = validate.device(args.device)
+    batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, "pairs given", "caption")
     from procap.fast import Captioner
 
     captioner = Captioner.from_checkpoint(

@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
-    from procap.batch_memory import check_checkpoint_batch, clamp_note
+    from procap.batch_memory import check_checkpoint_batch
 
-    args.batch_size = clamp_note(args.batch_size, len(pairs), f"{args.split} pairs", "evaluate")
-    check_checkpoint_batch(checkpoint, args.batch_size, device)
+    what = f"{args.split} pairs"
+    args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
     model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     truths = None
     if args.dataset == "clevr-change":
