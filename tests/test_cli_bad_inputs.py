@@ -141,6 +141,8 @@ for _stage in ("vqgan", "pretrain", "train"):
         case("out of range", f"{_stage} {TRAIN_OK} --lr nan", "--lr"),
         case("out of range", f"{_stage} {TRAIN_OK} --steps 0", "--steps"),
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 0", "--batch-size"),
+        # more than any machine holds (a single process without --grad-accum would cut it to the items)
+        case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
         case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
         case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
@@ -284,6 +286,7 @@ CASES += [
     case("corrupt", "profile --ckpt {text_ckpt} --out {out}", "{text_ckpt}"),
     case("wrong type", "profile --ckpt {vqgan} --out {out}", "{vqgan}"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 0", "--batch-size"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 1000000000000", "--batch-size"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --steps 0", "--steps"),
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
     case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
@@ -297,6 +300,11 @@ CASES += [
     case("empty", "score --pred {pred} --refs {blank_refs}", "no reference caption for id 'p1'"),
     case("corrupt", "vocab --dataset clevr-change --root {dup_split_clevr} --out {out}/v.json", "twice"),
     case("corrupt", f"evaluate {EVAL_OK} --data {{dup_split_clevr}}", "lists pair CLEVR_semantic_"),
+    case(
+        "corrupt",
+        "prepare --dataset clevr-change --root {changed_data} --vqgan {vqgan} --out {stale_cache} --limit 2",
+        "changed since cache {stale_cache} was built from it",
+    ),
 ]
 
 # Outputs that would destroy an input, and outputs the operating system refuses mid-run.
@@ -498,6 +506,20 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     return paths
 
 
+def _stale_cache(ws: Path, data: Path, vqgan: Path) -> dict[str, Path]:
+    """A procedure cache of two pairs, and its dataset with one of their images since redrawn under its name."""
+    from procap.data import load_split
+
+    changed = ws / "changed_data"
+    shutil.copytree(data, changed)
+    cache = ws / "stale_cache"
+    argv = ["prepare", "--dataset", "clevr-change", "--root", str(changed), "--vqgan", str(vqgan)]
+    assert main([*argv, "--out", str(cache), "--workers", "1", "--limit", "2", "--no-progress"]) == 0
+    image = load_split("clevr-change", changed, "train")[0].before_path
+    Image.new("RGB", Image.open(image).size, (200, 30, 30)).save(image)
+    return {"changed_data": changed, "stale_cache": cache}
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, str]:
     ws = tmp_path_factory.mktemp("bad_inputs")
@@ -513,6 +535,7 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["refs_symlink"].symlink_to(places["refs"])
     places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
     (places["clevr_like"] / "images").mkdir(parents=True)
+    places |= _stale_cache(ws, places["data"], places["vqgan"])
     places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
     places["run"].mkdir()
     (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())

@@ -258,6 +258,9 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
         config = TrainConfig.from_args(stage, args)
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
+    from procap.batch_memory import check_training_batch
+
+    check_training_batch(config)  # a batch that cannot fit is refused before any data is read
     if note:
         print(note, file=sys.stderr, flush=True)
     return config

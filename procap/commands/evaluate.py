@@ -82,11 +82,15 @@ def run(args: argparse.Namespace) -> int:
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
-    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     pairs = load_split(args.dataset, args.data, args.split)
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    from procap.batch_memory import check_checkpoint_batch, clamp_note
+
+    args.batch_size = clamp_note(args.batch_size, len(pairs), f"{args.split} pairs", "evaluate")
+    check_checkpoint_batch(checkpoint, args.batch_size, device)
+    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     truths = None
     if args.dataset == "clevr-change":
         from procap.correctness import scene_truths
