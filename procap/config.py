@@ -116,6 +116,11 @@ class ProCapConfig:
     token_merge: int = 1
     change_token: bool = False
     change_pixels: bool = False  # the change token also pools the raw pixels of each latent cell (before, after)
+    # ``change_window`` w > 0 also appends the w x w latent cells around the strongest change as tokens of their
+    # own (a pooled token keeps colour and material but loses shape and size); ``change_broadcast`` adds the change
+    # token's encoder output to every memory token, so the decoder reads it whatever it attends to.
+    change_window: int = 0
+    change_broadcast: bool = False
     standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
     # stage-1 losses and augmentations
     masking: MaskingConfig = field(default_factory=MaskingConfig)
@@ -140,6 +145,10 @@ class ProCapConfig:
             raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
         if self.difference_mode not in DIFFERENCE_MODES:
             raise ValueError(f"difference_mode must be one of {DIFFERENCE_MODES}, got {self.difference_mode!r}")
+        if self.change_window < 0 or self.change_window > self.latent_size:
+            raise ValueError(f"change_window must be in [0, {self.latent_size}] latent cells, got {self.change_window}")
+        if (self.change_window or self.change_broadcast) and not self.change_token:
+            raise ValueError("change_window and change_broadcast build on the change token: set change_token=True")
         if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
             raise ValueError(
                 f"the {self.variant} variant takes enc_prefix_tokens "
@@ -163,8 +172,8 @@ class ProCapConfig:
 
     @property
     def memory_tokens(self) -> int:
-        """Decoder memory length: T * n_I, plus the change token when there is one."""
-        return self.num_frames * self.tokens_per_frame + int(self.change_token)
+        """Decoder memory length: T * n_I, plus the change token and its window's cells when there are."""
+        return self.num_frames * self.tokens_per_frame + int(self.change_token) + self.change_window**2
 
     @property
     def num_frames(self) -> int:
@@ -238,6 +247,8 @@ PRESETS: dict[str, ProCapConfig] = {
         token_merge=2,
         change_token=True,
         change_pixels=True,
+        change_window=5,
+        change_broadcast=True,
         standardize_features=True,
     ),
 }

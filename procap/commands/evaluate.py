@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ablate",
         nargs="+",
-        choices=("queries", "change"),
+        choices=("queries", "change", "window"),
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
-        "queries' outputs, the change token) from the decoder",
+        "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )
 
 
@@ -135,6 +135,8 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         parts = tuple(args.ablate)
         if "change" in parts and not model.config.change_token:
             raise ProCapError("--ablate change: this checkpoint's model has no change token.")
+        if "window" in parts and not model.config.change_window:
+            raise ProCapError("--ablate window: this checkpoint's model has no change window.")
         if "queries" in parts and model.config.num_keyframes == 0:
             raise ProCapError("--ablate queries: this checkpoint's model has no procedure queries (k = 0).")
 
