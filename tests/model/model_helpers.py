@@ -47,6 +47,7 @@ def small_config(**overrides):
         "change_window": 0,
         "change_broadcast": False,
         "change_pixels": False,
+        "pixel_cnn": 0,
         "standardize_features": False,
     }
     return get_preset("tiny", **{**base, **overrides})

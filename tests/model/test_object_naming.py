@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from procap.config import PRESETS, get_preset
-from procap.model.encoder import change_window, depth_to_space, joint_cells, pixel_cells, space_to_depth
+from procap.model.encoder import (
+    PixelCNN,
+    change_window,
+    depth_to_space,
+    joint_cells,
+    pixel_cells,
+    space_to_depth,
+)
 from procap.model.procap import ProCap
 
 from .model_helpers import small_config, small_vqgan_config
@@ -40,10 +47,12 @@ def test_paper_presets_keep_the_paper_model():
     tiny = get_preset("tiny")
     assert (tiny.latent_size, tiny.grid_size, tiny.tokens_per_frame, tiny.memory_tokens) == (
         16,
-        8,
-        64,
-        4 * 64 + 1 + 5 * 5,
+        4,
+        16,
+        4 * 16 + 1 + 5 * 5,
     )
+    for name in ("clevr", "spot", "edit"):
+        assert PRESETS[name].pixel_cnn == 0
 
 
 def test_space_to_depth_layout_and_inverse():
@@ -266,8 +275,55 @@ def test_broadcast_adds_the_change_token_to_every_memory_token():
         ({"change_window": 9}, "change_window"),
         ({"change_token": False, "change_window": 2}, "change_token"),
         ({"change_token": False, "change_broadcast": True}, "change_token"),
+        ({"change_token": False, "pixel_cnn": 8}, "change_token"),
+        ({"pixel_cnn": -1}, "pixel_cnn"),
     ],
 )
 def test_change_window_and_broadcast_are_checked(fields, message):
     with pytest.raises(ValueError, match=message):
         naming_config(**fields)
+
+
+def test_pixel_cnn_gives_one_vector_per_latent_cell_from_that_cells_neighbourhood():
+    torch.manual_seed(0)
+    cnn = PixelCNN(8, 4)
+    images = torch.rand(2, 3, 32, 32)
+    features = cnn(images)
+    assert features.shape == (2, 8, 8, 8)
+    # receptive field: the cell and its neighbours two cells away; a pixel three cells off changes nothing
+    moved = images.clone()
+    moved[:, :, 0:4, 0:4] = 1 - moved[:, :, 0:4, 0:4]  # cell (0, 0)
+    changed = (cnn(moved) - features).abs().amax(dim=(0, 1)) > 0
+    reach = torch.zeros(8, 8, dtype=torch.bool)
+    reach[:3, :3] = True
+    assert torch.equal(changed, reach)
+    # the first layer reads the [0, 1] image as [-1, 1]: its output is conv(2x - 1)
+    first = cnn.layers[0]
+    torch.testing.assert_close(
+        first(images * 2 - 1), torch.nn.functional.conv2d(images * 2 - 1, first.weight, first.bias, stride=4)
+    )
+
+
+def test_change_cells_carry_the_cnn_features_of_both_images_and_their_difference():
+    torch.manual_seed(0)
+    config = naming_config(change_window=2, pixel_cnn=6)
+    model = ProCap(config).eval()
+    z = config.vqgan.z_channels
+    before, after = torch.randn(2, z, 8, 8), torch.randn(2, z, 8, 8)
+    before_pixels, after_pixels = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        cells, _ = model.encoder.change_cells(before, after, before_pixels, after_pixels)
+        cnn_before, cnn_after = model.encoder.pixel_cnn(before_pixels), model.encoder.pixel_cnn(after_pixels)
+    assert cells.shape == (2, 3 * z + 2 * 3 * 2 * 2 + 3 * 6, 8, 8)
+    torch.testing.assert_close(cells[:, -18:], torch.cat([cnn_before, cnn_after, cnn_after - cnn_before], 1))
+    with pytest.raises(ValueError, match="before_pixels"):
+        model.encoder.change_cells(before, after)
+
+
+def test_pixel_cnn_learns_with_the_caption_loss():
+    torch.manual_seed(0)
+    model = ProCap(naming_config(change_window=2, pixel_cnn=6))
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    captions = torch.randint(4, 20, (2, 8))
+    model.stage2_loss(before, after, captions)["loss"].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.pixel_cnn.parameters())
