@@ -41,6 +41,7 @@ def small_config(vocab_size: int, **overrides):
         "change_token": False,
         "change_window": 0,
         "change_broadcast": False,
+        "pixel_cnn": 0,
         "change_pixels": False,
         "standardize_features": False,
     }
