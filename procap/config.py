@@ -116,6 +116,15 @@ class ProCapConfig:
     token_merge: int = 1
     change_token: bool = False
     change_pixels: bool = False  # the change token also pools the raw pixels of each latent cell (before, after)
+    # ``change_window`` w > 0 also appends the w x w latent cells around the strongest change as tokens of their
+    # own (a pooled token keeps colour and material but loses shape and size); ``change_broadcast`` adds the change
+    # token's encoder output to every memory token, so the decoder reads it whatever it attends to.
+    change_window: int = 0
+    change_broadcast: bool = False
+    # ``pixel_cnn`` c > 0: a small CNN with c channels, trained with the captioner, reads the before and after
+    # images and adds [before, after, after - before] of its features to every latent cell the change tokens read
+    # (the frozen tokenizer keeps colour and size but blurs shape).
+    pixel_cnn: int = 0
     standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
     # stage-1 losses and augmentations
     masking: MaskingConfig = field(default_factory=MaskingConfig)
@@ -140,6 +149,14 @@ class ProCapConfig:
             raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
         if self.difference_mode not in DIFFERENCE_MODES:
             raise ValueError(f"difference_mode must be one of {DIFFERENCE_MODES}, got {self.difference_mode!r}")
+        if self.change_window < 0 or self.change_window > self.latent_size:
+            raise ValueError(f"change_window must be in [0, {self.latent_size}] latent cells, got {self.change_window}")
+        if (self.change_window or self.change_broadcast or self.pixel_cnn) and not self.change_token:
+            raise ValueError(
+                "change_window, change_broadcast and pixel_cnn build on the change token: set change_token=True"
+            )
+        if self.pixel_cnn < 0:
+            raise ValueError(f"pixel_cnn must be >= 0 channels, got {self.pixel_cnn}")
         if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
             raise ValueError(
                 f"the {self.variant} variant takes enc_prefix_tokens "
@@ -163,8 +180,8 @@ class ProCapConfig:
 
     @property
     def memory_tokens(self) -> int:
-        """Decoder memory length: T * n_I, plus the change token when there is one."""
-        return self.num_frames * self.tokens_per_frame + int(self.change_token)
+        """Decoder memory length: T * n_I, plus the change token and its window's cells when there are."""
+        return self.num_frames * self.tokens_per_frame + int(self.change_token) + self.change_window**2
 
     @property
     def num_frames(self) -> int:
@@ -231,13 +248,17 @@ PRESETS: dict[str, ProCapConfig] = {
         dec_heads=4,
         dec_ffn=512,
         dec_layers=2,
-        dropout=0.1,
+        dropout=0.0,
+        label_smoothing=0.0,
         difference_embedding=True,
         width_scaled_init=True,
         difference_mode="joint",
-        token_merge=2,
+        token_merge=4,
         change_token=True,
         change_pixels=True,
+        change_window=5,
+        change_broadcast=True,
+        pixel_cnn=32,
         standardize_features=True,
     ),
 }
@@ -280,6 +301,8 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "dec_ffn": (1, 65536),
         "dec_layers": (1, 128),
         "token_merge": (1, 16),
+        "change_window": (0, 4096),
+        "pixel_cnn": (0, 4096),
     },
 }
 _FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {

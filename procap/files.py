@@ -204,6 +204,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Pa
     """
     path = Path(path)
     refuse_inputs(path)
+    if is_stream(path):
+        return _write_through(path, writer)
     created: list[Path] = []
     tmp = None
     try:
@@ -220,6 +222,37 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Pa
             os.unlink(tmp)
         remove_empty(created)
         raise
+    return path
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+    """True when ``path`` is (or links to) a character device or a named pipe: ``/dev/stdout``, ``/dev/null``, a FIFO.
+
+    Such an output is written through; a rename onto it would replace the device or pipe with a regular file (as
+    root, ``--out /dev/null`` would have turned ``/dev/null`` into a file).
+    """
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _write_through(path: Path, writer: Callable[[str], object]) -> Path:
+    """:func:`atomic_write` onto a stream: ``writer`` fills a temporary file, which is then copied into ``path``."""
+    import shutil
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with writing(path):
+            writer(tmp)
+            with open(tmp, "rb") as source, open(path, "wb") as target:
+                shutil.copyfileobj(source, target)
+    finally:
+        os.unlink(tmp)
     return path
 
 

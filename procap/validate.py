@@ -115,6 +115,8 @@ def number(
     """
     if value is None:
         return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # from a config file or the Python API
+        raise ProCapError(f"{flag} must be a number, got {value!r}.")
     if isinstance(value, float) and not math.isfinite(value):
         raise ProCapError(f"{flag} must be a finite number, got {value}.")
     if above is not None and not value > above:
@@ -123,6 +125,16 @@ def number(
         raise ProCapError(f"{flag} must be at least {minimum:g}, got {value}.")
     if maximum is not None and value > maximum:
         raise ProCapError(f"{flag} must be at most {maximum:g}, got {value}.")
+
+
+def canonical_device(device):
+    """``torch.device(device)`` with the CPU's index dropped: ``cpu:0`` is the one CPU, and tensors report
+    ``cpu``, so a ``cpu:0`` kept as given compared unequal to the device of every tensor (a traceback in
+    ``procap caption --device cpu:0``)."""
+    import torch
+
+    parsed = torch.device(device)
+    return torch.device("cpu") if parsed.type == "cpu" else parsed
 
 
 def device(name: str | None, flag: str = "--device"):
@@ -150,4 +162,4 @@ def device(name: str | None, flag: str = "--device"):
         raise ProCapError(f"{flag} {name} was requested but no MPS device is available.")
     elif parsed.type not in ("cpu", "mps"):
         raise ProCapError(f"{flag} {name}: only cpu, cuda and mps devices are supported.")
-    return parsed
+    return canonical_device(parsed)

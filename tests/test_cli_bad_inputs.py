@@ -105,6 +105,10 @@ CASES = [
     case("wrong type", "vocab --dataset image-editing-request --root {typed_ier} --out {out}/v.json", "img0"),
     case("wrong type", "vocab --dataset nope --root {data} --out {out}/v.json", "--dataset"),
     case("out of range", "vocab --dataset clevr-change --root {data} --out {out}/v.json --min-count 0", "--min-count"),
+    # no training word is that frequent: a vocabulary of special tokens only was written with exit 0
+    case(
+        "out of range", "vocab --dataset clevr-change --root {data} --out {out}/v.json --min-count 99999", "--min-count"
+    ),
     case("unwritable", "vocab --dataset clevr-change --root {data} --out {unwritable}", "--out"),
     case("existing", "vocab --dataset clevr-change --root {data} --out {some_dir}", "--out"),
     # prepare
@@ -141,6 +145,8 @@ for _stage in ("vqgan", "pretrain", "train"):
         case("out of range", f"{_stage} {TRAIN_OK} --lr nan", "--lr"),
         case("out of range", f"{_stage} {TRAIN_OK} --steps 0", "--steps"),
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 0", "--batch-size"),
+        # more than any machine holds (a single process without --grad-accum would cut it to the items)
+        case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
         case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
         case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
@@ -162,6 +168,8 @@ for _stage in ("pretrain", "train"):
         case("wrong type", f"{_stage} {TRAIN_OK} --vqgan {{ckpt}}", "{ckpt}"),
         case("corrupt", f"{_stage} {TRAIN_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
         case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "num_keyframes"),
+        # the checkpoint's model is trained: another --preset was ignored with exit 0
+        case("wrong type", f"{_stage} {TRAIN_OK} --init {{ckpt}} --preset clevr", "--preset clevr differs"),
     ]
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
@@ -268,6 +276,7 @@ CASES += [
     case("corrupt", "score --pred {pred} --refs {corrupt_json}", "{corrupt_json}"),
     case("wrong type", "score --pred {pred} --refs {list_json}", "{list_json}"),
     case("wrong type", "score --pred {pred} --refs {refs} --types {list_json}", "{list_json}"),
+    case("empty", "score --pred {pred} --refs {refs} --types {other_types}", "no change type for id 'p1'"),
     case("wrong type", "score --pred {pred} --refs {refs} --metrics blue", "--metrics"),
     case("wrong type", "score --pred {pred} --refs {other_refs}", "{other_refs}"),
     case("missing", "score --pred {pred}", "--refs"),
@@ -284,6 +293,7 @@ CASES += [
     case("corrupt", "profile --ckpt {text_ckpt} --out {out}", "{text_ckpt}"),
     case("wrong type", "profile --ckpt {vqgan} --out {out}", "{vqgan}"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 0", "--batch-size"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 1000000000000", "--batch-size"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --steps 0", "--steps"),
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),
     case("unwritable", "profile --ckpt {ckpt} --out {unwritable}", "--out"),
@@ -297,6 +307,15 @@ CASES += [
     case("empty", "score --pred {pred} --refs {blank_refs}", "no reference caption for id 'p1'"),
     case("corrupt", "vocab --dataset clevr-change --root {dup_split_clevr} --out {out}/v.json", "twice"),
     case("corrupt", f"evaluate {EVAL_OK} --data {{dup_split_clevr}}", "lists pair CLEVR_semantic_"),
+    case("wrong type", f"train {TRAIN_OK} --config {{config_text_steps}}", "steps must be an integer, got 'ten'"),
+    case("wrong type", f"pretrain {TRAIN_OK} --config {{config_list_lr}}", "lr must be a number, got [1, 2]"),
+    case("wrong type", "vqgan --out {out} --config {config_number_data}", "data must be text, got 5"),
+    case("wrong type", f"train {TRAIN_OK} --config {{config_yes_amp}}", "amp must be true or false"),
+    case(
+        "corrupt",
+        "prepare --dataset clevr-change --root {changed_data} --vqgan {vqgan} --out {stale_cache} --limit 2",
+        "changed since cache {stale_cache} was built from it",
+    ),
 ]
 
 # Outputs that would destroy an input, and outputs the operating system refuses mid-run.
@@ -466,7 +485,12 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
         "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
+        "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
+        "config_list_lr": json.dumps({"lr": [1, 2]}),
+        "config_number_data": json.dumps({"data": 5}),
+        "config_yes_amp": json.dumps({"amp": "yes"}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
+        "other_types": json.dumps({"q9": "color"}),  # types for other ids: p1 was in no group of the breakdown
         "word2idx": json.dumps(
             {
                 w: i
@@ -498,6 +522,20 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     return paths
 
 
+def _stale_cache(ws: Path, data: Path, vqgan: Path) -> dict[str, Path]:
+    """A procedure cache of two pairs, and its dataset with one of their images since redrawn under its name."""
+    from procap.data import load_split
+
+    changed = ws / "changed_data"
+    shutil.copytree(data, changed)
+    cache = ws / "stale_cache"
+    argv = ["prepare", "--dataset", "clevr-change", "--root", str(changed), "--vqgan", str(vqgan)]
+    assert main([*argv, "--out", str(cache), "--workers", "1", "--limit", "2", "--no-progress"]) == 0
+    image = load_split("clevr-change", changed, "train")[0].before_path
+    Image.new("RGB", Image.open(image).size, (200, 30, 30)).save(image)
+    return {"changed_data": changed, "stale_cache": cache}
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, str]:
     ws = tmp_path_factory.mktemp("bad_inputs")
@@ -513,6 +551,7 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["refs_symlink"].symlink_to(places["refs"])
     places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
     (places["clevr_like"] / "images").mkdir(parents=True)
+    places |= _stale_cache(ws, places["data"], places["vqgan"])
     places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
     places["run"].mkdir()
     (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())

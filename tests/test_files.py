@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 
 import pytest
 from safetensors import SafetensorError
@@ -131,3 +132,48 @@ def test_require_space(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="No space left") as failure:
         require_space(tmp_path / "a" / "b.h5", 1)
     assert failure.value.filename == str(tmp_path / "a" / "b.h5")
+
+
+def _read_fifo(path, into: list) -> threading.Thread:
+    def read():
+        with open(path, "rb") as handle:
+            into.append(handle.read())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_output_that_is_a_pipe_is_written_through_not_replaced(tmp_path):
+    """A rename onto a named pipe or a device (``--out /dev/stdout``, ``/dev/null``) replaced it with a file."""
+    from procap.files import atomic_write_text, is_stream
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    assert is_stream(fifo) and is_stream(link) and not is_stream(tmp_path) and not is_stream(tmp_path / "none")
+    got: list[bytes] = []
+    reader = _read_fifo(fifo, got)
+    atomic_write_text(link, "through the pipe\n")
+    reader.join(10)
+    assert got == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe"]  # no temporary file left beside it
+
+
+def test_score_out_to_a_pipe(tmp_path, capsys):
+    import json
+
+    from procap.cli import main
+
+    (tmp_path / "p.json").write_text(json.dumps({"p1": "the cube moved"}))
+    (tmp_path / "r.json").write_text(json.dumps({"p1": ["the cube moved"]}))
+    fifo = tmp_path / "scores"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = _read_fifo(fifo, got)
+    argv = ["score", "--pred", str(tmp_path / "p.json"), "--refs", str(tmp_path / "r.json"), "--metrics", "bleu"]
+    assert main([*argv, "--out", str(fifo)]) == 0
+    reader.join(10)
+    assert "Bleu_4" in json.loads(got[0]) and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -56,6 +56,9 @@ def test_a_read_only_folder_is_reported(tmp_path):
         (5.0, {"minimum": 0, "maximum": 1}, "--n must be at most 1, got 5.0"),
         (float("nan"), {"minimum": 0}, "--n must be a finite number, got nan"),
         (float("inf"), {}, "--n must be a finite number"),
+        ("ten", {"minimum": 1}, "--n must be a number, got 'ten'"),  # a config file's value: compared, a traceback
+        ([1, 2], {"above": 0}, r"--n must be a number, got \[1, 2\]"),
+        (True, {"minimum": 0}, "--n must be a number, got True"),
     ],
 )
 def test_numbers_out_of_range(value, bounds, message):
@@ -114,3 +117,24 @@ def test_a_refused_write_names_the_output_not_the_temporary_file(tmp_path, monke
     err = capsys.readouterr().err.strip()
     assert err == f"procap: error: cannot write {out} (Permission denied)."
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.json", "refs.json"]
+
+
+def test_cpu_with_an_index_is_the_cpu(tmp_path, capsys):
+    """``--device cpu:0`` named the CPU but compared unequal to the ``cpu`` of every tensor: caption ended in a
+    ValueError traceback from the fast decoder."""
+    import torch
+    from PIL import Image
+    from test_cli_bad_inputs import _small_model
+
+    from procap.checkpoint import save_checkpoint
+    from procap.cli import main
+    from procap.data.vocab import Vocabulary
+
+    assert validate.device("cpu:0") == torch.device("cpu") == validate.canonical_device("cpu:0")
+    vocab = Vocabulary(["the", "cube", "moved"])
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", _small_model(len(vocab)), vocab)
+    for name, color in (("b.png", (0, 0, 0)), ("a.png", (255, 0, 0))):
+        Image.new("RGB", (16, 16), color).save(tmp_path / name)
+    argv = ["caption", "--ckpt", str(ckpt), str(tmp_path / "b.png"), str(tmp_path / "a.png")]
+    assert main([*argv, "--device", "cpu:0"]) == 0
+    assert "Traceback" not in capsys.readouterr().err

@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from procap.hub import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    from procap.batch_memory import check_checkpoint_batch
+
+    # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)
+    device = validate.device(args.device)
+    batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, "pairs given", "caption")
     from procap.fast import Captioner
 
     captioner = Captioner.from_checkpoint(
@@ -72,13 +77,13 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         max_len=args.max_len,
-        batch_sizes=sorted({1, 8, min(32, args.batch_size), args.batch_size}),
+        batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
         num_beams=args.beams,
         length_penalty=args.length_penalty,
     )
     captions: list[str] = []
-    for start in range(0, len(pairs), args.batch_size):
-        chunk = pairs[start : start + args.batch_size]
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
         captions += captioner([b for b, _ in chunk], [a for _, a in chunk])
     if args.json:
         print(

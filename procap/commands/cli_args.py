@@ -194,6 +194,19 @@ def check_args(args: argparse.Namespace) -> None:
         validate.device(args.device)
 
 
+def check_init_preset(init: str, preset: str) -> None:
+    """A run from ``--init`` trains the checkpoint's model: a ``--preset`` naming another model was ignored with
+    exit 0 (``train --init tiny.safetensors --preset clevr`` trained the tiny model)."""
+    from procap.batch_memory import checkpoint_config
+
+    config = checkpoint_config(init)
+    if config is not None and config.name != preset:
+        raise ProCapError(
+            f"--preset {preset} differs from the {config.name} model of --init {init}, which the run trains; "
+            "leave out --preset."
+        )
+
+
 def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     """The TrainConfig fields stored in a run's config file (JSON, or YAML with the ``[train]`` extra).
 
@@ -229,7 +242,33 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ProCapError(f"--config file {path} has keys that are no training option: {', '.join(unknown[:5])}.")
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    for key, value in data.items():
+        wanted = _config_value_kind(types[key], value)
+        if wanted is not None:
+            raise ProCapError(f"--config file {path}: {key} must be {wanted}, got {value!r}.")
     return data
+
+
+def _config_value_kind(annotation: str, value: Any) -> str | None:
+    """None when ``value`` fits a TrainConfig field annotated ``annotation``, else what the field takes (a file's
+    ``steps: "ten"`` or ``data: 5`` reached the checks as a string or a number and ended in a traceback)."""
+    if value is None:
+        return None if "None" in annotation else "given"
+    if annotation.startswith("tuple"):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return None if ok else "a list of names"
+    if annotation.startswith("bool"):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(value, bool):  # a YAML true is no number
+        return "a number" if annotation.startswith(("int", "float")) else "text"
+    if annotation.startswith("int"):
+        return None if isinstance(value, int) else "an integer"
+    if annotation.startswith("float"):
+        return None if isinstance(value, (int, float)) else "a number"
+    if annotation.startswith("str"):
+        return None if isinstance(value, str) else "text"
+    return None
 
 
 def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
@@ -237,6 +276,7 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
 
     Without ``--preset`` a run that builds a new model uses its dataset's paper preset and says so on stderr.
     """
+    given_preset = getattr(args, "preset", None)  # on the command line, before a --config file fills it in
     if getattr(args, "config", None):
         for key, value in read_config_file(args.config, stage).items():
             if getattr(args, key, None) is None:  # a flag given on the command line wins
@@ -254,10 +294,15 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
                 "(--preset tiny for a small CPU run)"
             )
     check_args(args)
+    if given_preset and stage != "vqgan" and getattr(args, "init", None):
+        check_init_preset(args.init, given_preset)
     try:
         config = TrainConfig.from_args(stage, args)
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
+    from procap.batch_memory import check_training_batch
+
+    check_training_batch(config)  # a batch that cannot fit is refused before any data is read
     if note:
         print(note, file=sys.stderr, flush=True)
     return config

@@ -83,10 +83,10 @@ FULL = DemoBudget(
     vqgan_batch=16,
     stage1_steps=100,
     stage1_batch=16,
-    stage2_steps=800,
+    stage2_steps=1800,
     stage2_batch=32,
     stage2_lr=1e-3,
-    val_every=200,
+    val_every=450,
     val_pairs=100,
     stage1_pairs=480,
 )

@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ablate",
         nargs="+",
-        choices=("queries", "change"),
+        choices=("queries", "change", "window"),
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
-        "queries' outputs, the change token) from the decoder",
+        "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )
 
 
@@ -82,11 +82,15 @@ def run(args: argparse.Namespace) -> int:
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
-    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     pairs = load_split(args.dataset, args.data, args.split)
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    from procap.batch_memory import check_checkpoint_batch
+
+    what = f"{args.split} pairs"
+    args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
+    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
     truths = None
     if args.dataset == "clevr-change":
         from procap.eval.correctness import scene_truths
@@ -131,6 +135,8 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         parts = tuple(args.ablate)
         if "change" in parts and not model.config.change_token:
             raise ProCapError("--ablate change: this checkpoint's model has no change token.")
+        if "window" in parts and not model.config.change_window:
+            raise ProCapError("--ablate window: this checkpoint's model has no change window.")
         if "queries" in parts and model.config.num_keyframes == 0:
             raise ProCapError("--ablate queries: this checkpoint's model has no procedure queries (k = 0).")
 

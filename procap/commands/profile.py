@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from procap.hub import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    from procap.batch_memory import check_checkpoint_batch
+
+    check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")
     if not args.no_trace:
         validate.output_dir(args.out, "--out")
     import torch

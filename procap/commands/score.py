@@ -87,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
             raise ProCapError(f"change-type file {args.types} must be an object from id to change type.")
     _check_ids(predictions, references, args.pred, source)
+    if args.types:  # an id without a type was counted in the total and in no group of the breakdown, silently
+        untyped = [key for key in predictions if key not in types]
+        if untyped:
+            raise ProCapError(
+                f"change-type file {args.types} has no change type for id {untyped[0]!r} ({len(untyped)} of the "
+                f"{len(predictions)} predicted ids); give every predicted id a type."
+            )
     results = score(predictions, references, metrics, types)
     print(format_table(results))
     if args.out:

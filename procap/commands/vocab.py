@@ -29,12 +29,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.data import Vocabulary, load_split
+    from procap.data.vocab import SPECIALS, tokenize
 
     validate.number(args.min_count, "--min-count", minimum=1)
     validate.output_file(args.out, "--out")
     pairs = load_split(args.dataset, args.root, args.split)
     min_count = args.min_count if args.min_count is not None else DATASETS[args.dataset].min_count
-    vocab = Vocabulary.build((c for pair in pairs for c in pair.captions), min_count=min_count)
+    captions = [c for pair in pairs for c in pair.captions]
+    vocab = Vocabulary.build(captions, min_count=min_count)
+    if len(vocab) == len(SPECIALS):  # every caption would encode as [UNK]: a model could learn no word
+        from collections import Counter
+
+        from procap.errors import ProCapError
+
+        counts = Counter(w for c in captions for w in tokenize(c) if w not in SPECIALS)
+        most = f"the most frequent word occurs {counts.most_common(1)[0][1]} times" if counts else "it has no words"
+        raise ProCapError(
+            f"--min-count {min_count} keeps no word of the {args.split} captions of {args.root} ({most}); "
+            "lower --min-count."
+        )
     vocab.save(args.out)
-    print(f"wrote {len(vocab)} entries ({len(vocab) - 8} words, min count {min_count}) to {args.out}")
+    print(f"wrote {len(vocab)} entries ({len(vocab) - len(SPECIALS)} words, min count {min_count}) to {args.out}")
     return 0

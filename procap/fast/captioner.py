@@ -42,6 +42,7 @@ from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.model.beam import beam_search_cached, check_beam_arguments
+from procap.validate import canonical_device
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -156,7 +157,7 @@ class Captioner:
         if num_beams > 1 and capture_memory:
             raise ProCapError("capture_memory=True decodes greedily; it does not combine with num_beams > 1")
         self.num_beams, self.length_penalty = num_beams, float(length_penalty)
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = canonical_device(device) if device is not None else default_device()
         self.dtype = _parse_dtype(dtype, self.device)
         config = model.config
         max_len = config.max_caption_len if max_len is None else max_len
@@ -300,7 +301,7 @@ class Captioner:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Captioner:
         """Move to another device/dtype; the per-bucket states and CUDA graphs are dropped."""
-        self.device = torch.device(device) if device is not None else self.device
+        self.device = canonical_device(device) if device is not None else self.device
         self.dtype = _parse_dtype(dtype, self.device) if dtype is not None else self.dtype
         for hook in self._hooks:
             hook.remove()

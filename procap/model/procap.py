@@ -176,7 +176,8 @@ class ProCap(PretrainedMixin, nn.Module):
             before, after: (B, 3, S, S) the images of those frames (read with ``config.change_pixels``).
 
         Returns:
-            ``tokens`` unchanged without ``config.change_token``, else (B, N + 1, enc_dim).
+            ``tokens`` unchanged without ``config.change_token``, else (B, N + 1 + w^2, enc_dim) with a
+            ``config.change_window`` of w.
         """
         if not self.config.change_token:
             return tokens
@@ -310,7 +311,7 @@ class ProCap(PretrainedMixin, nn.Module):
     # -- stage 2 --------------------------------------------------------------------------------------------------
     def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim),
-        (B, T*n + 1, enc_dim) with the change token last (``config.change_token``)."""
+        (B, ``config.memory_tokens``, enc_dim) with the change tokens last (``config.change_token``)."""
         features = self.frame_features(torch.stack([before, after], dim=1))  # (B, 2, z, h, w)
         visual = self.encoder.embed_visual(features)  # (B, 2n, D)
         b, n2, d = visual.shape
@@ -344,7 +345,13 @@ class ProCap(PretrainedMixin, nn.Module):
         if self.config.variant == "authors":
             seq, mask = self.encoder.with_prefix(tokens)
             return self.memory_mlp(self.encoder(seq, mask)[:, self.config.enc_prefix_tokens :])
-        return self.memory_mlp(self.encoder(tokens))
+        encoded = self.encoder(tokens)
+        if self.config.change_broadcast:
+            # departure (docs/model.md): every memory token carries the change token, so the decoder reads it
+            # without first learning to find one slot among hundreds
+            first = self.memory_parts()["change"].start
+            encoded = encoded + encoded[:, first : first + 1]
+        return self.memory_mlp(encoded)
 
     def stage2_loss(
         self, before: torch.Tensor, after: torch.Tensor, captions: torch.Tensor, frames: torch.Tensor | None = None
@@ -363,15 +370,18 @@ class ProCap(PretrainedMixin, nn.Module):
         return {"loss": loss, "accuracy": accuracy, "memory_std": spread}
 
     def memory_parts(self) -> dict[str, slice]:
-        """Where each part of the decoder memory sits: ``before``, ``queries`` (k*n), ``after`` and ``change``
-        (empty slice without the change token). The ``authors`` variant's memory follows the same layout."""
+        """Where each part of the decoder memory sits: ``before``, ``queries`` (k*n), ``after``, ``change`` (the
+        pooled change token) and ``window`` (its window's cells); the last two are empty slices when the config has
+        none. The ``authors`` variant's memory follows the same layout."""
         n, k = self.config.tokens_per_frame, self.config.num_keyframes
         frames = self.config.num_frames * n
+        pooled = frames + int(self.config.change_token)
         return {
             "before": slice(0, n),
             "queries": slice(n, (k + 1) * n),
             "after": slice((k + 1) * n, frames),
-            "change": slice(frames, self.config.memory_tokens),
+            "change": slice(frames, pooled),
+            "window": slice(pooled, self.config.memory_tokens),
         }
 
     def without_parts(self, memory: torch.Tensor, parts: tuple[str, ...]) -> torch.Tensor:

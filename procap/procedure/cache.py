@@ -12,7 +12,8 @@ Layout of a cache directory written by ``procap prepare``::
 Each file holds one dataset per image id at its root, uint8 [T = l + 2, 3, H, W], frame 0 = before and
 frame T - 1 = after, keyed as the authors key them (``"000123.png"`` for CLEVR, ``img_id``, ``uid``), so their
 loader reads our files and we read theirs. Our extras live in attributes of that dataset: ``s_bef``/``s_aft``
-(float32 [T]), ``codes`` (int16/int32 [T, n], VQ indices of every frame) and ``pair_id``. The attribute
+(float32 [T]), ``codes`` (int16/int32 [T, n], VQ indices of every frame), ``pair_id`` and ``source`` (the
+dataset images it was built from: :mod:`procap.procedure.sources`). The attribute
 ``complete`` is written last: a dataset without it is an interrupted write and is redone on resume.
 """
 
@@ -95,6 +96,7 @@ class CacheWriter:
         s_aft: np.ndarray | None = None,
         codes: np.ndarray | None = None,
         pair_id: str | None = None,
+        source: str | None = None,
     ) -> None:
         """Store one pair.
 
@@ -104,6 +106,7 @@ class CacheWriter:
             s_bef, s_aft: float (T,) similarities to before / after.
             codes: integer (T, n) VQ indices of every frame.
             pair_id: our id of the pair (kept for reference).
+            source: the images it was built from (:func:`procap.procedure.sources.record`), checked on resume.
         """
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
             raise ValueError(f"frames must be uint8 (T, 3, H, W), got {frames.dtype} {frames.shape}")
@@ -124,6 +127,8 @@ class CacheWriter:
                 dset.attrs["codes"] = codes.astype(dtype)
             if pair_id is not None:
                 dset.attrs["pair_id"] = pair_id
+            if source is not None:
+                dset.attrs["source"] = source
             dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
             f.flush()
 
@@ -163,6 +168,29 @@ class CacheWriter:
             if failure is not None:
                 raise OutputError(failure[0], failure[1], str(path)) from exc
             raise ProCapError(f"closing the procedure cache in {self.root} failed ({exc}).")
+
+
+def stored_sources(root: str | Path, groups: Sequence[str]) -> dict[tuple[str, str], str | None]:
+    """``(group, key) -> source`` attribute of every complete pair in ``root``'s group files (None: no record).
+
+    Read-only: a resumed run checks them before it writes anything. A file HDF5 cannot open is left out (the
+    writer reports it when it opens the file).
+    """
+    found: dict[tuple[str, str], str | None] = {}
+    for group in groups:
+        path = Path(root) / f"{group}.h5"
+        if not path.is_file():
+            continue
+        try:
+            handle = h5py.File(path, "r")
+        except OSError:
+            continue
+        with handle:
+            for key, entry in handle.items():
+                if entry.attrs.get("complete", 0) == 1:
+                    value = entry.attrs.get("source")
+                    found[group, key] = value.decode() if isinstance(value, bytes) else value
+    return found
 
 
 def read_manifest(root: str | Path) -> dict[str, Any] | None:

@@ -30,8 +30,10 @@ from procap.procedure.cache import (
     CacheWriter,
     authors_key,
     read_manifest,
+    stored_sources,
 )
 from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure, levels_for
+from procap.procedure.sources import check_unchanged, record
 
 
 @dataclass
@@ -136,8 +138,12 @@ def _init_worker(interpolator: Interpolator, num_frames: int, size: int, allow_m
     _init_worker_inline(interpolator, num_frames, size, allow_mismatch, direct)
 
 
-def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None]:
-    """(index, pair) -> (index, uint8 (l + 2, 3, S, S) or None, error message or None)."""
+def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None, str | None]:
+    """(index, pair) -> (index, uint8 (l + 2, 3, S, S) or None, error message or None, source record or None).
+
+    The source record (:func:`procap.procedure.sources.record`) fingerprints the two images read, here in the
+    worker, where hashing them runs in parallel with the other pairs.
+    """
     index, pair = job
     threads = torch.get_num_threads()
     # Frames are small: torch's intra-op threads only fight the other workers (10x slower on 2 busy cores).
@@ -146,9 +152,9 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
         before, after = read_pair(pair, _WORKER["size"], _WORKER["allow_mismatch"])
         mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_frames"], _WORKER["direct"])
         frames = torch.cat([before[None], mids, after[None]], dim=0)
-        return index, to_uint8(frames), None
+        return index, to_uint8(frames), None, record(pair)
     except ProCapError as exc:
-        return index, None, str(exc)
+        return index, None, str(exc), None
     finally:
         torch.set_num_threads(threads)
 
@@ -161,7 +167,7 @@ def synthesized(
     allow_mismatch: bool,
     workers: int,
     direct: bool = True,
-) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+) -> Iterator[tuple[int, np.ndarray | None, str | None, str | None]]:
     """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
     init = (interpolator, num_frames, size, allow_mismatch, direct)
     if workers <= 1:
@@ -311,6 +317,7 @@ def prepare(
     similarity = build_similarity(opts, vqgan, device)
     keyed = [(authors_key(p.id, opts.dataset), p) for p in pairs]
     _check_scores_cover(opts, similarity, keyed)
+    _check_sources(opts, keyed)
     _check_manifest(opts)
     writer = CacheWriter(opts.out, opts.compression)
     groups = sorted({g for (g, _), _ in keyed})
@@ -339,29 +346,29 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
         signal.signal(signal.SIGTERM, on_term)
     bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair", disable=not opts.progress)
     written = 0
-    pending: list[tuple[int, np.ndarray]] = []
+    pending: list[tuple[int, np.ndarray, str]] = []
 
     def flush() -> int:
         if not pending:
             return 0
-        keys = [_score_key(keyed[i][0]) for i, _ in pending]
-        results = _score_and_code([f for _, f in pending], keys, similarity, coder, device)
-        for (index, frames), (s_bef, s_aft, codes) in zip(pending, results):
+        keys = [_score_key(keyed[i][0]) for i, _, _ in pending]
+        results = _score_and_code([f for _, f, _ in pending], keys, similarity, coder, device)
+        for (index, frames, source), (s_bef, s_aft, codes) in zip(pending, results):
             (group, key), pair = keyed[index]
-            writer.write(group, key, frames, s_bef, s_aft, codes, pair_id=pair.id)  # complete + flushed
+            writer.write(group, key, frames, s_bef, s_aft, codes, pair_id=pair.id, source=source)  # complete + flushed
             bar.update(1)
         count = len(pending)
         pending.clear()
         return count
 
     try:
-        for index, frames, error in synthesized(
+        for index, frames, error, source in synthesized(
             todo, interpolator, opts.num_frames, opts.image_size, opts.allow_size_mismatch, opts.workers, opts.direct
         ):
             if error is not None:
                 written += flush()  # keep the finished work, then report the bad input
                 raise ProCapError(error)
-            pending.append((index, frames))
+            pending.append((index, frames, source))
             if len(pending) >= opts.score_batch:
                 written += flush()
         written += flush()
@@ -393,6 +400,14 @@ def prepare_pairs(opts: PrepareOptions) -> list[Any]:
     if not pairs:
         raise ProCapError(f"no pairs found for {opts.dataset} in {opts.root} (splits: {', '.join(opts.splits)}).")
     return pairs
+
+
+def _check_sources(opts: PrepareOptions, keyed: list) -> None:
+    """A finished pair is kept only if its images are the ones it was built from (checked before any write)."""
+    stored = stored_sources(opts.out, sorted({g for (g, _), _ in keyed}))
+    for group_key, pair in keyed:
+        if group_key in stored:
+            check_unchanged(pair, stored[group_key], opts.out)
 
 
 def _check_scores_cover(opts: PrepareOptions, similarity: Any, keyed: list) -> None:

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from procap.config import PRESETS, get_preset
-from procap.model.encoder import depth_to_space, joint_cells, space_to_depth
+from procap.model.encoder import (
+    PixelCNN,
+    change_window,
+    depth_to_space,
+    joint_cells,
+    pixel_cells,
+    space_to_depth,
+)
 from procap.model.procap import ProCap
 
 from .model_helpers import small_config, small_vqgan_config
@@ -38,7 +45,14 @@ def test_paper_presets_keep_the_paper_model():
         assert config.grid_size == config.latent_size == 14
         assert config.memory_tokens == config.num_frames * 196
     tiny = get_preset("tiny")
-    assert (tiny.latent_size, tiny.grid_size, tiny.tokens_per_frame, tiny.memory_tokens) == (16, 8, 64, 4 * 64 + 1)
+    assert (tiny.latent_size, tiny.grid_size, tiny.tokens_per_frame, tiny.memory_tokens) == (
+        16,
+        4,
+        16,
+        4 * 16 + 1 + 5 * 5,
+    )
+    for name in ("clevr", "spot", "edit"):
+        assert PRESETS[name].pixel_cnn == 0
 
 
 def test_space_to_depth_layout_and_inverse():
@@ -197,3 +211,119 @@ def test_standardized_features_ignore_channel_offsets():
     torch.testing.assert_close(plain, shifted, atol=1e-4, rtol=1e-4)
     assert isinstance(model.encoder.feature_norm, torch.nn.BatchNorm2d) and not model.encoder.feature_norm.affine
     assert isinstance(ProCap(small_config()).encoder.feature_norm, torch.nn.Identity)  # off unless asked for
+
+
+def test_change_window_is_centred_on_the_strongest_change_and_stays_on_the_grid():
+    cells = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    magnitude = torch.zeros(2, 8, 8)
+    magnitude[0, 3:6, 2:5] = 1.0  # a 3 x 3 object centred on (4, 3)
+    magnitude[0, 0, 7] = 2.0  # one stronger cell alone: the 3 x 3 smoothing prefers the object
+    magnitude[1, 6:8, 6:8] = 1.0  # an object in the corner: the window moves inside the grid
+    window = change_window(cells, magnitude, 3)
+    assert window.shape == (2, 9, 3)
+    torch.testing.assert_close(window[0].view(3, 3, 3), cells[0, :, 3:6, 2:5].permute(1, 2, 0))
+    torch.testing.assert_close(window[1].view(3, 3, 3), cells[1, :, 5:8, 5:8].permute(1, 2, 0))
+
+
+def test_pixel_cells_hold_each_cells_pixels():
+    images = torch.rand(2, 3, 8, 8)
+    cells = pixel_cells(images, 4)  # 2 x 2 cells of 4 x 4 pixels
+    assert cells.shape == (2, 3 * 16, 2, 2)
+    torch.testing.assert_close(cells[:, :, 1, 0], images[:, :, 4:8, 0:4].permute(0, 2, 3, 1).flatten(1))
+
+
+def test_window_tokens_embed_the_cells_around_the_change():
+    torch.manual_seed(0)
+    config = naming_config(change_window=3)
+    model = ProCap(config).eval()
+    z = config.vqgan.z_channels
+    before = torch.randn(1, z, 8, 8)
+    after = before.clone()
+    after[:, :, 5, 3] = torch.randn(1, z) * 4
+    pixels = torch.rand(2, 1, 3, 16, 16)
+    with torch.no_grad():
+        tokens = model.encoder.embed_change(before, after, pixels[0], pixels[1])
+        assert tokens.shape == (1, 1 + 9, config.enc_dim)
+        cells, _ = model.encoder.change_cells(before, after, pixels[0], pixels[1])
+        window = cells[0, :, 4:7, 2:5].permute(1, 2, 0).reshape(9, -1)  # centred on the changed cell (5, 3)
+        expected = model.encoder.window_mlp(window) + model.encoder.window_pos
+        torch.testing.assert_close(tokens[0, 1:], expected)
+
+
+def test_broadcast_adds_the_change_token_to_every_memory_token():
+    torch.manual_seed(0)
+    config = naming_config(change_window=2, change_broadcast=True)
+    model = ProCap(config).eval()
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    encoded = {}
+    model.encoder.register_forward_hook(lambda module, args, out: encoded.setdefault("out", out))
+    with torch.no_grad():
+        memory = model.memory(before, after)
+        assert memory.shape == (2, config.memory_tokens, config.dec_dim) and config.memory_tokens == 3 * 16 + 1 + 4
+        change = encoded["out"][:, model.memory_parts()["change"]]
+        torch.testing.assert_close(memory, model.memory_mlp(encoded["out"] + change))
+        parts = model.memory_parts()
+        assert (parts["change"].stop - parts["change"].start, parts["window"].stop - parts["window"].start) == (1, 4)
+        assert model.without_parts(memory, ("window",)).shape[1] == config.memory_tokens - 4
+        assert model.generate(before, after).shape == (2, config.max_caption_len - 1)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"change_window": -1}, "change_window"),
+        ({"change_window": 9}, "change_window"),
+        ({"change_token": False, "change_window": 2}, "change_token"),
+        ({"change_token": False, "change_broadcast": True}, "change_token"),
+        ({"change_token": False, "pixel_cnn": 8}, "change_token"),
+        ({"pixel_cnn": -1}, "pixel_cnn"),
+    ],
+)
+def test_change_window_and_broadcast_are_checked(fields, message):
+    with pytest.raises(ValueError, match=message):
+        naming_config(**fields)
+
+
+def test_pixel_cnn_gives_one_vector_per_latent_cell_from_that_cells_neighbourhood():
+    torch.manual_seed(0)
+    cnn = PixelCNN(8, 4)
+    images = torch.rand(2, 3, 32, 32)
+    features = cnn(images)
+    assert features.shape == (2, 8, 8, 8)
+    # receptive field: the cell and its neighbours two cells away; a pixel three cells off changes nothing
+    moved = images.clone()
+    moved[:, :, 0:4, 0:4] = 1 - moved[:, :, 0:4, 0:4]  # cell (0, 0)
+    changed = (cnn(moved) - features).abs().amax(dim=(0, 1)) > 0
+    reach = torch.zeros(8, 8, dtype=torch.bool)
+    reach[:3, :3] = True
+    assert torch.equal(changed, reach)
+    # the first layer reads the [0, 1] image as [-1, 1]: its output is conv(2x - 1)
+    first = cnn.layers[0]
+    torch.testing.assert_close(
+        first(images * 2 - 1), torch.nn.functional.conv2d(images * 2 - 1, first.weight, first.bias, stride=4)
+    )
+
+
+def test_change_cells_carry_the_cnn_features_of_both_images_and_their_difference():
+    torch.manual_seed(0)
+    config = naming_config(change_window=2, pixel_cnn=6)
+    model = ProCap(config).eval()
+    z = config.vqgan.z_channels
+    before, after = torch.randn(2, z, 8, 8), torch.randn(2, z, 8, 8)
+    before_pixels, after_pixels = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        cells, _ = model.encoder.change_cells(before, after, before_pixels, after_pixels)
+        cnn_before, cnn_after = model.encoder.pixel_cnn(before_pixels), model.encoder.pixel_cnn(after_pixels)
+    assert cells.shape == (2, 3 * z + 2 * 3 * 2 * 2 + 3 * 6, 8, 8)
+    torch.testing.assert_close(cells[:, -18:], torch.cat([cnn_before, cnn_after, cnn_after - cnn_before], 1))
+    with pytest.raises(ValueError, match="before_pixels"):
+        model.encoder.change_cells(before, after)
+
+
+def test_pixel_cnn_learns_with_the_caption_loss():
+    torch.manual_seed(0)
+    model = ProCap(naming_config(change_window=2, pixel_cnn=6))
+    before, after = torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)
+    captions = torch.randint(4, 20, (2, 8))
+    model.stage2_loss(before, after, captions)["loss"].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.pixel_cnn.parameters())

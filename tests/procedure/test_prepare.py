@@ -145,7 +145,8 @@ def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
         json.dumps([{"id": p.id, "before_path": str(p.before_path), "after_path": str(p.after_path)} for p in pairs])
     )
     (tmp_path / "opts.json").write_text(json.dumps({**vars(opts), "splits": list(opts.splits)}))
-    (tmp_path / "runner.py").write_text(RUNNER.format(here=str(Path(__file__).parent)))
+    # the checkout's procap, not an installed copy of another checkout
+    (tmp_path / "runner.py").write_text(RUNNER.format(here=str(Path(__file__).resolve().parents[2])))
     log = tmp_path / "calls.log"
     proc = subprocess.Popen(
         [
@@ -295,3 +296,40 @@ def test_a_full_disk_stops_prepare_with_one_sentence_before_hdf5_fails(tmp_path,
     monkeypatch.setattr(shutil, "disk_usage", real_usage)
     assert prepare(opts, clevr_pairs, interpolator=CrossFade()) == {"written": 4, "skipped": 2, "total": 6}
     validate(tmp_path / "cache", clevr_pairs)
+
+
+def test_resume_after_the_dataset_images_changed_is_refused(tmp_path, clevr_pairs):
+    """Each pair records the images it was built from; a resumed run refuses a finished pair whose image now has
+    other content under the same name (it would keep frames of the old image beside pairs of the new ones)."""
+    import shutil
+
+    from PIL import Image
+
+    opts = options(tmp_path, clevr_pairs)
+    assert prepare(opts, clevr_pairs[:2], interpolator=CrossFade())["written"] == 2
+    changed = clevr_pairs[1].after_path
+    copy = tmp_path / "copy.png"
+    shutil.copy(changed, copy)
+    os.replace(copy, changed)  # the same bytes, a new modification time: hashed again and kept
+    assert prepare(opts, clevr_pairs[:3], interpolator=CrossFade()) == {"written": 1, "skipped": 2, "total": 3}
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(changed)  # other pixels under the same file name
+    with pytest.raises(ProCapError, match=f"image {changed} changed since cache .* was built from it") as info:
+        prepare(opts, clevr_pairs, interpolator=CrossFade())
+    assert clevr_pairs[1].id in str(info.value)
+    changed.unlink()
+    with pytest.raises(ProCapError, match=f"image {changed} of pair .* no longer exists"):
+        prepare(opts, clevr_pairs, interpolator=CrossFade())
+
+
+def test_a_pair_cached_without_a_record_of_its_images_is_refused_on_resume(tmp_path, clevr_pairs):
+    opts = options(tmp_path, clevr_pairs)
+    prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
+    with h5py.File(tmp_path / "cache" / "sc_videos.h5", "a") as f:
+        record = json.loads(f["000000.png"].attrs["source"])
+        assert [entry[0] for entry in (record["before"], record["after"])] == [
+            clevr_pairs[0].before_path.name,
+            clevr_pairs[0].after_path.name,
+        ]
+        del f["000000.png"].attrs["source"]  # as a cache written before the record existed
+    with pytest.raises(ProCapError, match="without a record of the images it was built from"):
+        prepare(opts, clevr_pairs, interpolator=CrossFade())

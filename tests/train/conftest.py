@@ -39,6 +39,9 @@ def small_config(vocab_size: int, **overrides):
         "difference_mode": "absolute",
         "token_merge": 1,
         "change_token": False,
+        "change_window": 0,
+        "change_broadcast": False,
+        "pixel_cnn": 0,
         "change_pixels": False,
         "standardize_features": False,
     }

@@ -90,7 +90,7 @@ def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(
     assert config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r")).preset == "clevr"
     capsys.readouterr()
     init = tmp_path / "s1.safetensors"
-    init.write_bytes(b"x")
+    init.write_bytes(b"x")  # unreadable: loading it names the file (test_checkpoint.py); no preset is announced here
     config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--init", str(init)))
     config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--preset", "tiny"))
     assert capsys.readouterr().err == ""  # the checkpoint's model, or a preset asked for: nothing to announce
