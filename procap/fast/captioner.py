@@ -138,7 +138,7 @@ class Captioner:
         vocab: Vocabulary,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
-        max_len: int | None = 24,
+        max_len: int | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         use_graphs: bool | None = None,
         pad_to_bucket: bool | None = None,
@@ -183,7 +183,7 @@ class Captioner:
         path: str | Path,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
-        max_len: int | None = 24,
+        max_len: int | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         **kwargs: Any,
     ) -> Captioner:
@@ -202,7 +202,7 @@ class Captioner:
         local_files_only: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
-        max_len: int | None = 24,
+        max_len: int | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         **kwargs: Any,
     ) -> Captioner:

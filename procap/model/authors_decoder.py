@@ -28,6 +28,7 @@ operations exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from torch import nn
 
 from procap.attention import BACKENDS, attention, backend_for_mask
 from procap.config import ProCapConfig
+from procap.data.vocab import Vocabulary
 from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, DecodingState
 from procap.model.kv_cache import DecoderCache, KVCache
 
@@ -277,6 +279,14 @@ class AuthorsCaptionDecoder(CachedDecoder):
 
     def output_weight(self) -> torch.Tensor:
         return self.out.weight
+
+    def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+        return authors_greedy_decode(self, memory, max_len)
+
+    def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
+        """Their rule: PAD dropped, the words up to the first EOS, other special tokens kept as literal words,
+        non-ASCII characters dropped."""
+        return vocab.decode(tokens, keep_specials=True).encode("ascii", "ignore").decode("ascii")
 
 
 @torch.no_grad()

@@ -24,10 +24,13 @@ Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from procap.config import ProCapConfig
+from procap.data.vocab import Vocabulary
 from procap.model.kv_cache import DecoderCache, KVCache
 from procap.model.layers import FeedForward, MultiHeadAttention
 
@@ -120,6 +123,14 @@ class CachedDecoder(nn.Module):
 
     def output_weight(self) -> torch.Tensor:
         """The (V, D) weight tying the token embedding to the output projection."""
+        raise NotImplementedError
+
+    def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Eager greedy decoding under this decoder's rule, full prefix every step: (B, N, D) -> (B, max_len - 1)."""
+        raise NotImplementedError
+
+    def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
+        """Caption text of one decoded row (the tokens after BOS) under this decoder's rule."""
         raise NotImplementedError
 
     def setup_caches(
@@ -254,6 +265,13 @@ class CaptionDecoder(CachedDecoder):
 
     def output_weight(self) -> torch.Tensor:
         return self.embed.weight
+
+    def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+        return greedy_decode(self, memory, max_len)
+
+    def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
+        """The words up to the first EOS, special tokens skipped."""
+        return vocab.decode(tokens)
 
 
 def suppressed_mask(vocab_size: int, device: torch.device | str | None = None) -> torch.Tensor:

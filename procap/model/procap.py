@@ -29,17 +29,19 @@ only): their prefix tokens and mask quirk in the encoder (:meth:`ProcedureEncode
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from procap import kernels
 from procap.config import ProCapConfig
+from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, axial_positions
-from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder, authors_greedy_decode
+from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
 from procap.model.beam import beam_search
-from procap.model.decoder import PAD_ID, CaptionDecoder, greedy_decode
+from procap.model.decoder import PAD_ID, CaptionDecoder
 from procap.model.encoder import ProcedureEncoder, space_to_depth
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
@@ -409,9 +411,7 @@ class ProCap(PretrainedMixin, nn.Module):
         try:
             if num_beams != 1:
                 return beam_search(self.decoder, memory, max_len, num_beams, length_penalty)
-            if self.config.variant == "authors":
-                return authors_greedy_decode(self.decoder, memory, max_len)
-            return greedy_decode(self.decoder, memory, max_len)
+            return self.decoder.greedy_oracle(memory, max_len)
         finally:
             self.train(was_training)
 
@@ -447,15 +447,10 @@ class ProCap(PretrainedMixin, nn.Module):
         finally:
             self.train(was_training)
 
-    def caption_text(self, vocab, tokens) -> str:
-        """Caption text of one row of :meth:`generate` (the tokens after BOS) with ``vocab``.
-
-        ``procap``: the words up to the first EOS, special tokens skipped. ``authors`` (their rule): PAD dropped,
-        the words up to the first EOS, other special tokens kept as literal words, non-ASCII characters dropped.
-        """
-        if self.config.variant == "authors":
-            return vocab.decode(tokens, keep_specials=True).encode("ascii", "ignore").decode("ascii")
-        return vocab.decode(tokens)
+    def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
+        """Caption text of one row of :meth:`generate` (the tokens after BOS) with ``vocab``, under the decoder's
+        rule (:meth:`procap.model.decoder.CachedDecoder.caption_text`): ``procap`` skips special tokens, ``authors`` keeps them."""
+        return self.decoder.caption_text(vocab, tokens)
 
 
 def init_stds(config: ProCapConfig) -> tuple[float, float]:
