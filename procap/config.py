@@ -19,6 +19,13 @@ NEGATIVE_WARPS = ("batch_frame_swap", "frame_shuffle", "color_shift", "affine")
 VARIANTS = ("procap", "authors")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu")
 DIFFERENCE_MODES = ("absolute", "joint")
+# Names shared by the library and the command line, kept here so a choice is written once.
+GENERATED_FRAME_COUNTS = (3, 7, 15)  # l: recursive midpoints give 2^m - 1 frames
+KEYFRAME_SAMPLING = ("topk", "multinomial")
+FRAME_SIMILARITIES = ("vqgan", "dinov2", "scores")
+LR_DECAYS = ("none", "cosine", "linear")
+COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
+ABLATABLE_PARTS = ("queries", "change", "window")  # decoder-memory parts an inference-time ablation may hide
 
 
 @dataclass

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from procap import validate
+from procap.config import COMPUTE_DTYPES
 from procap.errors import ProCapError
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default=None,
-        choices=("fp32", "bf16", "fp16"),
+        choices=COMPUTE_DTYPES,
         help="compute dtype (default: bf16 on CUDA, fp32 on CPU)",
     )
     parser.add_argument(

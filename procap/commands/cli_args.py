@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from procap.config import PRESETS
+from procap.config import LR_DECAYS, PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
@@ -65,7 +65,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--grad-accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
     o.add_argument("--lr", type=float, help="peak learning rate (stage 2: encoder and decoder)")
     o.add_argument("--warmup-steps", type=int, help="linear warm-up steps (stage 1 / VQGAN)")
-    o.add_argument("--decay", choices=("none", "cosine", "linear"), help="lr after warm-up (paper: none)")
+    o.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (paper: none)")
     o.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
     o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
     o.add_argument("--seed", type=int, help="random seed (default 0)")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from procap.config import ABLATABLE_PARTS
+
 HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per change type on CLEVR-Change)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from procap.commands.caption import add_beam_arguments
-    from procap.data.datasets import DATASETS, DEFAULT_DATASET
+    from procap.data.datasets import DATASETS, DEFAULT_DATASET, SPLITS
 
     parser.add_argument(
         "--ckpt",
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data", required=True, help="dataset root folder")
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="split (default test)")
+    parser.add_argument("--split", default="test", choices=SPLITS, help="split (default test)")
     parser.add_argument(
         "--out",
         help="folder for results.json, metrics.json and references.json (default: next to the checkpoint)",
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ablate",
         nargs="+",
-        choices=("queries", "change", "window"),
+        choices=ABLATABLE_PARTS,
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
         "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )

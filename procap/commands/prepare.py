@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from procap.data.datasets import DATASETS
+from procap.config import FRAME_SIMILARITIES, GENERATED_FRAME_COUNTS
+from procap.data.datasets import DATASETS, SPLITS
 
 HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ codes in HDF5."
 
@@ -16,17 +17,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split",
         action="append",
-        choices=("train", "val", "test"),
+        choices=SPLITS,
         help="split(s) to prepare, repeatable (default: train)",
     )
-    parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l, generated frames per pair")
+    parser.add_argument(
+        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l, generated frames per pair"
+    )
     parser.add_argument(
         "--size", type=int, default=None, help="stored frame size S (default: the --vqgan's image size; 224 for taming)"
     )
     parser.add_argument(
         "--similarity",
         default="vqgan",
-        choices=("vqgan", "dinov2", "scores"),
+        choices=FRAME_SIMILARITIES,
         help="frame similarity for the confidence score",
     )
     parser.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")

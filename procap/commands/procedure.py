@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from procap.config import GENERATED_FRAME_COUNTS, KEYFRAME_SAMPLING
 from procap.data.datasets import DATASETS
 from procap.errors import ProCapError
 
@@ -20,13 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cache", help="procedure cache from `procap prepare` (default: synthesize the frames now)")
     parser.add_argument("--vqgan", help="VQGAN weights for the similarity scores when synthesizing (no --cache)")
-    parser.add_argument("--frames", type=int, default=7, choices=(3, 7, 15), help="l when synthesizing (default 7)")
+    parser.add_argument(
+        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l when synthesizing (default 7)"
+    )
     parser.add_argument("--size", type=int, default=None, help="frame size when synthesizing (default: the VQGAN's)")
     parser.add_argument(
         "--recursive", dest="direct", action="store_false", help="recursive midpoints as in the paper when synthesizing"
     )
     parser.add_argument("-k", "--keyframes", type=int, default=2, help="keyframes to sample, k (default 2)")
-    parser.add_argument("--sampling", choices=("topk", "multinomial"), default="topk", help="keyframe sampling")
+    parser.add_argument("--sampling", choices=KEYFRAME_SAMPLING, default="topk", help="keyframe sampling")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sampling multinomial (default 0)")
     parser.add_argument("--out", default="procedure.png", help="image to write (default procedure.png)")
     parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")

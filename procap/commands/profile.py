@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from procap import validate
+from procap.config import COMPUTE_DTYPES
 
 HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3)")
     parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"), help="compute dtype")
+    parser.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype")
     parser.add_argument(
         "--max-len",
         type=int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from procap.data.datasets import DATASETS
+from procap.data.datasets import DATASETS, SPLITS
 
 HELP = "Build the caption vocabulary (word -> index JSON) from a dataset's training split."
 
@@ -21,9 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(f"{name} {spec.min_count}" for name, spec in sorted(DATASETS.items()))
         + ")",
     )
-    parser.add_argument(
-        "--split", default="train", choices=("train", "val", "test"), help="split whose captions are counted"
-    )
+    parser.add_argument("--split", default="train", choices=SPLITS, help="split whose captions are counted")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from procap.config import KEYFRAME_SAMPLING
 from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
@@ -291,7 +292,7 @@ class ProcedureCache:
         dset = self._open(group)[key]
         return dset[()] if indices is None else dset[list(indices)]
 
-    def num_frames(self, group: str, key: str) -> int:
+    def stored_frames(self, group: str, key: str) -> int:
         return int(self._open(group)[key].shape[0])
 
     def similarities(self, group: str, key: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,8 +410,8 @@ class CachedProcedures:
         seed: int = 0,
         confidence: str = "standardize",
     ) -> None:
-        if sampling not in ("topk", "multinomial"):
-            raise ProCapError(f"sampling must be 'topk' or 'multinomial', got {sampling!r}.")
+        if sampling not in KEYFRAME_SAMPLING:
+            raise ProCapError(f"sampling must be one of {', '.join(KEYFRAME_SAMPLING)}, got {sampling!r}.")
         if confidence not in CONFIDENCE_SCALES:
             raise ProCapError(f"confidence must be one of {', '.join(CONFIDENCE_SCALES)}, got {confidence!r}.")
         self.confidence = confidence
@@ -447,7 +448,7 @@ class CachedProcedures:
             pair_id = str(getattr(pair, "id", pair))
             group, key = self.cache.locate(pair_id)
             s_bef, s_aft = self.cache.similarities(group, key)
-            total = self.cache.num_frames(group, key)
+            total = self.cache.stored_frames(group, key)
             if s_bef.shape[0] != total or s_aft.shape[0] != total:
                 raise ProCapError(
                     f"procedure cache file {self.cache.paths[group]} holds {s_bef.shape[0]} / {s_aft.shape[0]} "
@@ -458,7 +459,7 @@ class CachedProcedures:
         """(group, key, (k + 2,) frame indices into the stored frames)."""
         group, key = self.cache.locate(pair_id)
         s_bef, s_aft = self.cache.similarities(group, key)
-        total = self.cache.num_frames(group, key)
+        total = self.cache.stored_frames(group, key)
         if s_bef.shape[0] != total:
             raise ProCapError(f"{key}: {s_bef.shape[0]} similarity scores for {total} stored frames.")
         weights = confidence_weights(s_bef, s_aft, self.confidence)

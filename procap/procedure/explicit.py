@@ -28,7 +28,7 @@ def explicit_frames(
     interpolator: Interpolator,
     similarity: Similarity,
     k: int,
-    num_frames: int = 7,
+    num_generated: int = 7,
     sampling: str = "topk",
     generator: torch.Generator | None = None,
     keys: Sequence[Any] | None = None,
@@ -40,7 +40,7 @@ def explicit_frames(
         interpolator: midpoint interpolator (see :mod:`procap.procedure.interpolate`).
         similarity: a :class:`Similarity`; with look-up similarities pass ``keys`` (one per pair).
         k: keyframes per pair.
-        num_frames: l, generated frames (3, 7 or 15).
+        num_generated: l, generated frames (3, 7 or 15).
         sampling: ``"topk"`` or ``"multinomial"``.
         generator: random generator for ``"multinomial"``.
         keys: optional per-pair keys for the similarity.
@@ -48,7 +48,7 @@ def explicit_frames(
     Returns:
         (B, k + 2, 3, S, S): before, k keyframes in temporal order, after.
     """
-    mids = generate_procedure(befores, afters, interpolator, num_frames).to(befores.device)  # (B, l, 3, S, S)
+    mids = generate_procedure(befores, afters, interpolator, num_generated).to(befores.device)  # (B, l, 3, S, S)
     frames = torch.cat([befores[:, None].float(), mids, afters[:, None].float()], dim=1)  # (B, l + 2, 3, S, S)
     if keys is None:
         s_bef, s_aft = similarity(frames)  # (B, l + 2) each
@@ -66,7 +66,7 @@ def _defaults(
     interpolator: Interpolator | None,
     similarity: Similarity | None,
     k: int | None,
-    num_frames: int | None,
+    num_generated: int | None,
 ) -> tuple[Interpolator, Similarity, int, int]:
     config = model.config
     interpolator = interpolator or FlowInterpolator()
@@ -75,7 +75,7 @@ def _defaults(
     if k != config.num_keyframes:
         # the positional embeddings are per frame: the model was built for T = num_keyframes + 2
         raise ValueError(f"the model was built for k={config.num_keyframes} keyframes, got k={k}")
-    return interpolator, similarity, k, num_frames or config.num_generated_frames
+    return interpolator, similarity, k, num_generated or config.num_generated_frames
 
 
 @torch.no_grad()
@@ -86,7 +86,7 @@ def explicit_memory(
     interpolator: Interpolator | None = None,
     similarity: Similarity | None = None,
     k: int | None = None,
-    num_frames: int | None = None,
+    num_generated: int | None = None,
     sampling: str = "topk",
 ) -> torch.Tensor:
     """Decoder memory of ``model`` from synthesized frames: (B, 3, S, S) x 2 -> (B, (k + 2) * n, dec_dim).
@@ -94,8 +94,8 @@ def explicit_memory(
     Defaults: :class:`FlowInterpolator`, cosine similarity of the model's own frozen VQGAN features,
     k and l from the model's config.
     """
-    interpolator, similarity, k, num_frames = _defaults(model, interpolator, similarity, k, num_frames)
-    frames = explicit_frames(before, after, interpolator, similarity, k, num_frames, sampling)
+    interpolator, similarity, k, num_generated = _defaults(model, interpolator, similarity, k, num_generated)
+    frames = explicit_frames(before, after, interpolator, similarity, k, num_generated, sampling)
     return model.memory(before, after, frames=frames.to(before.dtype))
 
 
@@ -107,7 +107,7 @@ def explicit_captions(
     interpolator: Interpolator | None = None,
     similarity: Similarity | None = None,
     k: int | None = None,
-    num_frames: int | None = None,
+    num_generated: int | None = None,
     max_len: int | None = None,
     sampling: str = "topk",
 ) -> torch.Tensor:
@@ -116,7 +116,7 @@ def explicit_captions(
     Args:
         model: a :class:`procap.model.procap.ProCap`.
         befores, afters: (B, 3, S, S) float in [0, 1].
-        interpolator, similarity, k, num_frames, sampling: see :func:`explicit_memory`.
+        interpolator, similarity, k, num_generated, sampling: see :func:`explicit_memory`.
         max_len: caption length including BOS (default: the model's).
 
     Returns:
@@ -125,7 +125,7 @@ def explicit_captions(
     was_training = model.training
     model.eval()
     try:
-        memory = explicit_memory(model, befores, afters, interpolator, similarity, k, num_frames, sampling)
+        memory = explicit_memory(model, befores, afters, interpolator, similarity, k, num_generated, sampling)
         return model.generate_from_memory(memory, max_len)
     finally:
         model.train(was_training)

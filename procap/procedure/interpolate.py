@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-VALID_NUM_FRAMES = (3, 7, 15)
+from procap.config import GENERATED_FRAME_COUNTS
 
 
 @runtime_checkable
@@ -428,18 +428,20 @@ def _check_pair(before: torch.Tensor, after: torch.Tensor) -> None:
         )
 
 
-def levels_for(num_frames: int) -> int:
+def levels_for(num_generated: int) -> int:
     """Recursion depth m for l = 2**m - 1 frames; ValueError for anything but 3, 7, 15."""
-    if num_frames not in VALID_NUM_FRAMES:
-        raise ValueError(f"num_frames must be one of {VALID_NUM_FRAMES} (l = 2^m - 1), got {num_frames}")
-    return int(np.log2(num_frames + 1))
+    if num_generated not in GENERATED_FRAME_COUNTS:
+        raise ValueError(
+            f"l (generated frames) must be one of {GENERATED_FRAME_COUNTS} (l = 2^m - 1), got {num_generated}"
+        )
+    return int(np.log2(num_generated + 1))
 
 
 @torch.no_grad()
 def generate_procedure(
-    before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator, num_frames: int = 7, direct: bool = False
+    before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator, num_generated: int = 7, direct: bool = False
 ) -> torch.Tensor:
-    """Synthesize ``l = num_frames`` intermediate frames by recursive midpoints (the paper's procedure).
+    """Synthesize ``l = num_generated`` intermediate frames by recursive midpoints (the paper's procedure).
 
     Level 1 interpolates (I_bef, I_aft); each further level inserts a midpoint between every adjacent
     pair, all pairs of a level in one batched call (so l = 7 costs three calls of batch B, 2B, 4B).
@@ -450,13 +452,13 @@ def generate_procedure(
     Args:
         before, after: (3, H, W) or (B, 3, H, W) float in [0, 1].
         interpolator: an :class:`Interpolator`.
-        num_frames: l in {3, 7, 15}.
+        num_generated: l in {3, 7, 15}.
         direct: render all times from the endpoints' flow (needs ``interpolator.frames_at``).
 
     Returns:
         (l, 3, H, W) or (B, l, 3, H, W), intermediates only, in temporal order.
     """
-    levels = levels_for(num_frames)
+    levels = levels_for(num_generated)
     unbatched = before.dim() == 3
     if unbatched:
         before, after = before.unsqueeze(0), after.unsqueeze(0)
@@ -467,7 +469,7 @@ def generate_procedure(
                 f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
                 f"only gives midpoints"
             )
-        times = [i / (num_frames + 1) for i in range(1, num_frames + 1)]
+        times = [i / (num_generated + 1) for i in range(1, num_generated + 1)]
         out = interpolator.frames_at(before.float(), after.float(), times).to(before.device).float()
         return out[0] if unbatched else out
     frames = [before.float(), after.float()]

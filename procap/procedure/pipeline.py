@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from procap.config import FRAME_SIMILARITIES
 from procap.data.datasets import score_subkey
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, sha256_of
@@ -44,7 +45,7 @@ class PrepareOptions:
     root: str
     out: str
     splits: tuple[str, ...] = ("train",)
-    num_frames: int = 7
+    num_generated: int = 7
     image_size: int = 224
     similarity: str = "vqgan"  # vqgan | dinov2 | scores
     scores_file: str | None = None
@@ -69,7 +70,7 @@ class PrepareOptions:
         """
         key: dict[str, Any] = {
             "dataset": self.dataset,
-            "num_frames": self.num_frames,
+            "num_frames": self.num_generated,  # the manifest key caches were written with
             "image_size": self.image_size,
             "similarity": self.similarity,
             "direct": self.direct,
@@ -128,14 +129,14 @@ def to_uint8(frames: torch.Tensor) -> np.ndarray:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool, direct: bool) -> None:
+def _init_worker(interpolator: Interpolator, num_generated: int, size: int, allow_mismatch: bool, direct: bool) -> None:
     # One thread per worker: the pool already uses every core, and oversubscription slows torch and OpenCV.
     import cv2
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates the pool
-    _init_worker_inline(interpolator, num_frames, size, allow_mismatch, direct)
+    _init_worker_inline(interpolator, num_generated, size, allow_mismatch, direct)
 
 
 def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None, str | None]:
@@ -150,7 +151,7 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
     torch.set_num_threads(1)
     try:
         before, after = read_pair(pair, _WORKER["size"], _WORKER["allow_mismatch"])
-        mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_frames"], _WORKER["direct"])
+        mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_generated"], _WORKER["direct"])
         frames = torch.cat([before[None], mids, after[None]], dim=0)
         return index, to_uint8(frames), None, record(pair)
     except ProCapError as exc:
@@ -162,14 +163,14 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
 def synthesized(
     jobs: Sequence[tuple[int, Any]],
     interpolator: Interpolator,
-    num_frames: int,
+    num_generated: int,
     size: int,
     allow_mismatch: bool,
     workers: int,
     direct: bool = True,
 ) -> Iterator[tuple[int, np.ndarray | None, str | None, str | None]]:
     """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
-    init = (interpolator, num_frames, size, allow_mismatch, direct)
+    init = (interpolator, num_generated, size, allow_mismatch, direct)
     if workers <= 1:
         _init_worker_inline(*init)
         yield from map(_synthesize, jobs)
@@ -188,11 +189,11 @@ def synthesized(
 
 
 def _init_worker_inline(
-    interpolator: Interpolator, num_frames: int, size: int, allow_mismatch: bool, direct: bool
+    interpolator: Interpolator, num_generated: int, size: int, allow_mismatch: bool, direct: bool
 ) -> None:
     _WORKER.update(
         interpolator=interpolator,
-        num_frames=num_frames,
+        num_generated=num_generated,
         size=size,
         allow_mismatch=allow_mismatch,
         direct=direct and hasattr(interpolator, "frames_at"),
@@ -224,7 +225,7 @@ def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device
         if not opts.scores_file:
             raise ProCapError("--similarity scores needs --scores-file FILE (the authors' similarity JSON).")
         return sim.ScoreFileSimilarity(opts.scores_file)
-    raise ProCapError(f"--similarity must be vqgan, dinov2 or scores, got {opts.similarity!r}.")
+    raise ProCapError(f"--similarity must be one of {', '.join(FRAME_SIMILARITIES)}, got {opts.similarity!r}.")
 
 
 @torch.no_grad()
@@ -303,7 +304,7 @@ def prepare(
     Returns:
         ``{"written": n, "skipped": n, "total": n}``.
     """
-    levels_for(opts.num_frames)  # ValueError early for bad l
+    levels_for(opts.num_generated)  # ValueError early for bad l
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pairs = list(pairs) if pairs is not None else prepare_pairs(opts)
     if opts.limit is not None:
@@ -363,7 +364,7 @@ def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> 
 
     try:
         for index, frames, error, source in synthesized(
-            todo, interpolator, opts.num_frames, opts.image_size, opts.allow_size_mismatch, opts.workers, opts.direct
+            todo, interpolator, opts.num_generated, opts.image_size, opts.allow_size_mismatch, opts.workers, opts.direct
         ):
             if error is not None:
                 written += flush()  # keep the finished work, then report the bad input
@@ -424,7 +425,7 @@ def options_from_args(args: Any) -> PrepareOptions:
     names = {f.name for f in dataclasses.fields(PrepareOptions)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["splits"] = tuple(args.split or ["train"])
-    values["num_frames"] = args.frames
+    values["num_generated"] = args.frames
     values["image_size"] = args.size
     values.pop("shard", None)
     if getattr(args, "shard", None):

@@ -90,7 +90,7 @@ def evaluate_interpolators(
 
 def evaluate_procedures(
     root: str | Path,
-    num_frames: int = 7,
+    num_generated: int = 7,
     change_type: str = "move",
     limit: int | None = None,
     interpolators: dict[str, Interpolator] | None = None,
@@ -107,7 +107,7 @@ def evaluate_procedures(
 
     interpolators = interpolators or {"flow": FlowInterpolator(), "crossfade": CrossFade()}
     before, after, _ = load_truth(root, change_type, limit)
-    times = [i / (num_frames + 1) for i in range(1, num_frames + 1)]
+    times = [i / (num_generated + 1) for i in range(1, num_generated + 1)]
     truth = torch.stack([load_truth(root, change_type, limit, t)[2] for t in times], dim=1)  # (N, l, 3, H, W)
     results = {}
     for name, interp in interpolators.items():
@@ -115,11 +115,11 @@ def evaluate_procedures(
             if mode == "direct" and not hasattr(interp, "frames_at"):
                 continue
             start = time.perf_counter()
-            frames = generate_procedure(before, after, interp, num_frames, direct=mode == "direct").cpu()
+            frames = generate_procedure(before, after, interp, num_generated, direct=mode == "direct").cpu()
             elapsed = time.perf_counter() - start
-            per_frame = [float(psnr(frames[:, i], truth[:, i]).mean()) for i in range(num_frames)]
+            per_frame = [float(psnr(frames[:, i], truth[:, i]).mean()) for i in range(num_generated)]
             results[f"{name}/{mode}"] = {
-                "psnr": sum(per_frame) / num_frames,
+                "psnr": sum(per_frame) / num_generated,
                 "per_frame": per_frame,
                 "pairs": int(before.shape[0]),
                 "ms_per_pair": 1000.0 * elapsed / before.shape[0],

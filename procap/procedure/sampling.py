@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-SAMPLING_MODES = ("topk", "multinomial")
+from procap.config import KEYFRAME_SAMPLING
+
 CONFIDENCE_SCALES = ("standardize", "paper")
 
 
@@ -69,8 +70,8 @@ def sample_keyframes(
     num = weights.shape[0]
     if not 0 <= k <= num:
         raise ValueError(f"k must be in [0, {num}] for {num} intermediate frames, got {k}")
-    if mode not in SAMPLING_MODES:
-        raise ValueError(f"sampling mode must be one of {SAMPLING_MODES}, got {mode!r}")
+    if mode not in KEYFRAME_SAMPLING:
+        raise ValueError(f"sampling mode must be one of {KEYFRAME_SAMPLING}, got {mode!r}")
     w = weights.detach().float().cpu()
     if k == 0:
         chosen = torch.zeros(0, dtype=torch.long)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from procap.config import LR_DECAYS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
@@ -83,8 +84,8 @@ class TrainConfig:
             raise ValueError(f"stage must be one of {sorted(STAGE_DEFAULTS)}, got {self.stage!r}")
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
-        if self.decay not in ("none", "cosine", "linear"):
-            raise ValueError(f"decay must be none, cosine or linear, got {self.decay!r}")
+        if self.decay not in LR_DECAYS:
+            raise ValueError(f"decay must be one of {', '.join(LR_DECAYS)}, got {self.decay!r}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
         if self.dist_timeout <= 0:

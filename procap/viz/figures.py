@@ -413,7 +413,7 @@ def procedure_from_cache(cache: Any, pair_id: str) -> tuple[torch.Tensor, torch.
 
 @torch.no_grad()
 def procedure_from_pair(
-    pair: Any, interpolator: Any, similarity: Any, num_frames: int = 7, size: int = 224, direct: bool = True
+    pair: Any, interpolator: Any, similarity: Any, num_generated: int = 7, size: int = 224, direct: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Synthesize and score one pair's procedure now, as ``procap prepare`` would store it.
 
@@ -421,7 +421,7 @@ def procedure_from_pair(
         pair: a :class:`procap.data.ChangePair`.
         interpolator: a :class:`procap.procedure.Interpolator` (e.g. ``FlowInterpolator()``).
         similarity: a :class:`procap.procedure.Similarity` (e.g. ``VQGANSimilarity(vqgan)``).
-        num_frames: l in {3, 7, 15}.
+        num_generated: l in {3, 7, 15}.
         size: side S the images are loaded at.
         direct: all l frames from the endpoints' flow when the interpolator can (else recursive midpoints).
 
@@ -432,7 +432,9 @@ def procedure_from_pair(
     from procap.procedure.pipeline import read_pair, to_uint8
 
     before, after = read_pair(pair, size)
-    middle = generate_procedure(before, after, interpolator, num_frames, direct and hasattr(interpolator, "frames_at"))
+    middle = generate_procedure(
+        before, after, interpolator, num_generated, direct and hasattr(interpolator, "frames_at")
+    )
     frames = torch.from_numpy(to_uint8(torch.cat([before[None], middle, after[None]], dim=0)))
     s_bef, s_aft = similarity(frames.float() / 255.0)
     return frames, s_bef.float().cpu(), s_aft.float().cpu()

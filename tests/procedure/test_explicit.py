@@ -19,7 +19,7 @@ def model():
 
 def test_explicit_frames_are_framed_and_ordered(model):
     before, after = torch.zeros(2, 3, 64, 64), torch.ones(2, 3, 64, 64)
-    frames = explicit_frames(before, after, CrossFade(), VQGANSimilarity(model.vqgan), k=2, num_frames=7)
+    frames = explicit_frames(before, after, CrossFade(), VQGANSimilarity(model.vqgan), k=2, num_generated=7)
     assert frames.shape == (2, 4, 3, 64, 64)
     torch.testing.assert_close(frames[:, 0], before)
     torch.testing.assert_close(frames[:, -1], after)

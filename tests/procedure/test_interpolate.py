@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import requires_cuda
 
 from procap.procedure.interpolate import (
     CrossFade,
@@ -13,8 +12,7 @@ from procap.procedure.interpolate import (
     levels_for,
 )
 from procap.procedure.quality import psnr
-
-from .procedure_helpers import square_image, textured
+from tests.support import requires_cuda, square_image, textured
 
 
 def test_backward_warp_integer_shift_matches_roll():
@@ -59,13 +57,13 @@ def test_at_endpoints_and_range():
     assert out.shape == before.shape and out.min() >= 0 and out.max() <= 1
 
 
-@pytest.mark.parametrize("num_frames", [3, 7, 15])
-def test_frame_counts_and_order(num_frames):
+@pytest.mark.parametrize("num_generated", [3, 7, 15])
+def test_frame_counts_and_order(num_generated):
     before, after = torch.zeros(2, 3, 8, 8), torch.ones(2, 3, 8, 8)
-    frames = generate_procedure(before, after, CrossFade(), num_frames)
-    assert frames.shape == (2, num_frames, 3, 8, 8)
+    frames = generate_procedure(before, after, CrossFade(), num_generated)
+    assert frames.shape == (2, num_generated, 3, 8, 8)
     # recursive midpoints of a cross-fade are the blends at t = i / (l + 1), in temporal order
-    expected = torch.arange(1, num_frames + 1, dtype=torch.float32) / (num_frames + 1)
+    expected = torch.arange(1, num_generated + 1, dtype=torch.float32) / (num_generated + 1)
     torch.testing.assert_close(frames[0, :, 0, 0, 0], expected)
 
 
@@ -76,7 +74,7 @@ def test_unbatched_flow_procedure():
 
 @pytest.mark.parametrize("bad", [0, 1, 2, 5, 8, 31])
 def test_invalid_frame_counts(bad):
-    with pytest.raises(ValueError, match="num_frames"):
+    with pytest.raises(ValueError, match="generated frames"):
         levels_for(bad)
     with pytest.raises(ValueError):
         generate_procedure(torch.zeros(3, 8, 8), torch.ones(3, 8, 8), CrossFade(), bad)
