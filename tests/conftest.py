@@ -31,9 +31,3 @@ def _seed_everything():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
-
-
-# The one CUDA skip marker; test modules import it (``from conftest import requires_cuda``). A string condition is
-# evaluated lazily, so collection never initialises CUDA. (No other test folder has a package-less conftest.py, so
-# ``conftest`` always names this file.)
-requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")

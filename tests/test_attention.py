@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import requires_cuda
 
 from procap import attention as attn_mod
 from procap.attention import (
@@ -20,6 +19,7 @@ from procap.attention import (
     unavailable_reason,
     use_backend,
 )
+from tests.support import requires_cuda
 
 DEVICES = [
     "cpu",

@@ -357,10 +357,9 @@ def _partial_cache(root: Path) -> None:
 
 
 def _small_model(vocab_size: int):
-    from model.model_helpers import small_vqgan_config
-
     from procap.config import get_preset
     from procap.model.procap import ProCap
+    from tests.support import small_vqgan_config
 
     vqgan = small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
     config = get_preset(

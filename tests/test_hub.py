@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from model.model_helpers import small_config
 from PIL import Image
 
 from procap.cli import main
@@ -22,6 +21,7 @@ from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.hub import load_pretrained, parse_hub_path, push_to_hub
 from procap.model.procap import ProCap
+from tests.support import small_config
 
 pytest.importorskip("huggingface_hub", reason="the [hub] extra (huggingface_hub) is not installed")
 

@@ -28,7 +28,7 @@ TINY_MODEL |= {"dec_dim": 16, "dec_heads": 2, "dec_ffn": 32, "dec_layers": 1}
 
 
 def _tiny_vqgan():
-    from model.model_helpers import small_vqgan_config
+    from tests.support import small_vqgan_config
 
     return small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
 

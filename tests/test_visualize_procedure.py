@@ -138,10 +138,9 @@ def test_cli_draws_a_cached_pair(dataset, tmp_path, capsys):
 
 
 def test_cli_synthesizes_without_a_cache(dataset, tmp_path, capsys):
-    from model.model_helpers import small_vqgan_config
-
     from procap.model.vqgan import VQGAN
     from procap.train.vqgan_train import save_vqgan
+    from tests.support import small_vqgan_config
 
     data, pair = dataset
     config = small_vqgan_config(resolution=32, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from model.model_helpers import small_config, small_vqgan_config
 
 from procap.checkpoint import save_checkpoint
 from procap.cli import main
@@ -14,6 +13,7 @@ from procap.data import load_split
 from procap.data.synthetic import generate
 from procap.model.procap import ProCap
 from procap.train.common import build_vocab
+from tests.support import small_config, small_vqgan_config
 
 
 @pytest.fixture(scope="module")

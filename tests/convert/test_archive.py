@@ -12,8 +12,7 @@ import torch
 from procap.cli import main
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, UnsafeCheckpointError, load_archive
 from procap.errors import ProCapError
-
-from .conftest import CHECKPOINT, VOCAB
+from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB
 
 
 class _Payload:
@@ -49,7 +48,7 @@ def _zip_with_pickle(path, data: bytes) -> None:
 
 
 def test_authors_checkpoint_loads_without_their_packages():
-    obj = load_archive(CHECKPOINT, AUTHORS_GLOBALS)
+    obj = load_archive(AUTHORS_CHECKPOINT, AUTHORS_GLOBALS)
     assert list(obj) == ["model", "model_cfg", "opt", "epoch", "optimizer"]
     assert isinstance(obj["model_cfg"], AttrDict) and obj["model_cfg"]["hidden_size"] == 128
     assert obj["model_cfg"]["vocab_size"] == 80 and obj["model_cfg"]["mask_token_id"] == 7
@@ -62,7 +61,7 @@ def test_authors_checkpoint_loads_without_their_packages():
 
 def test_torch_weights_only_refuses_the_authors_file():
     with pytest.raises(pickle.UnpicklingError):
-        torch.load(CHECKPOINT, weights_only=True)
+        torch.load(AUTHORS_CHECKPOINT, weights_only=True)
 
 
 @pytest.mark.parametrize("where", ["top", "optimizer"])
@@ -140,7 +139,7 @@ def test_convert_cli_refuses_a_malicious_checkpoint(tmp_path, capsys):
     path = tmp_path / "evil.chkpt"
     _evil_checkpoint(path, marker)
     out = tmp_path / "model.safetensors"
-    argv = ["convert", "--from", "authors", str(path), "--vocab", str(VOCAB), "--out", str(out)]
+    argv = ["convert", "--from", "authors", str(path), "--vocab", str(AUTHORS_VOCAB), "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("procap: error:") and "system" in err and "\n" not in err

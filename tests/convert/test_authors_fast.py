@@ -7,13 +7,11 @@ import copy
 
 import pytest
 import torch
-from conftest import requires_cuda
 
 from procap.fast import Captioner
 from procap.model.authors_decoder import authors_greedy_decode
 from procap.model.decoder import BOS_ID, UNK_ID
-
-from .conftest import expected
+from tests.support import authors_expected, requires_cuda
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +38,7 @@ def test_cached_step_logits_match_full_recompute(authors_model, memory):
         prefix = torch.cat([prefix, state.out[:, state.pos - 1]], dim=1)
     assert worst <= 1e-4
     assert torch.equal(state.out, authors_greedy_decode(decoder, memory, 24))
-    assert torch.equal(state.out, expected("token_ids")[:, 1:])
+    assert torch.equal(state.out, authors_expected("token_ids")[:, 1:])
     assert torch.equal(decoder.generate_cached(memory, 24), state.out)
 
 
@@ -50,7 +48,7 @@ def test_captioner_equals_the_oracle_at_any_length(authors_model, fixture_images
     captioner = Captioner(model, vocab, device="cpu", dtype="fp32", max_len=max_len, batch_sizes=(2, 8))
     tokens = captioner.generate(*fixture_images)
     assert torch.equal(tokens, model.generate(*fixture_images, max_len=max_len))
-    assert torch.equal(tokens, expected("token_ids")[:, 1:max_len])  # causal: a shorter run is a prefix
+    assert torch.equal(tokens, authors_expected("token_ids")[:, 1:max_len])  # causal: a shorter run is a prefix
 
 
 @requires_cuda
@@ -94,7 +92,7 @@ def test_fp32_cuda_graphs_reproduce_the_authors_tokens(authors_model, fixture_im
         oracle = copy.deepcopy(model).cuda().generate(*(x.cuda() for x in fixture_images)).cpu()
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = allow
-    agreement = (tokens == expected("token_ids")[:, 1:]).float().mean().item()
+    agreement = (tokens == authors_expected("token_ids")[:, 1:]).float().mean().item()
     print(
         f"fp32 CUDA graphs vs the authors' tokens: {agreement:.3f}; vs the CUDA eager oracle: "
         f"{(tokens == oracle).float().mean().item():.3f}"

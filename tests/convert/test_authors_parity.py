@@ -14,8 +14,13 @@ import pytest
 import torch
 
 from procap.cli import main
-
-from .conftest import CHECKPOINT, VOCAB, expected, expected_captions, image_paths
+from tests.support import (
+    AUTHORS_CHECKPOINT,
+    AUTHORS_VOCAB,
+    authors_expected,
+    authors_expected_captions,
+    authors_image_paths,
+)
 
 TOLERANCE = 1e-4
 
@@ -40,42 +45,42 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_images_are_read_exactly_as_the_authors_fed_them(fixture_images):
     before, after = fixture_images
-    assert torch.equal(torch.stack([before[0], after[0]])[None], expected("image_input"))
+    assert torch.equal(torch.stack([before[0], after[0]])[None], authors_expected("image_input"))
 
 
 def test_vqgan_features(outputs):
-    assert _max_diff(outputs["features"], expected("vqgan_features")) <= TOLERANCE
+    assert _max_diff(outputs["features"], authors_expected("vqgan_features")) <= TOLERANCE
 
 
 def test_axial_positions_and_prefix(authors_model, outputs):
     model, _ = authors_model
-    assert _max_diff(model.positions(), expected("target_pos_emb")) <= 1e-6
-    head = expected("encoder_input_head")  # the 26 prefix tokens and the first 4 patches
+    assert _max_diff(model.positions(), authors_expected("target_pos_emb")) <= 1e-6
+    head = authors_expected("encoder_input_head")  # the 26 prefix tokens and the first 4 patches
     assert _max_diff(outputs["encoder_input"][:, : head.shape[1]], head) <= 1e-5
 
 
 def test_encoder_output_all_positions(outputs):
-    assert _max_diff(outputs["encoder_output"], expected("encoder_output")) <= TOLERANCE
+    assert _max_diff(outputs["encoder_output"], authors_expected("encoder_output")) <= TOLERANCE
 
 
 def test_decoder_memory(outputs):
-    assert _max_diff(outputs["memory"], expected("memory")) <= TOLERANCE
+    assert _max_diff(outputs["memory"], authors_expected("memory")) <= TOLERANCE
 
 
 def test_first_step_and_teacher_forced_logits(authors_model, outputs):
     model, _ = authors_model
     with torch.no_grad():
-        logits = model.decoder(expected("token_ids"), outputs["memory"])  # (8, 24, 80)
-    assert _max_diff(logits[:, 0], expected("logits_step0")) <= TOLERANCE
-    assert _max_diff(logits[:, 1], expected("logits_step1")) <= TOLERANCE
-    assert _max_diff(logits, expected("step_logits")) <= TOLERANCE
+        logits = model.decoder(authors_expected("token_ids"), outputs["memory"])  # (8, 24, 80)
+    assert _max_diff(logits[:, 0], authors_expected("logits_step0")) <= TOLERANCE
+    assert _max_diff(logits[:, 1], authors_expected("logits_step1")) <= TOLERANCE
+    assert _max_diff(logits, authors_expected("step_logits")) <= TOLERANCE
 
 
 def test_generate_reproduces_every_token_and_caption(authors_model, fixture_images):
     model, vocab = authors_model
     tokens = model.generate(*fixture_images)
-    assert torch.equal(tokens, expected("token_ids")[:, 1:])  # all 23 generated tokens, after EOS too
-    assert [model.caption_text(vocab, row) for row in tokens.tolist()] == expected_captions()
+    assert torch.equal(tokens, authors_expected("token_ids")[:, 1:])  # all 23 generated tokens, after EOS too
+    assert [model.caption_text(vocab, row) for row in tokens.tolist()] == authors_expected_captions()
 
 
 @pytest.mark.parametrize("batch_sizes", [(1, 8), (3,)])
@@ -84,21 +89,26 @@ def test_captioner_reproduces_every_token_and_caption(authors_model, batch_sizes
 
     model, vocab = authors_model
     captioner = Captioner(model, vocab, device="cpu", dtype="fp32", batch_sizes=batch_sizes, pad_to_bucket=True)
-    befores, afters = image_paths()
+    befores, afters = authors_image_paths()
     tokens = captioner.generate(captioner.images(befores), captioner.images(afters))
-    assert torch.equal(tokens, expected("token_ids")[:, 1:])
-    assert captioner(befores, afters) == expected_captions()
+    assert torch.equal(tokens, authors_expected("token_ids")[:, 1:])
+    assert captioner(befores, afters) == authors_expected_captions()
 
 
 def test_convert_then_caption_cli(tmp_path, capsys):
     out = tmp_path / "authors.safetensors"
-    assert main(["convert", "--from", "authors", str(CHECKPOINT), "--vocab", str(VOCAB), "--out", str(out)]) == 0
+    assert (
+        main(
+            ["convert", "--from", "authors", str(AUTHORS_CHECKPOINT), "--vocab", str(AUTHORS_VOCAB), "--out", str(out)]
+        )
+        == 0
+    )
     capsys.readouterr()
-    befores, afters = image_paths()
+    befores, afters = authors_image_paths()
     paths = [str(p) for pair in zip(befores, afters) for p in pair]
     assert main(["caption", "--ckpt", str(out), "--json", "--device", "cpu", *paths]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert [row["caption"] for row in result] == expected_captions()
+    assert [row["caption"] for row in result] == authors_expected_captions()
 
 
 def test_bf16_teacher_forced_logits_agree(authors_model, fixture_images):
@@ -114,9 +124,9 @@ def test_bf16_teacher_forced_logits_agree(authors_model, fixture_images):
     model, _ = authors_model
     model = copy.deepcopy(model).to(torch.bfloat16)
     before, after = (x.to(torch.bfloat16) for x in fixture_images)
-    reference = expected("step_logits")
+    reference = authors_expected("step_logits")
     with torch.no_grad():
-        logits = model.decoder(expected("token_ids"), model.memory(before, after)).float()
+        logits = model.decoder(authors_expected("token_ids"), model.memory(before, after)).float()
     diff = (logits - reference).abs()
     agreement = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
     print(

@@ -16,8 +16,7 @@ from procap.data import load_image, load_split
 from procap.data.images import MAX_PIXELS_ENV
 from procap.data.synthetic import generate
 from procap.errors import ProCapError
-
-from .fixtures import make_edit, make_spot
+from tests.support import make_edit, make_spot
 
 
 # ------------------------------------------------------------------------------------------ images

@@ -16,8 +16,7 @@ from procap.config import get_preset
 from procap.data import DATASETS, load_split
 from procap.errors import ProCapError
 from procap.train.common import build_vocab
-
-from .fixtures import write_image
+from tests.support import write_image
 
 NO_CHANGE = "the scene is the same as before"
 

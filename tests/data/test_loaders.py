@@ -7,8 +7,7 @@ import torch
 from procap.data import ChangePair, load_image, load_split
 from procap.data.synthetic import generate
 from procap.errors import ProCapError
-
-from .fixtures import make_edit, make_spot, write_image
+from tests.support import make_edit, make_spot, write_image
 
 
 def test_spot_merges_repeated_ids_and_drops_empty_sentences(tmp_path):

@@ -7,12 +7,12 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda
 from PIL import Image
 
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
+from tests.support import requires_cuda
 
 
 class _IdVocab:
@@ -53,6 +53,16 @@ def test_shorter_max_len_and_reuse(trained, pairs):
     for start in (0, 4, 8):  # the same static state serves every batch
         before, after = pairs[0][start : start + 4], pairs[1][start : start + 4]
         assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=6))
+
+
+def test_default_length_is_the_models_max_caption_len(trained, pairs):
+    """Without max_len a Captioner decodes the model's whole caption length, whatever that is (16 here)."""
+    model, _, _ = trained
+    captioner = Captioner(model, _IdVocab(), device="cpu", batch_sizes=(4,))
+    before, after = pairs[0][:4], pairs[1][:4]
+    tokens = captioner.generate(before, after)
+    assert captioner.max_len == model.config.max_caption_len and tokens.shape == (4, model.config.max_caption_len - 1)
+    assert torch.equal(tokens, model.generate(before, after))
 
 
 def test_model_is_not_modified(trained):

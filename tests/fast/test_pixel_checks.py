@@ -99,10 +99,9 @@ def test_one_rule_for_uint8_whatever_the_container(captioner):
 
 def test_imagine_takes_files_and_pil_images(tmp_path):
     """visualize.imagine given paths failed with an AttributeError; it now loads them as the Captioner does."""
-    from model.model_helpers import small_config
-
     from procap.model.procap import ProCap
     from procap.viz.figures import imagine
+    from tests.support import small_config
 
     torch.manual_seed(0)
     model = ProCap(small_config()).eval()

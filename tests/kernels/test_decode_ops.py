@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_helpers import DTYPES, impl_device, max_abs_err
 
 from procap import kernels
 from procap.kernels import greedy
 from procap.kernels.greedy import greedy_step_ref
 from procap.kernels.layernorm import add_layer_norm_ref
 from procap.model import decoder
+from tests.support import DTYPES, impl_device, max_abs_err
 
 
 @pytest.fixture(autouse=True)

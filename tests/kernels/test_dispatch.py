@@ -9,12 +9,12 @@ import warnings
 
 import pytest
 import torch
-from kernel_helpers import impl_params
 
 from procap import kernels
 from procap.config import MaskingConfig
 from procap.kernels import _ext
 from procap.model.masking import sample_mask_params
+from tests.support import impl_params
 
 requires_ext = pytest.mark.skipif(not _ext.AVAILABLE, reason=f"C++ extension not built ({_ext.LOAD_ERROR})")
 

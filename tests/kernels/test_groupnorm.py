@@ -6,13 +6,13 @@ import warnings
 
 import pytest
 import torch
-from kernel_helpers import DTYPES, impl_device, max_abs_err
 
 from procap import kernels
 from procap.config import get_preset
 from procap.kernels import groupnorm
 from procap.kernels.groupnorm import STATS_KERNELS, group_norm_fwd, group_norm_ref
 from procap.model.vqgan import VQGAN
+from tests.support import DTYPES, impl_device, max_abs_err
 
 IMPLS = ["reference", "triton"]
 # (B, C, H, W), groups: odd spatial sizes, 3 channels per group (not a power of two), one channel per group, H*W = 1.

@@ -6,12 +6,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import DTYPES, impl_device, impl_params, max_abs_err
 
 from procap import kernels
 from procap.config import MaskingConfig
 from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, masking_ref
 from procap.model.masking import sample_mask_params
+from tests.support import DTYPES, impl_device, impl_params, max_abs_err
 
 IMPLS = impl_params("masking_fwd", cuda_kernel=False)  # CUDA runs the Triton kernel; csrc/cuda has none
 # (B, T, H, W, D): odd sizes so rows and D are never multiples of the kernels' blocks.

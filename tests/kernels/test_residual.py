@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import DTYPES, impl_device
 
 from procap import kernels
 from procap.kernels.residual import bias_add_ref
+from tests.support import DTYPES, impl_device
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
-from kernel_helpers import DTYPES, impl_device, impl_params
 
 from procap import kernels
 from procap.kernels import _ext
 from procap.kernels.vq import vq_distances_ref, vq_nearest_ref
+from tests.support import DTYPES, impl_device, impl_params
 
 IMPLS = impl_params("vq_nearest")
 # (N, K, D): N and K off the block sizes, K not a power of two, D odd; one with several D tiles.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .model_helpers import small_config
+from tests.support import small_config
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ from procap.model.decoder import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID
 from procap.model.encoder import authors_prefix_mask
 from procap.model.layers import FeedForward
 from procap.model.procap import ProCap
-
-from .model_helpers import small_config
+from tests.support import small_config
 
 
 def authors_config(**overrides) -> ProCapConfig:
@@ -159,7 +158,7 @@ def test_caption_text_rule():
 
 
 def test_stage2_loss_trains_every_part():
-    from .model_helpers import random_captions
+    from tests.support import random_captions
 
     model = ProCap(authors_config()).train()
     captions = random_captions(2, 8, 20)

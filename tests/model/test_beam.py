@@ -11,8 +11,7 @@ from procap.errors import ProCapError
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.procap import ProCap
-
-from .model_helpers import small_config
+from tests.support import small_config
 
 VOCAB = 12  # 8 specials + 4 words: 5 tokens can be produced (the words and EOS)
 MAX_LEN = 4  # BOS + 3 decoded tokens: 1 + 4 + 16 + 64 = 85 possible captions

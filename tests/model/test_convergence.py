@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from procap.model.procap import ProCap
-
-from .model_helpers import random_captions, small_config
+from tests.support import random_captions, small_config
 
 
 def _setup():

@@ -18,8 +18,7 @@ from procap.model.encoder import (
     space_to_depth,
 )
 from procap.model.procap import ProCap
-
-from .model_helpers import small_config, small_vqgan_config
+from tests.support import small_config, small_vqgan_config
 
 torch.set_num_threads(1)
 

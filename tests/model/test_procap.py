@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import requires_cuda
 
 from procap.config import MaskingConfig, get_preset
 from procap.errors import ProCapError
@@ -12,8 +11,7 @@ from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH,
 from procap.model.decoder import EOS_ID, PAD_ID, SUPPRESSED_IDS, suppress_specials
 from procap.model.losses import caption_loss, msm_loss
 from procap.model.procap import ProCap, count_parameters
-
-from .model_helpers import random_captions, small_config, small_vqgan_config
+from tests.support import random_captions, requires_cuda, small_config, small_vqgan_config
 
 
 def _frames(batch: int, config, seed: int = 0) -> torch.Tensor:

@@ -17,8 +17,7 @@ from procap.model.decoder import (
 )
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention
-
-from .model_helpers import small_config
+from tests.support import small_config
 
 
 def test_attention_matches_torch_multihead_attention():

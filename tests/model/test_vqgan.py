@@ -10,8 +10,7 @@ from procap.config import VQGANConfig, get_preset
 from procap.errors import ProCapError
 from procap.kernels.vq import vq_nearest_ref
 from procap.model.vqgan import VQGAN, VectorQuantizer, attention_levels
-
-from .model_helpers import small_vqgan_config
+from tests.support import small_vqgan_config
 
 
 def test_attention_levels_follow_taming_nominal_resolution():

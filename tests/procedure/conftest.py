@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from .procedure_helpers import save_png, square_image
+from tests.support import save_png, square_image
 
 
 @pytest.fixture

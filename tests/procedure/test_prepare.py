@@ -18,35 +18,8 @@ import torch
 from procap.errors import ProCapError
 from procap.procedure.cache import CachedProcedures
 from procap.procedure.interpolate import CrossFade
-from procap.procedure.pipeline import PrepareOptions, prepare
-
-
-def score_file(path: Path, pairs, frames: int = 5) -> Path:
-    """A score file in the authors' CLEVR shape for the given pairs (l = 3 -> 5 scores)."""
-    ramp = np.linspace(1, 0, frames).tolist()
-    data: dict = {}
-    for p in pairs:
-        group = "sc" if "_semantic_" in p.id else "nsc"
-        key = p.id.rsplit("_", 1)[1]
-        data.setdefault(key, {})[f"{group}_sim_matrixes"] = {"bef_inter_sim": [ramp], "inter_aft_sim": [ramp[::-1]]}
-    path.write_text(json.dumps(data))
-    return path
-
-
-def options(tmp_path, pairs, **kw):
-    base = {
-        "dataset": "clevr-change",
-        "root": str(tmp_path),
-        "out": str(tmp_path / "cache"),
-        "num_frames": 3,
-        "image_size": 32,
-        "similarity": "scores",
-        "scores_file": str(score_file(tmp_path / "s.json", pairs)),
-        "direct": False,
-        "score_batch": 1,
-        "progress": False,
-    }
-    return PrepareOptions(**{**base, **kw})
+from procap.procedure.pipeline import prepare
+from tests.support import prepare_options
 
 
 def validate(cache_dir: Path, pairs) -> None:
@@ -63,11 +36,10 @@ def validate(cache_dir: Path, pairs) -> None:
 
 def test_prepare_end_to_end_with_vqgan_codes(tmp_path, clevr_pairs):
     from procap.train.vqgan_train import save_vqgan
-
-    from .test_similarity import tiny_vqgan
+    from tests.support import tiny_vqgan
 
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
-    opts = options(
+    opts = prepare_options(
         tmp_path,
         clevr_pairs[:2],
         similarity="vqgan",
@@ -100,7 +72,7 @@ class FailingInterpolator(CrossFade):
 
 
 def test_resume_after_an_exception(tmp_path, clevr_pairs):
-    opts = options(tmp_path, clevr_pairs)
+    opts = prepare_options(tmp_path, clevr_pairs)
     with pytest.raises(RuntimeError, match="simulated"):
         prepare(opts, clevr_pairs, interpolator=FailingInterpolator(calls=2 * 3 + 1))  # l=3: 2 calls per pair
     with h5py.File(tmp_path / "cache" / "sc_videos.h5", "r") as f:
@@ -140,7 +112,7 @@ def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
     With SIGTERM the pairs synthesized but not yet scored (batch 8) are still written before exiting.
     """
     pairs = clevr_pairs
-    opts = options(tmp_path, pairs, score_batch=batch)
+    opts = prepare_options(tmp_path, pairs, score_batch=batch)
     (tmp_path / "pairs.json").write_text(
         json.dumps([{"id": p.id, "before_path": str(p.before_path), "after_path": str(p.after_path)} for p in pairs])
     )
@@ -182,7 +154,7 @@ def test_resume_after_killing_prepare(tmp_path, clevr_pairs, sig, batch):
 def test_unreadable_image_names_the_file(tmp_path, clevr_pairs):
     Path(clevr_pairs[1].after_path).write_bytes(b"not a png")
     with pytest.raises(ProCapError, match=clevr_pairs[1].after_path.name):
-        prepare(options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
+        prepare(prepare_options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
 
 
 def test_size_mismatch_names_the_pair(tmp_path, clevr_pairs):
@@ -190,26 +162,26 @@ def test_size_mismatch_names_the_pair(tmp_path, clevr_pairs):
 
     Image.new("RGB", (20, 24)).save(clevr_pairs[0].after_path)
     with pytest.raises(ProCapError, match=f"pair {clevr_pairs[0].id}"):
-        prepare(options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
-    opts = options(tmp_path, clevr_pairs, allow_size_mismatch=True)
+        prepare(prepare_options(tmp_path, clevr_pairs), clevr_pairs, interpolator=CrossFade())
+    opts = prepare_options(tmp_path, clevr_pairs, allow_size_mismatch=True)
     assert prepare(opts, clevr_pairs, interpolator=CrossFade())["written"] == 6
 
 
 def test_option_errors(tmp_path, clevr_pairs):
     with pytest.raises(ProCapError, match="--vqgan"):
-        prepare(options(tmp_path, clevr_pairs, similarity="vqgan", scores_file=None), clevr_pairs)
+        prepare(prepare_options(tmp_path, clevr_pairs, similarity="vqgan", scores_file=None), clevr_pairs)
     with pytest.raises(ProCapError, match="--dinov2-weights"):
-        prepare(options(tmp_path, clevr_pairs, similarity="dinov2", scores_file=None), clevr_pairs)
+        prepare(prepare_options(tmp_path, clevr_pairs, similarity="dinov2", scores_file=None), clevr_pairs)
     with pytest.raises(ProCapError, match="no entry for pair"):
-        prepare(options(tmp_path, clevr_pairs[:1]), clevr_pairs)  # score file covers one pair only
-    with pytest.raises(ValueError, match="num_frames"):
-        prepare(options(tmp_path, clevr_pairs, num_frames=4), clevr_pairs)
+        prepare(prepare_options(tmp_path, clevr_pairs[:1]), clevr_pairs)  # score file covers one pair only
+    with pytest.raises(ValueError, match="generated frames"):
+        prepare(prepare_options(tmp_path, clevr_pairs, num_generated=4), clevr_pairs)
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, clevr_pairs):
-    prepare(options(tmp_path, clevr_pairs[:1]), clevr_pairs[:1], interpolator=CrossFade())
+    prepare(prepare_options(tmp_path, clevr_pairs[:1]), clevr_pairs[:1], interpolator=CrossFade())
     with pytest.raises(ProCapError, match="image_size"):
-        prepare(options(tmp_path, clevr_pairs[:1], image_size=48), clevr_pairs[:1], interpolator=CrossFade())
+        prepare(prepare_options(tmp_path, clevr_pairs[:1], image_size=48), clevr_pairs[:1], interpolator=CrossFade())
 
 
 def test_cli_reports_bad_workers(tmp_path, capsys):
@@ -227,8 +199,7 @@ def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.train.vqgan_train import save_vqgan
-
-    from .test_similarity import tiny_vqgan
+    from tests.support import tiny_vqgan
 
     generate(tmp_path / "synth", 5, size=32, seed=0, progress=False)
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
@@ -260,16 +231,16 @@ def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
 def test_resume_with_an_input_file_of_other_content_under_the_same_name_is_refused(tmp_path, clevr_pairs):
     """The manifest records each model / score file by content: a file replaced under its old name would mix
     two tokenizers' (or two scorers') outputs in one cache with exit 0."""
-    opts = options(tmp_path, clevr_pairs[:1])
+    opts = prepare_options(tmp_path, clevr_pairs[:1])
     prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
     Path(opts.scores_file).write_text(Path(opts.scores_file).read_text().replace("1.0", "0.9"))
     with pytest.raises(ProCapError, match="--scores-file file of other content"):
         prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
     vqgan = tmp_path / "vq.safetensors"  # the VQGAN is recorded the same way (its name alone was before)
     vqgan.write_bytes(b"one")
-    first = options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
+    first = prepare_options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
     vqgan.write_bytes(b"two")
-    second = options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
+    second = prepare_options(tmp_path, clevr_pairs, vqgan=str(vqgan)).content_key()
     assert first["vqgan"] == second["vqgan"] and first["vqgan_sha256"] != second["vqgan_sha256"]
 
 
@@ -280,7 +251,7 @@ def test_a_full_disk_stops_prepare_with_one_sentence_before_hdf5_fails(tmp_path,
 
     from procap.files import OutputError
 
-    opts = options(tmp_path, clevr_pairs)
+    opts = prepare_options(tmp_path, clevr_pairs)
     real_usage = shutil.disk_usage
     writes = []
 
@@ -305,7 +276,7 @@ def test_resume_after_the_dataset_images_changed_is_refused(tmp_path, clevr_pair
 
     from PIL import Image
 
-    opts = options(tmp_path, clevr_pairs)
+    opts = prepare_options(tmp_path, clevr_pairs)
     assert prepare(opts, clevr_pairs[:2], interpolator=CrossFade())["written"] == 2
     changed = clevr_pairs[1].after_path
     copy = tmp_path / "copy.png"
@@ -322,7 +293,7 @@ def test_resume_after_the_dataset_images_changed_is_refused(tmp_path, clevr_pair
 
 
 def test_a_pair_cached_without_a_record_of_its_images_is_refused_on_resume(tmp_path, clevr_pairs):
-    opts = options(tmp_path, clevr_pairs)
+    opts = prepare_options(tmp_path, clevr_pairs)
     prepare(opts, clevr_pairs[:1], interpolator=CrossFade())
     with h5py.File(tmp_path / "cache" / "sc_videos.h5", "a") as f:
         record = json.loads(f["000000.png"].attrs["source"])

@@ -16,8 +16,7 @@ from procap.errors import ProCapError
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.pipeline import prepare
 from procap.procedure.shards import merge_shards, parse_shard, shard_dir
-
-from .test_prepare import options
+from tests.support import prepare_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def vqgan_file(tmp_path):
     from procap.train.vqgan_train import save_vqgan
-
-    from .test_similarity import tiny_vqgan
+    from tests.support import tiny_vqgan
 
     path = tmp_path / "vq.safetensors"
     save_vqgan(path, tiny_vqgan())
@@ -34,7 +32,7 @@ def vqgan_file(tmp_path):
 
 
 def _vq_options(tmp_path, pairs, vqgan_file, out):
-    return options(tmp_path, pairs, out=str(out), similarity="vqgan", scores_file=None, vqgan=vqgan_file)
+    return prepare_options(tmp_path, pairs, out=str(out), similarity="vqgan", scores_file=None, vqgan=vqgan_file)
 
 
 def _contents(cache: Path) -> dict:
@@ -71,7 +69,7 @@ def test_two_shards_and_merge_equal_one_run(tmp_path, clevr_pairs, vqgan_file):
 
 def test_merge_refuses_a_missing_shard_or_pair(tmp_path, clevr_pairs):
     out = tmp_path / "cache"
-    opts = options(tmp_path, clevr_pairs, out=str(out))
+    opts = prepare_options(tmp_path, clevr_pairs, out=str(out))
     opts.shard = (0, 2)
     prepare(opts, clevr_pairs, interpolator=CrossFade())
     with pytest.raises(ProCapError, match="shard 1/2 is missing"):
@@ -95,7 +93,7 @@ def test_merge_refuses_a_missing_shard_or_pair(tmp_path, clevr_pairs):
 def test_merge_refuses_a_pair_in_two_shards(tmp_path, clevr_pairs):
     out = tmp_path / "cache"
     for index in range(2):
-        opts = options(tmp_path, clevr_pairs, out=str(out))
+        opts = prepare_options(tmp_path, clevr_pairs, out=str(out))
         opts.shard = (index, 2)
         prepare(opts, clevr_pairs, interpolator=CrossFade())
     src = min(shard_dir(out, 0, 2).glob("*.h5"))
@@ -117,8 +115,7 @@ def test_torchrun_prepare_shards_and_merges(tmp_path):
     from procap.data.synthetic import generate
     from procap.procedure.cache import CachedProcedures
     from procap.train.vqgan_train import save_vqgan
-
-    from .test_similarity import tiny_vqgan
+    from tests.support import tiny_vqgan
 
     generate(tmp_path / "synth", 4, size=32, seed=0, progress=False)
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())

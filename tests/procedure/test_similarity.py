@@ -6,17 +6,10 @@ import types
 
 import pytest
 import torch
-from model.model_helpers import small_vqgan_config
 
 from procap.errors import ProCapError
 from procap.procedure.similarity import DINOv2Similarity, ScoreFileSimilarity, VQGANSimilarity
-
-
-def tiny_vqgan():
-    from procap.model.vqgan import VQGAN
-
-    config = small_vqgan_config(resolution=32, ch_mult=(1, 2), attn_resolutions=(), embed_dim=32, n_embed=64)
-    return VQGAN(config)
+from tests.support import tiny_vqgan
 
 
 def test_vqgan_similarity_self_is_one_and_batched_matches():

@@ -3,7 +3,7 @@
 Usage: ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/train/ddp_worker.py '<json>'``.
 The JSON names the stage (``pretrain`` / ``train``), the synthetic dataset root, the run folder and TrainConfig
 fields; ``model`` holds overrides of the 16 px test model; ``die_at`` makes rank 1 exit hard at that loss call
-(a crashed rank) on the first attempt (not after a ``torchrun --max-restarts`` restart). The model is the test configuration of ``tests/train/conftest.py``.
+(a crashed rank) on the first attempt (not after a ``torchrun --max-restarts`` restart). The model is ``tests.support.small_training_config``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from procap.data import load_split
 from procap.model.procap import ProCap
 from procap.train import stage1
 from procap.train.config import TrainConfig
-from tests.train.conftest import small_config
+from tests.support import small_training_config
 
 
 def _use_small_model(overrides: dict) -> None:
     def build(preset, vocab, vqgan_path, **extra):
-        return ProCap(small_config(len(vocab), **{**overrides, **extra}))
+        return ProCap(small_training_config(len(vocab), **{**overrides, **extra}))
 
     stage1.new_model = build
 

@@ -13,8 +13,7 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
 from procap.train.loop import JsonlLog, Trainer
 from procap.train.schedules import stage2_optimizer
-
-from .conftest import small_config
+from tests.support import small_training_config
 
 
 @pytest.fixture
@@ -23,7 +22,7 @@ def small_model(monkeypatch):
     from procap.train import stage1
 
     def build(preset, vocab, vqgan_path, **overrides):
-        return ProCap(small_config(len(vocab), **overrides))
+        return ProCap(small_training_config(len(vocab), **overrides))
 
     monkeypatch.setattr(stage1, "new_model", build)
 
@@ -200,8 +199,7 @@ def test_cli_errors_are_one_sentence(tmp_path, capsys):
 def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkeypatch):
     import procap.train.vqgan_train as vt
     from procap.config import get_preset
-
-    from .conftest import small_config as small
+    from tests.support import small_training_config as small
 
     monkeypatch.setattr(vt, "get_preset", lambda name: small(30) if name == "tiny" else get_preset(name))
     cfg = TrainConfig(

@@ -13,8 +13,7 @@ from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.loop import JsonlLog, validation_line
 from procap.train.tracking import scalars
-
-from .conftest import small_config
+from tests.support import small_training_config
 
 
 @pytest.fixture
@@ -22,7 +21,9 @@ def small_model(monkeypatch):
     """``new_model`` builds the 16 px test configuration whatever the preset (the preset is still recorded)."""
     from procap.train import stage1
 
-    monkeypatch.setattr(stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_config(len(vocab), **kw)))
+    monkeypatch.setattr(
+        stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_training_config(len(vocab), **kw))
+    )
 
 
 def _parse(stage: str, *argv: str) -> argparse.Namespace:
