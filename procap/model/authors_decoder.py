@@ -254,8 +254,7 @@ class AuthorsCaptionDecoder(CachedDecoder):
         Returns:
             (B, L, vocab_size) logits; position i predicts token i + 1.
         """
-        if tokens.shape[1] > self.positions.shape[0]:
-            raise ValueError(f"{tokens.shape[1]} tokens exceed max_caption_len {self.positions.shape[0]}")
+        self.check_length(tokens)
         x = self.dropout(self.embed(tokens))
         for layer in self.layers:
             x = layer(x, memory)

@@ -125,6 +125,11 @@ class CachedDecoder(nn.Module):
         """The (V, D) weight tying the token embedding to the output projection."""
         raise NotImplementedError
 
+    def check_length(self, tokens: torch.Tensor) -> None:
+        """Refuse (B, L) ids longer than the positions cover (``max_caption_len``)."""
+        if tokens.shape[1] > self.max_positions():
+            raise ValueError(f"{tokens.shape[1]} tokens exceed max_caption_len {self.max_positions()}")
+
     def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         """Eager greedy decoding under this decoder's rule, full prefix every step: (B, N, D) -> (B, max_len - 1)."""
         raise NotImplementedError
@@ -230,8 +235,7 @@ class CaptionDecoder(CachedDecoder):
         Returns:
             (B, L, vocab_size) logits; position i predicts token i + 1.
         """
-        if tokens.shape[1] > self.pos_embed.shape[0]:
-            raise ValueError(f"{tokens.shape[1]} tokens exceed max_caption_len {self.pos_embed.shape[0]}")
+        self.check_length(tokens)
         x = self.dropout(self.embed(tokens) + self.pos_embed[: tokens.shape[1]])
         for layer in self.layers:
             x = layer(x, memory)

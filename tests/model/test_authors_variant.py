@@ -175,3 +175,13 @@ def test_stage2_loss_trains_every_part():
     ):
         grad = dict(model.named_parameters())[name].grad
         assert grad is not None and grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("variant", ["procap", "authors"])
+def test_both_decoders_refuse_captions_longer_than_their_positions(variant):
+    config = authors_config() if variant == "authors" else small_config()
+    decoder = ProCap(config).decoder
+    memory = torch.zeros(1, 3, config.dec_dim)
+    decoder(torch.zeros(1, config.max_caption_len, dtype=torch.long), memory)  # the longest allowed
+    with pytest.raises(ValueError, match="exceed max_caption_len"):
+        decoder(torch.zeros(1, config.max_caption_len + 1, dtype=torch.long), memory)
