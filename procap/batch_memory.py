@@ -27,7 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from procap import validate
+from procap.checkpoint import read_checkpoint_metadata
+from procap.config import ProCapConfig, config_from_dict, get_preset
 from procap.errors import ProCapError
+from procap.train.common import load_pairs
+from procap.train.distributed import env_context
 
 PIXEL_BYTES = 4  # float32 images
 ACTIVATION_BYTES = 2  # bf16: the smallest dtype activations are held in
@@ -133,9 +138,6 @@ def checkpoint_config(path: str | os.PathLike) -> Any:
     None when the file or its stored config is unreadable: loading the checkpoint reports that, naming the file
     or the field.
     """
-    from procap.checkpoint import read_checkpoint_metadata
-    from procap.config import ProCapConfig, config_from_dict
-
     try:
         return config_from_dict(ProCapConfig, read_checkpoint_metadata(path)["config"])
     except (ValueError, ProCapError):
@@ -163,10 +165,6 @@ def check_training_batch(cfg: Any) -> None:
     larger than the training items to the items (:class:`procap.train.datasets.EpochBatchSampler`), so a batch
     that does not fit is checked again at that size, counting the items from the split file, before refusing.
     """
-    from procap import validate
-    from procap.config import get_preset
-    from procap.train.distributed import env_context
-
     cfg = cfg.resolved()
     config = checkpoint_config(cfg.init) if cfg.init and cfg.stage != "vqgan" else None
     if config is None:
@@ -181,7 +179,6 @@ def check_training_batch(cfg: Any) -> None:
     except ProCapError:
         if env_context().world > 1 or cfg.grad_accum > 1:
             raise
-        from procap.train.common import load_pairs
 
         pairs = load_pairs(cfg, "train")
         items = len({str(p.before_path) for p in pairs} | {str(p.after_path) for p in pairs})

@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from procap import __version__
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION, missing_extra_message
 from procap.files import OutputError, os_error_in, protect_inputs
@@ -61,8 +62,6 @@ class OneLineParser(argparse.ArgumentParser):
 def version_line() -> str:
     """``procap X.Y.Z (procap-torch)``: the installed distribution's version, or the source tree's."""
     from importlib import metadata
-
-    from procap import __version__
 
     try:
         version = metadata.version(DISTRIBUTION)

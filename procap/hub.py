@@ -28,8 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from procap import validate
+from procap.checkpoint import load_checkpoint, save_checkpoint
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION, require
+from procap.files import atomic_write_json, atomic_write_text
+from procap.model.procap import count_parameters
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -139,8 +143,6 @@ def resolve_file(value: str | Path, what: str, cache_dir: str | Path | None = No
 
     Used for inputs that are single files (the authors' ``.chkpt`` and ``word2idx`` JSON of ``procap convert``).
     """
-    from procap import validate
-
     hub = parse_hub_path(str(value), what)
     if hub is None:
         return validate.input_file(value, what)
@@ -167,8 +169,6 @@ def resolve_checkpoint(
         cache_dir, local_files_only: passed to the Hub download.
         allow_repo_id: accept a bare ``owner/repo`` (``from_pretrained``); the CLI asks for ``hf://``.
     """
-    from procap import validate
-
     hub = parse_hub_path(str(value), what)
     if hub is None and allow_repo_id and is_repo_id(str(value)):
         hub = HubPath(str(value))
@@ -214,10 +214,6 @@ def save_pretrained(
     Returns:
         The folder.
     """
-    from procap import validate
-    from procap.checkpoint import save_checkpoint
-    from procap.files import atomic_write_json, atomic_write_text
-
     vocab = vocab if vocab is not None else getattr(model, "vocab", None)
     if vocab is None:
         raise ProCapError("save_pretrained needs the model's vocabulary: pass vocab=... (a procap Vocabulary).")
@@ -239,8 +235,6 @@ def save_pretrained(
 
 def model_card(model: ProCap, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
     """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence."""
-    from procap.model.procap import count_parameters
-
     c = model.config
     counts = count_parameters(model)
     dataset = info.get("dataset")
@@ -320,8 +314,6 @@ def load_pretrained(
     The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
     the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else.
     """
-    from procap.checkpoint import load_checkpoint
-
     weights = resolve_checkpoint(
         name_or_path, "pretrained model", revision, cache_dir, local_files_only, allow_repo_id=True
     )

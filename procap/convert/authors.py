@@ -38,7 +38,10 @@ import torch
 from procap.config import ProCapConfig, VQGANConfig
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, load_archive
 from procap.convert.clip import CLIP_BLOCK_KEYS, clip_heads, encoder_layer_tensors
+from procap.data import Vocabulary
 from procap.errors import ProCapError
+from procap.model.procap import ProCap
+from procap.weights import load_weights
 
 IG = "intermediate_generator."
 VAE = IG + "vae.model."
@@ -374,10 +377,6 @@ def convert_authors_checkpoint(path: str | Path, vocab_path: str | Path) -> tupl
         ``(model, vocab, info)``: a :class:`procap.model.procap.ProCap` (``variant="authors"``, eval mode, CPU,
         fp32), the :class:`procap.data.Vocabulary`, and JSON-able facts (source, epoch, dataset, ignored keys).
     """
-    from procap.data import Vocabulary
-    from procap.model.procap import ProCap
-    from procap.weights import load_weights
-
     vocab = Vocabulary.load(vocab_path)
     ckpt = read_authors_checkpoint(path)
     config = authors_config(ckpt, len(vocab))

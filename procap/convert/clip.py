@@ -32,6 +32,7 @@ import torch
 
 from procap.convert.archive import TORCHSCRIPT_GLOBALS, ScriptModule, load_archive
 from procap.errors import ProCapError
+from procap.weights import read_tensors
 
 CLIP_HEAD_DIM = 64
 
@@ -123,8 +124,6 @@ def read_clip_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ProCapError(f"CLIP checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
-        from procap.weights import read_tensors
-
         return read_tensors(path, "CLIP checkpoint")[0]
     if not zipfile.is_zipfile(path):
         raise ProCapError(f"CLIP checkpoint {path} is neither a safetensors file nor a torch zip archive")

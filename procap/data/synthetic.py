@@ -31,6 +31,7 @@ from PIL import Image
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
+from procap.files import atomic_write_json, make_parents, remove_empty, writing
 
 CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
 # Key order of the real type_mapping.json (a permutation of CHANGE_TYPES), so our files read like theirs.
@@ -371,7 +372,6 @@ def generate(
     """
     if scenes < 1 or size < 16:
         raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
-    from procap.files import make_parents, remove_empty, writing
 
     root = Path(out_dir)
     remove_benchmark(root)
@@ -388,8 +388,6 @@ def generate(
 
 def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool) -> dict:
     from tqdm import tqdm
-
-    from procap.files import atomic_write_json, writing
 
     with writing(root):
         for sub in IMAGE_FOLDERS:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procap.data.records import read_json
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES
 
 CHANGE_TYPES = ("color", "material", "add", "drop", "move")
@@ -149,8 +150,6 @@ def parse_caption(text: str) -> ParsedCaption:
 
 def scene_truths(root: str | Path, pairs: Iterable[Any]) -> dict[str, PairTruth]:
     """Ground truth per pair id from the pairs' ``change_type`` and, when present, ``<root>/scenes.json``."""
-    from procap.data.records import read_json
-
     scenes: dict[int, dict[str, Any]] = {}
     path = Path(root) / "scenes.json"
     if path.is_file():

@@ -18,6 +18,7 @@ from typing import Any
 from procap.data.records import read_json
 from procap.data.vocab import tokenize
 from procap.errors import ProCapError
+from procap.extras import require
 from procap.files import atomic_write_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
@@ -164,8 +165,6 @@ def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
-    from procap.extras import require
-
     require("pycocoevalcap", "caption metrics")  # the [eval] extra: one sentence when it is missing
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from procap.data.images import ImageCache
-from procap.eval.metrics import METRICS
+from procap.eval.correctness import caption_accuracy
+from procap.eval.metrics import METRIC_TABLE, METRICS, java_available, metric_names, score, write_results
 from procap.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ def score_captions(
     Returns:
         Scores x100 (as in the papers) keyed by the table's names (``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``).
     """
-    from procap.eval.metrics import METRIC_TABLE, metric_names, score
-
     names = metric_names(metrics)
 
     def display(raw: dict[str, float]) -> dict[str, float]:
@@ -106,8 +105,6 @@ def score_captions(
 
 def default_metrics() -> tuple[tuple[str, ...], str | None]:
     """All four metrics, or all but METEOR with a note saying why when Java is missing."""
-    from procap.eval.metrics import java_available
-
     if java_available():
         return ALL_METRICS, None
     note = "METEOR skipped: it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
@@ -169,15 +166,12 @@ def evaluate_model(
     else:
         report["metrics"] = score_captions(predictions, pairs, metrics)
     if truths:
-        from procap.eval.correctness import caption_accuracy
-
         report["accuracy"] = caption_accuracy(predictions, truths)
     report["speed"] = speed
     if note:
         report["note"] = note
     if out is not None:
         out = Path(out)
-        from procap.eval.metrics import write_results
 
         write_results(out / "results.json", predictions)
         atomic_write_json(out / "metrics.json", report, indent=1)

@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from procap.attention import BACKENDS, select_backend
+from procap.checkpoint import load_checkpoint
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
+from procap.hub import load_pretrained
 from procap.model.beam import beam_search_cached, check_beam_arguments
 from procap.validate import canonical_device
 
@@ -188,8 +190,6 @@ class Captioner:
         **kwargs: Any,
     ) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
-        from procap.checkpoint import load_checkpoint
-
         model, vocab, _ = load_checkpoint(path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
@@ -208,8 +208,6 @@ class Captioner:
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
         (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only)."""
-        from procap.hub import load_pretrained
-
         model, vocab, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from procap.data.images import require_pixels
+from procap.data import load_image
+from procap.data.images import require_pixels, to_tensor
 from procap.errors import ProCapError
 
 ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -29,8 +30,6 @@ ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
 
 def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
     """PIL image -> (3, size, size) float in [0, 1] through the very function load_image applies to a file."""
-    from procap.data.images import to_tensor
-
     try:
         return to_tensor(image, size)
     except ValueError as exc:
@@ -38,8 +37,6 @@ def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
 
 
 def _from_path(path: Path, size: int) -> torch.Tensor:
-    from procap.data import load_image
-
     return load_image(path, size)  # ProCapError naming the file when missing or undecodable
 
 

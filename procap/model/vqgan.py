@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
-from procap.config import VQGANConfig
+from procap.config import VQGANConfig, config_from_dict
 from procap.errors import ProCapError
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
+from procap.validate import input_file
 from procap.weights import check_dtypes, check_file_fits, load_module_state, load_weights, read_header, save_module
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
@@ -240,8 +241,6 @@ class VQGAN(nn.Module):
         Raises:
             ProCapError: the file is missing, is neither format, or does not fit the architecture.
         """
-        from procap.validate import input_file
-
         input_file(path, "VQGAN checkpoint")
         if not str(path).endswith(".safetensors"):
             return cls.from_taming_checkpoint(path).eval()
@@ -262,8 +261,6 @@ class VQGAN(nn.Module):
                 not fit it.
         """
         import json
-
-        from procap.config import config_from_dict
 
         _, raw = read_header(path, "VQGAN weights")
         try:
@@ -309,8 +306,6 @@ class VQGAN(nn.Module):
 
 def load_taming_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read the VQGAN tensors of a taming ``.ckpt``: its ``state_dict`` without the ``loss.*`` entries."""
-    from procap.validate import input_file
-
     path = input_file(path, "VQGAN checkpoint")
     with open(path, "rb") as handle:
         head = handle.read(2)

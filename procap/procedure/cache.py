@@ -35,6 +35,7 @@ from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
 from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
+from procap.procedure.similarity import ScoreFileSimilarity
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
@@ -239,7 +240,6 @@ class ProcedureCache:
         self.manifest = read_manifest(directory) or {}
         if scores_file is None and not self.manifest:
             scores_file = _find_score_file(root if root.is_dir() else directory, directory)
-        from procap.procedure.similarity import ScoreFileSimilarity
 
         self.score_file = ScoreFileSimilarity(scores_file) if scores_file is not None else None
         self._handles: dict[str, h5py.File] = {}

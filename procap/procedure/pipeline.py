@@ -21,9 +21,13 @@ import numpy as np
 import torch
 
 from procap.config import FRAME_SIMILARITIES
+from procap.data import load_image, load_split
 from procap.data.datasets import score_subkey
+from procap.data.images import open_image
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, sha256_of
+from procap.model.vqgan import VQGAN
+from procap.procedure import similarity as sim
 from procap.procedure.cache import (
     CACHE_FORMAT,
     CACHE_VERSION,
@@ -34,6 +38,7 @@ from procap.procedure.cache import (
     stored_sources,
 )
 from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure, levels_for
+from procap.procedure.shards import parse_shard, shard_dir, shard_pairs
 from procap.procedure.sources import check_unchanged, record
 
 
@@ -95,8 +100,6 @@ def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[
         ProCapError: an image is missing or unreadable (naming the file), or before and after differ in
             size (naming the pair) unless ``allow_size_mismatch``.
     """
-    from procap.data.images import open_image
-
     sizes = []
     for path in (pair.before_path, pair.after_path):
         with open_image(path) as img:  # missing, too large or not an image: one sentence naming the file
@@ -114,9 +117,7 @@ def read_pair(pair: Any, size: int, allow_size_mismatch: bool = False) -> tuple[
 
 
 def _load(path: Path, size: int) -> torch.Tensor:
-    from procap.data import load_image  # the one preprocessing shared with training and evaluation
-
-    return load_image(path, size)
+    return load_image(path, size)  # the one preprocessing shared with training and evaluation
 
 
 def to_uint8(frames: torch.Tensor) -> np.ndarray:
@@ -205,14 +206,10 @@ def _init_worker_inline(
 
 def load_vqgan(path: str, device: torch.device) -> torch.nn.Module:
     """A frozen VQGAN from ``procap vqgan`` output (.safetensors) or a taming checkpoint (.ckpt)."""
-    from procap.model.vqgan import VQGAN
-
     return VQGAN.load(path).requires_grad_(False).to(device)
 
 
 def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device: torch.device):
-    from procap.procedure import similarity as sim
-
     if opts.similarity == "vqgan":
         if vqgan is None:
             raise ProCapError("--similarity vqgan needs --vqgan CKPT (the frozen VQGAN the model uses).")
@@ -310,8 +307,6 @@ def prepare(
     if opts.limit is not None:
         pairs = pairs[: opts.limit]
     if opts.shard is not None:
-        from procap.procedure.shards import shard_dir, shard_pairs
-
         pairs = shard_pairs(pairs, *opts.shard)
         opts = dataclasses.replace(opts, out=str(shard_dir(opts.out, *opts.shard)), shard=None)
     vqgan = load_vqgan(opts.vqgan, device) if opts.vqgan else None
@@ -393,8 +388,6 @@ def _score_key(group_key: tuple[str, str]) -> tuple[str | None, str]:
 
 def prepare_pairs(opts: PrepareOptions) -> list[Any]:
     """The pairs of every split in ``opts.splits``: the input of ``procap prepare``; none found is an error."""
-    from procap.data import load_split
-
     pairs = []
     for split in opts.splits:
         pairs += load_split(opts.dataset, opts.root, split)
@@ -429,7 +422,5 @@ def options_from_args(args: Any) -> PrepareOptions:
     values["image_size"] = args.size
     values.pop("shard", None)
     if getattr(args, "shard", None):
-        from procap.procedure.shards import parse_shard
-
         values["shard"] = parse_shard(args.shard)
     return PrepareOptions(**values)

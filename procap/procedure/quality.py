@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from procap.procedure.interpolate import CrossFade, FlowInterpolator, Interpolator
+from procap.data.synthetic import render_intermediate
+from procap.procedure.interpolate import CrossFade, FlowInterpolator, Interpolator, generate_procedure
 
 
 def psnr(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -35,8 +36,6 @@ def load_truth(
     root: str | Path, change_type: str = "move", limit: int | None = None, t: float = 0.5
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(before, after, truth at t) as (N, 3, H, W) float for the scenes of one change type."""
-    from procap.data.synthetic import render_intermediate
-
     scenes = json.loads((Path(root) / "scenes.json").read_text())["scenes"]
     ids = [s["index"] for s in scenes if s["change"]["type"] == change_type][:limit]
     if not ids:
@@ -103,8 +102,6 @@ def evaluate_procedures(
         ``{"<name>/<recursive|direct>": {"psnr": mean dB over frames and pairs, "per_frame": [dB] * l,
         "ms_per_pair": float}}``.
     """
-    from procap.procedure.interpolate import generate_procedure
-
     interpolators = interpolators or {"flow": FlowInterpolator(), "crossfade": CrossFade()}
     before, after, _ = load_truth(root, change_type, limit)
     times = [i / (num_generated + 1) for i in range(1, num_generated + 1)]

@@ -5,20 +5,18 @@ Captioning and scoring a split (``caption_pairs``, ``score_captions``) live in :
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from procap.config import get_preset
+from procap.data import Vocabulary, get_dataset, load_split
 from procap.errors import ProCapError
+from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
-
-if TYPE_CHECKING:
-    from procap.data import Vocabulary
-    from procap.model.procap import ProCap
+from procap.train.vqgan_train import load_vqgan_into
 
 
 def load_pairs(cfg: TrainConfig, split: str) -> list:
     """``load_split(cfg.dataset, cfg.data, split)``, truncated to ``max_pairs`` for training when set."""
-    from procap.data import load_split
-
     if cfg.data is None:
         raise ProCapError("--data is required: the dataset root folder")
     pairs = load_split(cfg.dataset, cfg.data, split)
@@ -31,17 +29,11 @@ def load_pairs(cfg: TrainConfig, split: str) -> list:
 
 def build_vocab(pairs: Sequence[Any], dataset: str) -> Any:
     """The vocabulary of the pairs' captions with the dataset's ``min_count`` (:mod:`procap.data.datasets`)."""
-    from procap.data import Vocabulary, get_dataset
-
     return Vocabulary.build([c for p in pairs for c in p.captions], min_count=get_dataset(dataset).min_count)
 
 
 def new_model(preset: str, vocab: Vocabulary, vqgan_path: str | None, **overrides: Any) -> ProCap:
     """A freshly initialised ProCap for ``preset`` sized to ``vocab``, with trained VQGAN weights when given."""
-    from procap.config import get_preset
-    from procap.model.procap import ProCap
-    from procap.train.vqgan_train import load_vqgan_into
-
     try:
         config = get_preset(preset, vocab_size=len(vocab), **overrides)
     except KeyError as exc:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from procap.errors import ProCapError
+from procap.train.state import state_paths
 
 # Offset between the RNG seeds of consecutive ranks: rank 0 keeps the single-process seed.
 RANK_SEED_STRIDE = 1_000_003
@@ -106,8 +107,6 @@ def resume_after_restart(cfg: Any) -> Any:
     ``torchrun --max-restarts N`` runs the same command again after a failure; without this the restarted job
     would start from step 0 (or, with ``--resume`` on the first attempt, fail for lack of a checkpoint).
     """
-    from procap.train.state import state_paths
-
     last = Path(cfg.out) / "last.safetensors"
     if cfg.resume or restart_count() == 0 or not (last.is_file() and state_paths(last)[1].is_file()):
         return cfg

@@ -15,6 +15,7 @@ import torch
 
 from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.config import get_preset
+from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks, parse_init_encoder
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, mask_from_params
@@ -50,7 +51,6 @@ def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -
     overrides = {} if cfg.num_keyframes is None else {"num_keyframes": cfg.num_keyframes}
     if not cfg.init_encoder:
         return new_model(cfg.preset, vocab, cfg.vqgan, **overrides), vocab
-    from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks, parse_init_encoder
 
     clip = load_clip_blocks(parse_init_encoder(cfg.init_encoder))
     try:

@@ -17,7 +17,9 @@ import torch
 
 from procap.checkpoint import save_checkpoint
 from procap.data.images import ImageCache
+from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
+from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs
 from procap.train.config import TrainConfig
@@ -91,8 +93,6 @@ def make_validator(
         distinct = len(set(predictions.values()))
         metrics["distinct"] = distinct / max(1, len(predictions))
         if truths:
-            from procap.eval.correctness import caption_accuracy
-
             accuracy = caption_accuracy(predictions, truths)
             metrics.update({f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None})
         if len(predictions) >= 10 and distinct <= 2:
@@ -110,8 +110,6 @@ def make_validator(
 def caption_targets(batch: dict[str, Any]) -> torch.Tensor:
     """Number of non-PAD next-token targets in a batch: ``caption_loss`` averages over these, so micro-batches
     and ranks are weighted by it (:class:`~procap.train.loop.Trainer` ``weight_fn``)."""
-    from procap.model.decoder import PAD_ID
-
     return (batch["caption"][:, 1:] != PAD_ID).sum()
 
 
@@ -139,8 +137,6 @@ def train(
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
     if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
-        from procap.eval.correctness import scene_truths
-
         truths = scene_truths(cfg.data, val_pairs)
     model, vocab = model_and_vocab(cfg, pairs, vocab)
     model.vqgan.requires_grad_(False)

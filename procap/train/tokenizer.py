@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from procap.data import load_split
+from procap.data.images import load_image
 from procap.data.synthetic import changed_object
 from procap.errors import ProCapError
+from procap.model.vqgan import VQGAN
 
 PROBE_ATTRIBUTES = ("color", "shape", "material", "size")
 EMBEDDED_TOKENIZER = "demo_tokenizer.safetensors"
@@ -36,8 +39,6 @@ def embedded_tokenizer_path() -> Path:
 
 def embedded_tokenizer_info() -> dict[str, Any]:
     """The embedded tokenizer's ``extra`` metadata: ``commands`` (how it was made), ``steps``, ``probe`` figures."""
-    from procap.model.vqgan import VQGAN
-
     _state, meta = VQGAN.read_saved(embedded_tokenizer_path())
     return meta.get("extra", {})
 
@@ -121,8 +122,6 @@ def probe_tokenizer(vqgan: torch.nn.Module, root: str | Path, train_pairs: list,
     Raises:
         ProCapError: ``root`` has no ``scenes.json`` (not a synthetic benchmark) or a split has no change pair.
     """
-    from procap.data.images import load_image
-
     root = Path(root)
     if not (root / "scenes.json").is_file():
         raise ProCapError(f"{root} has no scenes.json: the tokenizer probe needs a benchmark written by procap synth.")
@@ -176,9 +175,6 @@ def ship_tokenizer(trained: str | Path, out: str | Path, data: str | Path, comma
     Returns:
         The metadata's ``extra``: ``commands``, ``steps`` and ``probe``.
     """
-    from procap.data import load_split
-    from procap.model.vqgan import VQGAN
-
     vqgan = VQGAN.load(trained)
     _state, meta = VQGAN.read_saved(trained)
     # half precision halves the file; the probe below is taken on exactly these rounded weights
@@ -194,9 +190,6 @@ def ship_tokenizer(trained: str | Path, out: str | Path, data: str | Path, comma
 def _main(argv: list[str] | None = None) -> int:
     """``python -m procap.train.tokenizer probe|ship``: see tools/make_demo_tokenizer.sh."""
     import argparse
-
-    from procap.data import load_split
-    from procap.model.vqgan import VQGAN
 
     parser = argparse.ArgumentParser(prog="python -m procap.train.tokenizer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from procap.config import get_preset
+from procap.data import load_split
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.model.vqgan import VQGAN
@@ -111,9 +112,6 @@ def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
 
 def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     """Train the preset's VQGAN on every image of the training split; returns ``<out>/vqgan.safetensors``."""
-    from procap.data import load_split
-    from procap.model.vqgan import VQGAN
-
     cfg = distributed.resume_after_restart(cfg.resolved())
     torch.manual_seed(cfg.seed)
     if pairs is None:

@@ -34,6 +34,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from procap.errors import ProCapError
+from procap.fast.inputs import check_pixels, to_image_tensor
 from procap.model.encoder import depth_to_space
 
 if TYPE_CHECKING:
@@ -167,8 +168,6 @@ def _as_batch(image: Any, size: int, name: str) -> torch.Tensor:
     image, a numpy array, a uint8 tensor) is loaded and resized as training does (:mod:`procap.fast.inputs`).
     """
     if not isinstance(image, torch.Tensor) or image.dtype == torch.uint8:
-        from procap.fast.inputs import to_image_tensor
-
         if isinstance(image, torch.Tensor) and image.dim() == 4 and image.shape[0] == 1:
             image = image[0]
         return to_image_tensor(image, size)[None]
@@ -176,8 +175,6 @@ def _as_batch(image: Any, size: int, name: str) -> torch.Tensor:
         image = image.unsqueeze(0)
     if image.dim() != 4 or image.shape[0] != 1 or tuple(image.shape[1:]) != (3, size, size):
         raise ProCapError(f"{name} must be one image of shape (3, {size}, {size}), got {tuple(image.shape)}.")
-    from procap.fast.inputs import check_pixels
-
     check_pixels(image, f"{name} pixels")  # NaN or 0-255 floats would imagine garbage without an error
     return image.float()
 
@@ -378,6 +375,8 @@ def explicit_procedure(
     Returns:
         An :class:`ExplicitProcedure`.
     """
+    # procap.procedure brings h5py (the [train] extra): imported where a procedure is drawn, so imagining with a
+    # checkpoint works without it
     from procap.procedure.sampling import confidence_weights, sample_keyframes
 
     if frames.dtype == torch.uint8:
@@ -428,7 +427,7 @@ def procedure_from_pair(
     Returns:
         ``(frames (l + 2, 3, S, S) uint8, s_bef (l + 2,), s_aft (l + 2,))``, quantised to uint8 like the cache.
     """
-    from procap.procedure.interpolate import generate_procedure
+    from procap.procedure.interpolate import generate_procedure  # h5py: see explicit_procedure
     from procap.procedure.pipeline import read_pair, to_uint8
 
     before, after = read_pair(pair, size)

@@ -27,7 +27,19 @@ from typing import Any
 
 from PIL import Image
 
+from procap.checkpoint import load_checkpoint
+from procap.data import load_split
+from procap.data.images import open_image
 from procap.errors import ProCapError
+from procap.files import atomic_write_text
+from procap.viz.figures import (
+    check_imaginable,
+    explicit_procedure,
+    flat_scores_note,
+    head_note,
+    imagine,
+    procedure_from_cache,
+)
 
 REPORT_NAME = "report.html"
 RUNS = (  # folder under the demo output, label in metrics.json (procap/commands/demo_pipeline.py MODELS)
@@ -211,8 +223,6 @@ def example_rows(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def split_pair_image(path: Path) -> tuple[Image.Image, Image.Image]:
     """The demo's sample PNG is before | after side by side: the two halves."""
-    from procap.data.images import open_image
-
     with open_image(path) as image:
         image = image.convert("RGB")
     half = image.width // 2
@@ -228,9 +238,6 @@ class Imaginer:
             "not drawn (imagine_procedures=False)" if checkpoint is None else f"no ProCap checkpoint at {checkpoint}"
         )
         if checkpoint is not None and checkpoint.is_file():
-            from procap.checkpoint import load_checkpoint
-            from procap.viz.figures import check_imaginable, head_note
-
             self.model, self.vocab, meta = load_checkpoint(checkpoint, map_location="cpu")
             self.stage = meta.get("extra", {}).get("stage")
             try:
@@ -242,7 +249,6 @@ class Imaginer:
     def __call__(self, before: Image.Image, after: Image.Image) -> Image.Image | None:
         if self.model is None:
             return None
-        from procap.viz.figures import imagine
 
         size = self.model.config.image_size
         before_t, after_t = (image_tensor(image, size) for image in (before, after))
@@ -286,15 +292,13 @@ def example_html(folder: Path, row: dict[str, Any], labels: list[str], imaginer:
 
 def stage1_procedure_html(folder: Path, k: int = 2) -> str:
     """The explicit procedure of the first cached training pair (a "move" pair when there is one), or a note."""
-    from procap.data import load_split
-    from procap.procedure import ProcedureCache
-    from procap.viz.figures import explicit_procedure, flat_scores_note, procedure_from_cache
-
     cache_dir, data = folder / "procedures", folder / "data"
     if not cache_dir.is_dir() or not data.is_dir():
         return (
             "<p class='note'>no procedure cache (the demo ran with --procedures crossfade, or this is not a demo)</p>"
         )
+    from procap.procedure import ProcedureCache  # h5py (the [train] extra): only a demo folder with a cache needs it
+
     try:
         cache = ProcedureCache(cache_dir)
     except ProCapError as exc:  # an empty or foreign folder: the report still shows everything else
@@ -368,7 +372,5 @@ def build_report(folder: str | Path, imagine_procedures: bool = True) -> Path:
     Raises:
         ProCapError: metrics.json or samples.json is missing or unreadable (one sentence naming the file).
     """
-    from procap.files import atomic_write_text
-
     folder = Path(folder)
     return atomic_write_text(folder / REPORT_NAME, report_html(folder, imagine_procedures))
