@@ -132,6 +132,9 @@ class ProCapConfig:
     # images and adds [before, after, after - before] of its features to every latent cell the change tokens read
     # (the frozen tokenizer keeps colour and size but blurs shape).
     pixel_cnn: int = 0
+    # ``window_glimpse`` c > 0: a CNN with c channels reads the change window's pixels at full resolution (before,
+    # after and their difference) and adds its features to every window cell: shape lives below the cell's size.
+    window_glimpse: int = 0
     standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
     # stage-1 losses and augmentations
     masking: MaskingConfig = field(default_factory=MaskingConfig)
@@ -164,6 +167,10 @@ class ProCapConfig:
             )
         if self.pixel_cnn < 0:
             raise ValueError(f"pixel_cnn must be >= 0 channels, got {self.pixel_cnn}")
+        if self.window_glimpse < 0:
+            raise ValueError(f"window_glimpse must be >= 0 channels, got {self.window_glimpse}")
+        if self.window_glimpse and not self.change_window:
+            raise ValueError("window_glimpse reads the change window's pixels: set change_window > 0")
         if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
             raise ValueError(
                 f"the {self.variant} variant takes enc_prefix_tokens "
@@ -266,6 +273,7 @@ PRESETS: dict[str, ProCapConfig] = {
         change_window=5,
         change_broadcast=True,
         pixel_cnn=32,
+        window_glimpse=32,
         standardize_features=True,
     ),
 }
@@ -310,6 +318,7 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "token_merge": (1, 16),
         "change_window": (0, 4096),
         "pixel_cnn": (0, 4096),
+        "window_glimpse": (0, 4096),
     },
 }
 _FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {

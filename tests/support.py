@@ -117,6 +117,7 @@ def small_config(**overrides):
         "change_broadcast": False,
         "change_pixels": False,
         "pixel_cnn": 0,
+        "window_glimpse": 0,
         "standardize_features": False,
     }
     return get_preset("tiny", **{**base, **overrides})

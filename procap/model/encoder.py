@@ -105,9 +105,13 @@ class ProcedureEncoder(nn.Module):
             self.change_embedding = nn.Parameter(torch.zeros(d))
             self.change_temperature = nn.Parameter(torch.tensor(CHANGE_TEMPERATURE))
         self.change_window = config.change_window
+        self.window_glimpse: WindowGlimpse | None = None
         if config.change_window:
             # departure (docs/model.md): the cells around the strongest change, a token each, with their place
-            self.window_mlp = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, d))
+            glimpse = config.window_glimpse
+            if glimpse:
+                self.window_glimpse = WindowGlimpse(glimpse, config.image_size // config.latent_size)
+            self.window_mlp = nn.Sequential(nn.Linear(3 * z + pixels + glimpse, d), nn.GELU(), nn.Linear(d, d))
             self.window_pos = nn.Parameter(torch.zeros(config.change_window**2, d))
         if config.variant != "authors":
             self.msm_head = _head(d, config.vqgan.n_embed * config.token_merge**2)  # a code per merged cell
@@ -157,7 +161,7 @@ class ProcedureEncoder(nn.Module):
         cells = joint_cells(self.feature_norm(before), self.feature_norm(after))  # (B, 3z, h, w)
         z, side = before.shape[1], before.shape[-1]
         magnitude = cells[:, 2 * z :].square().mean(1).sqrt()
-        reads_images = self.change_pixels or self.pixel_cnn is not None
+        reads_images = self.change_pixels or self.pixel_cnn is not None or self.window_glimpse is not None
         if reads_images and (before_pixels is None or after_pixels is None):
             raise ValueError("this model's change token reads the images: pass before_pixels and after_pixels")
         parts = [cells]
@@ -184,7 +188,8 @@ class ProcedureEncoder(nn.Module):
         is at the changed cells. With ``config.change_window`` w, w^2 more tokens follow: the w x w cells around
         the strongest change (the peak of the 3 x 3 box-smoothed rms, the window clipped to the grid), each
         embedded by its own MLP plus a learned embedding of its place in the window, so the object's shape and
-        size survive. Only built with ``config.change_token``.
+        size survive; with ``config.window_glimpse`` that MLP also reads :class:`WindowGlimpse`'s features of the
+        window's pixels at full resolution. Only built with ``config.change_token``.
         """
         cells, magnitude = self.change_cells(before, after, before_pixels, after_pixels)
         inputs = cells.flatten(2).transpose(1, 2)  # (B, h*w, C)
@@ -194,7 +199,15 @@ class ProcedureEncoder(nn.Module):
         pooled = (pooled + self.change_embedding.to(pooled.dtype)).unsqueeze(1)
         if not self.change_window:
             return pooled
-        window = change_window(cells, magnitude, self.change_window)  # (B, w*w, C)
+        top, left = window_origin(magnitude, self.change_window)
+        window = window_cells(cells, top, left, self.change_window)  # (B, w*w, C)
+        if self.window_glimpse is not None:
+            cell = before_pixels.shape[-1] // magnitude.shape[-1]
+            size = self.change_window
+            crops = [
+                window_pixels(image.to(cells.dtype), top, left, size, cell) for image in (before_pixels, after_pixels)
+            ]
+            window = torch.cat([window, self.window_glimpse(*crops).to(window.dtype)], dim=-1)
         tokens = self.window_mlp(window) + self.window_pos.to(pooled.dtype)
         return torch.cat([pooled, tokens.to(pooled.dtype)], dim=1)
 
@@ -251,6 +264,34 @@ class PixelCNN(nn.Module):
         return self.layers(images * 2 - 1)
 
 
+class WindowGlimpse(nn.Module):
+    """The change window's pixels at full resolution -> a feature vector per window cell.
+
+    Input: the before and after crops (B, 3, P, P), P = w * cell, in [0, 1]; the CNN reads ``[before, after,
+    after - before]``. Two 3 x 3 convolutions at full resolution (the edges and corners that tell a cube from a
+    cylinder are a pixel or two wide), a convolution with the cell as kernel and stride down to the window's
+    cells, and a 3 x 3 on the cells (receptive field 16 px: a whole object). Output (B, w * w, c), row-major.
+    Only the window is read at full resolution, so it costs a fraction of a full-image CNN.
+    """
+
+    def __init__(self, channels: int, cell: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(9, channels, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, cell, stride=cell),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+        )
+
+    def forward(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        before, after = before * 2 - 1, after * 2 - 1
+        features = self.layers(torch.cat([before, after, after - before], dim=1))
+        return features.flatten(2).transpose(1, 2)
+
+
 CHANGE_TEMPERATURE = 10.0  # initial sharpness of the change token's pooling (cells of unit-variance features)
 
 
@@ -281,25 +322,41 @@ def pixel_cells(images: torch.Tensor, cell: int) -> torch.Tensor:
     return space_to_depth(images, cell).transpose(1, 2).reshape(b, -1, side, side)
 
 
-def change_window(cells: torch.Tensor, magnitude: torch.Tensor, size: int) -> torch.Tensor:
-    """The ``size`` x ``size`` cells around the strongest change: (B, C, h, w), (B, h, w) -> (B, size^2, C).
+def window_origin(magnitude: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-left cell (row, column), each (B,), of the ``size`` x ``size`` window around the strongest change.
 
-    The centre is the peak of the magnitude summed over each cell's 3 x 3 neighbourhood, its own cell counted
-    twice (one noisy cell does not win against an object; a lone changed cell is its own centre); the window is
-    moved inside the grid rather than padded, so every token holds a real cell. Row-major within the window. The
-    choice of cells is not differentiated (an index), the cells are.
+    The centre is the peak of the magnitude (B, h, w) summed over each cell's 3 x 3 neighbourhood, its own cell
+    counted twice (one noisy cell does not win against an object; a lone changed cell is its own centre); the
+    window is moved inside the grid rather than padded, so every cell it holds is real.
     """
-    b, _, h, w = cells.shape
+    h, w = magnitude.shape[-2:]
     magnitude = magnitude.unsqueeze(1).float()
     score = 9 * F.avg_pool2d(magnitude, 3, stride=1, padding=1, count_include_pad=True) + magnitude
     peak = score.flatten(1).argmax(dim=1)
     top = (peak // w - size // 2).clamp(0, h - size)
     left = (peak % w - size // 2).clamp(0, w - size)
+    return top, left
+
+
+def window_cells(cells: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
+    """The cells (B, C, h, w) of the window at ``(top, left)``: (B, size^2, C), row-major within the window."""
+    b = cells.shape[0]
     offsets = torch.arange(size, device=cells.device)
     rows = (top[:, None] + offsets)[:, :, None]  # (B, size, 1)
     cols = (left[:, None] + offsets)[:, None, :]  # (B, 1, size)
     batch = torch.arange(b, device=cells.device)[:, None, None]
     return cells.permute(0, 2, 3, 1)[batch, rows, cols].reshape(b, size * size, -1)
+
+
+def window_pixels(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int, cell: int) -> torch.Tensor:
+    """The pixels (B, 3, size * cell, size * cell) of images (B, 3, S, S) under the window of ``size`` x ``size``
+    latent cells of side ``cell`` px whose top-left cell is ``(top, left)``."""
+    b, pixels = images.shape[0], size * cell
+    offsets = torch.arange(pixels, device=images.device)
+    rows = (top[:, None] * cell + offsets)[:, :, None]  # (B, P, 1)
+    cols = (left[:, None] * cell + offsets)[:, None, :]  # (B, 1, P)
+    batch = torch.arange(b, device=images.device)[:, None, None]
+    return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
 def joint_cells(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,14 @@ import torch
 from procap.config import PRESETS, get_preset
 from procap.model.encoder import (
     PixelCNN,
-    change_window,
+    WindowGlimpse,
     depth_to_space,
     joint_cells,
     pixel_cells,
     space_to_depth,
+    window_cells,
+    window_origin,
+    window_pixels,
 )
 from procap.model.procap import ProCap
 from tests.support import small_config, small_vqgan_config
@@ -51,7 +54,7 @@ def test_paper_presets_keep_the_paper_model():
         4 * 16 + 1 + 5 * 5,
     )
     for name in ("clevr", "spot", "edit"):
-        assert PRESETS[name].pixel_cnn == 0
+        assert PRESETS[name].pixel_cnn == PRESETS[name].window_glimpse == 0
 
 
 def test_space_to_depth_layout_and_inverse():
@@ -218,7 +221,7 @@ def test_change_window_is_centred_on_the_strongest_change_and_stays_on_the_grid(
     magnitude[0, 3:6, 2:5] = 1.0  # a 3 x 3 object centred on (4, 3)
     magnitude[0, 0, 7] = 2.0  # one stronger cell alone: the 3 x 3 smoothing prefers the object
     magnitude[1, 6:8, 6:8] = 1.0  # an object in the corner: the window moves inside the grid
-    window = change_window(cells, magnitude, 3)
+    window = window_cells(cells, *window_origin(magnitude, 3), 3)
     assert window.shape == (2, 9, 3)
     torch.testing.assert_close(window[0].view(3, 3, 3), cells[0, :, 3:6, 2:5].permute(1, 2, 0))
     torch.testing.assert_close(window[1].view(3, 3, 3), cells[1, :, 5:8, 5:8].permute(1, 2, 0))
@@ -276,6 +279,8 @@ def test_broadcast_adds_the_change_token_to_every_memory_token():
         ({"change_token": False, "change_broadcast": True}, "change_token"),
         ({"change_token": False, "pixel_cnn": 8}, "change_token"),
         ({"pixel_cnn": -1}, "pixel_cnn"),
+        ({"change_window": 2, "window_glimpse": -1}, "window_glimpse"),
+        ({"window_glimpse": 4}, "change_window"),
     ],
 )
 def test_change_window_and_broadcast_are_checked(fields, message):
@@ -326,3 +331,68 @@ def test_pixel_cnn_learns_with_the_caption_loss():
     captions = torch.randint(4, 20, (2, 8))
     model.stage2_loss(before, after, captions)["loss"].backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.pixel_cnn.parameters())
+
+
+def test_window_pixels_are_the_pixels_of_the_window_cells():
+    images = torch.rand(3, 3, 32, 32)  # 8 x 8 cells of 4 x 4 pixels
+    top, left = torch.tensor([0, 5, 2]), torch.tensor([3, 0, 5])
+    crops = window_pixels(images, top, left, 3, 4)
+    assert crops.shape == (3, 3, 12, 12)
+    torch.testing.assert_close(crops[1], images[1, :, 20:32, 0:12])
+    zero = torch.zeros(3, dtype=torch.long)  # the crop's own cells are the window's cells of the whole image
+    torch.testing.assert_close(
+        window_cells(pixel_cells(crops, 4), zero, zero, 3), window_cells(pixel_cells(images, 4), top, left, 3)
+    )
+
+
+def test_window_glimpse_reads_full_resolution_detail_of_its_cells_neighbourhood():
+    torch.manual_seed(0)
+    glimpse = WindowGlimpse(6, 4)
+    before, after = torch.rand(2, 3, 20, 20), torch.rand(2, 3, 20, 20)
+    features = glimpse(before, after)
+    assert features.shape == (2, 25, 6)  # a vector per window cell, row-major
+    # one pixel inside cell (0, 0) reaches that cell and its neighbours only (one cell away), not cell (0, 2)
+    moved = after.clone()
+    moved[:, :, 1, 1] = 1 - moved[:, :, 1, 1]
+    changed = ((glimpse(before, moved) - features).abs().amax(dim=(0, 2)) > 0).view(5, 5)
+    reach = torch.zeros(5, 5, dtype=torch.bool)
+    reach[:2, :2] = True
+    assert torch.equal(changed, reach)
+    # a swap of before and after is seen (the difference is signed)
+    assert not torch.allclose(glimpse(after, before), features)
+
+
+def test_window_tokens_read_the_glimpse_of_the_window_pixels():
+    torch.manual_seed(0)
+    config = naming_config(change_window=3, window_glimpse=5)
+    model = ProCap(config).eval()
+    z = config.vqgan.z_channels
+    before = torch.randn(1, z, 8, 8)
+    after = before.clone()
+    after[:, :, 5, 3] = torch.randn(1, z) * 4
+    pixels = torch.rand(2, 1, 3, 16, 16)  # 2 x 2 pixels a cell
+    with torch.no_grad():
+        tokens = model.encoder.embed_change(before, after, pixels[0], pixels[1])
+        cells, _ = model.encoder.change_cells(before, after, pixels[0], pixels[1])
+        window = cells[0, :, 4:7, 2:5].permute(1, 2, 0).reshape(9, -1)  # centred on the changed cell (5, 3)
+        glimpse = model.encoder.window_glimpse(pixels[0][:, :, 8:14, 4:10], pixels[1][:, :, 8:14, 4:10])[0]
+        expected = model.encoder.window_mlp(torch.cat([window, glimpse], -1)) + model.encoder.window_pos
+        torch.testing.assert_close(tokens[0, 1:], expected)
+    model.train()
+    captions = torch.randint(4, 20, (2, 8))
+    model.stage2_loss(torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16), captions)["loss"].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.window_glimpse.parameters())
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"change_pixels": True}, {"pixel_cnn": 4}, {"change_pixels": False, "change_window": 3, "window_glimpse": 4}],
+)
+def test_change_tokens_that_read_the_images_refuse_to_run_without_them(fields):
+    model = ProCap(naming_config(**fields)).eval()
+    z = model.config.vqgan.z_channels
+    features = torch.randn(1, z, 8, 8)
+    with pytest.raises(ValueError, match="pass before_pixels and after_pixels"):
+        model.encoder.embed_change(features, features)
+    pixels = torch.rand(1, 3, 16, 16)
+    assert model.encoder.embed_change(features, features, pixels, pixels).shape[0] == 1
