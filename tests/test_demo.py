@@ -8,11 +8,10 @@ import time
 import pytest
 from report_checks import check_report_html
 
-# ProCap's bounds on the quick demo's 60 test pairs: change detected (95 % asked) and change type. Type >= 80 % was
-# asked; the quick budget does not reach it (2026-11-24: 36.7 % of the 30 test changes, validation 52.6 %), so the
-# bound only catches a model that stops telling the types apart (one caption for every change: about 20 %).
+# ProCap's bounds on the quick demo's 60 test pairs (30 changes): change detected >= 95 % and change type >= 80 %, as
+# asked. Measured on one thread, as CI runs it (docs/training.md): change 100 %, type 93.3 % (28 of 30 changes).
 QUICK_CHANGE = 0.95
-QUICK_TYPE = 0.5
+QUICK_TYPE = 0.8
 
 
 def echo_phases(monkeypatch, capsys) -> None:

@@ -64,15 +64,15 @@ class DemoBudget:
 
 
 QUICK = DemoBudget(
-    scenes=400,
+    scenes=800,
     vqgan_steps=100,  # with --train-tokenizer only: the embedded tokenizer is used otherwise
     vqgan_batch=16,
     stage1_steps=10,
     stage1_batch=8,
-    stage2_steps=300,
+    stage2_steps=600,
     stage2_batch=32,
     stage2_lr=1e-3,
-    val_every=150,
+    val_every=300,
     val_pairs=40,
     max_test_pairs=60,
     stage1_pairs=24,
