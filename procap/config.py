@@ -133,7 +133,8 @@ class ProCapConfig:
     # (the frozen tokenizer keeps colour and size but blurs shape).
     pixel_cnn: int = 0
     # ``window_glimpse`` c > 0: a CNN with c channels reads the change window's pixels at full resolution (before,
-    # after and their difference) and adds its features to every window cell: shape lives below the cell's size.
+    # after and their difference); its c features per window cell join that cell's token input: shape lives below
+    # the cell's size.
     window_glimpse: int = 0
     standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
     # stage-1 losses and augmentations

@@ -338,25 +338,25 @@ def window_origin(magnitude: torch.Tensor, size: int) -> tuple[torch.Tensor, tor
     return top, left
 
 
-def window_cells(cells: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
-    """The cells (B, C, h, w) of the window at ``(top, left)``: (B, size^2, C), row-major within the window."""
-    b = cells.shape[0]
-    offsets = torch.arange(size, device=cells.device)
+def crop(grid: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
+    """A ``size`` x ``size`` square of every map in ``grid`` (B, C, H, W), each at its own top-left ``(top, left)``
+    (B,): (B, size, size, C), channels last. An index, so the corner is not differentiated; the values are."""
+    offsets = torch.arange(size, device=grid.device)
     rows = (top[:, None] + offsets)[:, :, None]  # (B, size, 1)
     cols = (left[:, None] + offsets)[:, None, :]  # (B, 1, size)
-    batch = torch.arange(b, device=cells.device)[:, None, None]
-    return cells.permute(0, 2, 3, 1)[batch, rows, cols].reshape(b, size * size, -1)
+    batch = torch.arange(grid.shape[0], device=grid.device)[:, None, None]
+    return grid.permute(0, 2, 3, 1)[batch, rows, cols]
+
+
+def window_cells(cells: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
+    """The cells (B, C, h, w) of the window at ``(top, left)``: (B, size^2, C), row-major within the window."""
+    return crop(cells, top, left, size).reshape(cells.shape[0], size * size, -1)
 
 
 def window_pixels(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int, cell: int) -> torch.Tensor:
     """The pixels (B, 3, size * cell, size * cell) of images (B, 3, S, S) under the window of ``size`` x ``size``
     latent cells of side ``cell`` px whose top-left cell is ``(top, left)``."""
-    b, pixels = images.shape[0], size * cell
-    offsets = torch.arange(pixels, device=images.device)
-    rows = (top[:, None] * cell + offsets)[:, :, None]  # (B, P, 1)
-    cols = (left[:, None] * cell + offsets)[:, None, :]  # (B, 1, P)
-    batch = torch.arange(b, device=images.device)[:, None, None]
-    return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
+    return crop(images, top * cell, left * cell, size * cell).permute(0, 3, 1, 2)
 
 
 def joint_cells(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
