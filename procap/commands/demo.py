@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="training runs of a seed side by side, one process each (1-3; default 3 on a CPU with 2+ threads, else 1)",
+    )
+    parser.add_argument(
         "--procedures",
         choices=("crossfade", "interpolated"),
         default="interpolated",
@@ -38,12 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from procap import validate
-    from procap.commands.demo_pipeline import run_demo
+    from procap.commands.demo_pipeline import MODELS, run_demo
     from procap.viz.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1)
     validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - args.seeds)  # seeds seed .. seed + seeds - 1
     validate.number(args.workers, "--workers", minimum=0)
+    validate.number(args.jobs, "--jobs", minimum=1, maximum=len(MODELS))
     validate.device(args.device)
     validate.output_dir(args.out, "--out")
     run_demo(
@@ -56,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         procedures=args.procedures,
         seeds=args.seeds,
         train_tokenizer=args.train_tokenizer,
+        jobs=args.jobs,
     )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     print(f"report: {os.path.join(args.out, REPORT_NAME)}")

@@ -83,10 +83,10 @@ FULL = DemoBudget(
     vqgan_batch=16,
     stage1_steps=100,
     stage1_batch=16,
-    stage2_steps=1800,
+    stage2_steps=2400,  # what 25 min a seed buy on 2 cores with the models side by side (default_jobs)
     stage2_batch=32,
     stage2_lr=1e-3,
-    val_every=450,
+    val_every=600,
     val_pairs=100,
     stage1_pairs=480,
 )
@@ -108,6 +108,10 @@ class Clock:
         seconds = time.perf_counter() - self._t
         self.phases[self._name] = round(self.phases.get(self._name, 0.0) + seconds, 2)
         return seconds
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` measured elsewhere (a worker process) towards phase ``name``."""
+        self.phases[name] = round(self.phases.get(name, 0.0) + seconds, 2)
 
     @property
     def total(self) -> float:
@@ -377,6 +381,36 @@ def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, ou
     return rows
 
 
+def default_jobs(device: str, threads: int | None = None) -> int:
+    """How many of a seed's training runs share the machine: all of them on a CPU with two or more threads, else one.
+
+    Small models barely use a second thread: one run per thread trains about 1.5x more steps per second in all
+    than runs in turn on every thread (docs/training.md, "Runs side by side").
+    """
+    threads = torch.get_num_threads() if threads is None else threads
+    return len(MODELS) if device == "cpu" and threads >= 2 else 1
+
+
+def _train_in_worker(
+    name: str, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, threads: int
+) -> tuple[Path, dict[str, float]]:
+    """One model of a seed in a worker process (stage 1 first for ProCap): its best checkpoint and phase seconds."""
+    from procap.train.stage1 import pretrain
+    from procap.train.stage2 import train
+
+    torch.set_num_threads(threads)  # the process owns its share of the cores
+    cache = ImageCache(IMAGE_SIZE)  # its own: the parent's would be pickled across for every run
+    seconds = {}
+    if name == "procap":
+        start = time.perf_counter()
+        pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
+        seconds["stage1"] = time.perf_counter() - start
+    start = time.perf_counter()
+    best = train(configs[name], pairs=splits["train"], val_pairs=splits["val"], vocab=vocab, cache=cache)
+    seconds[name] = time.perf_counter() - start
+    return best, seconds
+
+
 def train_seed(
     seed: int,
     configs: dict[str, TrainConfig],
@@ -386,12 +420,20 @@ def train_seed(
     clock: Clock,
     budget: DemoBudget,
     procedures: str,
+    jobs: int = 1,
 ) -> dict[str, Path]:
-    """Stage 1 and the three stage-2 runs of one seed; returns each model's best checkpoint."""
+    """Stage 1 and the three stage-2 runs of one seed; returns each model's best checkpoint.
+
+    With ``jobs > 1`` the runs train side by side in ``jobs`` spawned processes that split the threads between
+    them; each run is the same computation as in turn (same seed, data order and steps), so only the thread count
+    of its floating-point reductions differs.
+    """
     from procap.train.stage1 import pretrain
     from procap.train.stage2 import train
 
     stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
+    if jobs > 1:
+        return _train_side_by_side(seed, configs, splits, stage1_pairs, vocab, clock, jobs)
     clock.phase("stage1", f"seed {seed}: stage 1 ({procedures}), {budget.stage1_steps} steps x {budget.stage1_batch}")
     pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
     clock.done()
@@ -401,6 +443,36 @@ def train_seed(
         clock.phase(name, f"seed {seed}: stage 2, {label}: {cfg.steps} steps x {cfg.batch_size}")
         best[name] = train(cfg, pairs=splits["train"], val_pairs=splits["val"], vocab=vocab, cache=cache)
         clock.done()
+    return best
+
+
+def _train_side_by_side(
+    seed: int, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, clock: Clock, jobs: int
+) -> dict[str, Path]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, torch.get_num_threads() // jobs)
+    quiet = {name: dataclasses.replace(cfg, progress=False) for name, cfg in configs.items()}  # bars would interleave
+    clock.phase(
+        "side_by_side",
+        f"seed {seed}: stage 1 + the {len(MODELS)} stage-2 runs side by side "
+        f"({jobs} processes x {threads} thread{'s' if threads > 1 else ''}): "
+        + ", ".join(f"{label} {quiet[name].steps} steps" for name, label in MODELS),
+    )
+    best = {}
+    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {
+            name: pool.submit(_train_in_worker, name, quiet, splits, stage1_pairs, vocab, threads) for name, _ in MODELS
+        }
+        for name, label in MODELS:
+            best[name], seconds = futures[name].result()
+            for phase, value in seconds.items():
+                clock.add(phase, value)
+            if clock.verbose:
+                print(f"         seed {seed}: {label} done ({seconds[name]:.0f} s of stage 2)", flush=True)
+    clock.done()
     return best
 
 
@@ -415,6 +487,7 @@ def run_demo(
     procedures: str = "interpolated",
     seeds: int = 1,
     train_tokenizer: bool = False,
+    jobs: int | None = None,
 ) -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
 
@@ -423,6 +496,7 @@ def run_demo(
             mean +- std.
         train_tokenizer: fit a new VQGAN for ``budget.vqgan_steps`` steps instead of using the embedded one
             (:func:`procap.train.tokenizer.embedded_tokenizer_path`).
+        jobs: training runs of a seed side by side, each in its own process (default :func:`default_jobs`).
     """
     from procap.data import load_split
     from procap.eval.correctness import scene_truths
@@ -434,6 +508,9 @@ def run_demo(
 
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
+    jobs = default_jobs(device) if jobs is None else jobs
+    if not 1 <= jobs <= len(MODELS):
+        raise ValueError(f"jobs must be between 1 and {len(MODELS)}, got {jobs}")
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     clock, data = Clock(), Path(out) / "data"
     clock.phase("data", f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px -> {data}")
@@ -479,7 +556,7 @@ def run_demo(
         folder = run_folder(out, run_seed, seed)
         configs = stage_configs(budget, out, data, run_seed, device, progress, workers, folder)
         configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
-        best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures)
+        best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
         clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
         for name, _ in MODELS:
             report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths)
@@ -499,6 +576,7 @@ def run_demo(
         "budget": dataclasses.asdict(budget),
         "device": device,
         "threads": torch.get_num_threads(),
+        "jobs": jobs,
         "pairs": {"train": len(splits["train"]), "val": len(splits["val"]), "test": len(test)},
         "results": results,
         "phases_s": clock.phases,

@@ -1,0 +1,62 @@
+"""`procap demo` trains a seed's models side by side in worker processes: the same models as training them in turn."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from procap.commands.demo_pipeline import MODELS, DemoBudget, default_jobs, run_demo
+
+# A few steps of every phase: enough for the weights to move from their initialisation, seconds to run.
+MICRO = DemoBudget(
+    scenes=24,
+    vqgan_steps=1,
+    vqgan_batch=4,
+    stage1_steps=2,
+    stage1_batch=4,
+    stage2_steps=3,
+    stage2_batch=4,
+    val_pairs=4,
+    max_test_pairs=6,
+    stage1_pairs=4,
+)
+
+
+def test_default_jobs_trains_side_by_side_only_on_a_multithreaded_cpu():
+    assert default_jobs("cpu", threads=2) == len(MODELS)
+    assert default_jobs("cpu", threads=16) == len(MODELS)
+    assert default_jobs("cpu", threads=1) == 1
+    assert default_jobs("cuda", threads=16) == 1
+
+
+@pytest.mark.slow
+def test_side_by_side_training_gives_the_models_of_training_in_turn(tmp_path):
+    # Tests run torch on one thread, so each worker gets one thread too: the same arithmetic, bit for bit.
+    assert torch.get_num_threads() == 1
+    kwargs = {"budget": MICRO, "procedures": "crossfade", "progress": False}
+    in_turn = run_demo(tmp_path / "in_turn", jobs=1, **kwargs)
+    side = run_demo(tmp_path / "side", jobs=len(MODELS), **kwargs)
+    assert (in_turn["jobs"], side["jobs"]) == (1, len(MODELS))
+    assert "side_by_side" in side["phases_s"] and "side_by_side" not in in_turn["phases_s"]
+    for phase in ("stage1", *(name for name, _ in MODELS)):  # workers report their own phase times
+        assert side["phases_s"][phase] > 0, phase
+
+    initial = load_file(tmp_path / "side" / "stage1" / "stage1.safetensors")
+    for name, label in MODELS:
+        a = load_file(tmp_path / "in_turn" / name / "best.safetensors")
+        b = load_file(tmp_path / "side" / name / "best.safetensors")
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=f"{name}: {key}")
+        assert in_turn["results"][label]["accuracy"] == side["results"][label]["accuracy"]
+    # ProCap's worker ran stage 1 first and started from it: its weights moved away from stage 1's
+    procap = load_file(tmp_path / "side" / "procap" / "best.safetensors")
+    shared = [k for k in initial if k in procap and initial[k].shape == procap[k].shape]
+    assert shared and any(not torch.equal(initial[k], procap[k]) for k in shared)
+
+
+def test_run_demo_refuses_a_job_count_it_cannot_use(tmp_path):
+    with pytest.raises(ValueError, match="jobs must be between 1 and 3"):
+        run_demo(tmp_path, budget=MICRO, jobs=4)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
