@@ -33,12 +33,14 @@ def caption_pairs(
     max_len: int | None = None,
     remember: bool = False,
     generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = True,
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
 
     Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
     model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation). ``generate``
     replaces ``model.generate`` (``(before, after) -> tokens``: a ``procap.fast.Captioner``, beam search...).
+    ``progress`` shows a bar over the batches (never for a single batch).
     """
     from tqdm.auto import tqdm
 
@@ -48,7 +50,8 @@ def caption_pairs(
     predictions: dict[str, str] = {}
     tokens, seconds = 0, 0.0
     eos = vocab.eos_id
-    for start in tqdm(range(0, len(pairs), batch_size), desc="caption", leave=False, disable=len(pairs) <= batch_size):
+    batches = range(0, len(pairs), batch_size)
+    for start in tqdm(batches, desc="caption", leave=False, disable=not progress or len(pairs) <= batch_size):
         chunk = pairs[start : start + batch_size]
         before = torch.stack([cache(p.before_path) for p in chunk]).to(device)
         after = torch.stack([cache(p.after_path) for p in chunk]).to(device)

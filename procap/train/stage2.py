@@ -87,6 +87,7 @@ def make_validator(
             amp=cfg.amp,
             max_len=max_len,
             remember=cfg.cache_features,
+            progress=cfg.progress,
         )
         scores = score_captions(predictions, pairs, cfg.val_metrics)
         metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
