@@ -109,15 +109,19 @@ def total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return int(cfg.epochs) * batches_per_epoch
 
 
-def validation_line(stage: str, step: int, metrics: dict[str, float]) -> str:
-    """One console line of validation scores: caption metrics as they are, fractions (``acc_*``, ``distinct``) in %."""
+def validation_line(stage: str, step: int, metrics: dict[str, float], run: str | None = None) -> str:
+    """One console line of validation scores: caption metrics as they are, fractions (``acc_*``, ``distinct``) in %.
+
+    ``run`` (the run folder's name) tells apart the lines of runs that train side by side (``procap demo``).
+    """
 
     def shown(name: str, value: float) -> str:
         if name.startswith("acc_") or name == "distinct":
             return f"{name} {100 * value:.1f}%"
         return f"{name} {value:.2f}"
 
-    return f"{stage} step {step} validation: " + ", ".join(shown(k, float(v)) for k, v in metrics.items())
+    where = f" ({run})" if run else ""
+    return f"{stage} step {step} validation{where}: " + ", ".join(shown(k, float(v)) for k, v in metrics.items())
 
 
 class Trainer:
@@ -319,7 +323,7 @@ class Trainer:
         self.log.write(record)
         self.trackers.write(record)
         self.state.history.append(record)
-        print(validation_line(self.name, self.state.step, metrics), flush=True)
+        print(validation_line(self.name, self.state.step, metrics, self.out.name), flush=True)
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step

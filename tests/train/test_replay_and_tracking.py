@@ -122,3 +122,5 @@ def test_scalars_flatten_and_validation_is_one_console_line():
     assert scalars(record) == {"step": 3.0, "lr/0": 1e-4, "lr/1": 2e-5, "val/CIDEr": 12.5}
     line = validation_line("stage2", 40, {"CIDEr": 112.3, "acc_change": 0.981, "distinct": 0.5})
     assert line == "stage2 step 40 validation: CIDEr 112.30, acc_change 98.1%, distinct 50.0%"
+    named = validation_line("stage2", 40, {"CIDEr": 112.3}, run="static")
+    assert named == "stage2 step 40 validation (static): CIDEr 112.30"
