@@ -43,6 +43,9 @@ def test_side_by_side_training_gives_the_models_of_training_in_turn(tmp_path):
         assert side["phases_s"][phase] > 0, phase
 
     initial = load_file(tmp_path / "side" / "stage1" / "stage1.safetensors")
+    initial_in_turn = load_file(tmp_path / "in_turn" / "stage1" / "stage1.safetensors")
+    assert initial.keys() == initial_in_turn.keys()
+    assert all(torch.equal(initial[k], initial_in_turn[k]) for k in initial)  # stage 1 in ProCap's worker
     for name, label in MODELS:
         a = load_file(tmp_path / "in_turn" / name / "best.safetensors")
         b = load_file(tmp_path / "side" / name / "best.safetensors")
@@ -50,7 +53,7 @@ def test_side_by_side_training_gives_the_models_of_training_in_turn(tmp_path):
         for key in a:
             torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=f"{name}: {key}")
         assert in_turn["results"][label]["accuracy"] == side["results"][label]["accuracy"]
-    # ProCap's worker ran stage 1 first and started from it: its weights moved away from stage 1's
+    # ProCap's stage 2 trained on from stage 1 (the in-turn run starts from it too): its weights are not stage 1's
     procap = load_file(tmp_path / "side" / "procap" / "best.safetensors")
     shared = [k for k in initial if k in procap and initial[k].shape == procap[k].shape]
     assert shared and any(not torch.equal(initial[k], procap[k]) for k in shared)
