@@ -106,7 +106,7 @@ class Clock:
 
     def done(self) -> float:
         seconds = time.perf_counter() - self._t
-        self.phases[self._name] = round(self.phases.get(self._name, 0.0) + seconds, 2)
+        self.add(self._name, seconds)
         return seconds
 
     def add(self, name: str, seconds: float) -> None:
@@ -393,8 +393,9 @@ def default_jobs(device: str, threads: int | None = None) -> int:
 
 def _train_in_worker(
     name: str, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, threads: int
-) -> tuple[Path, dict[str, float]]:
-    """One model of a seed in a worker process (stage 1 first for ProCap): its best checkpoint and phase seconds."""
+) -> tuple[str, Path, dict[str, float]]:
+    """One model of a seed in a worker process (stage 1 first for ProCap): its name, best checkpoint and seconds
+    per phase."""
     from procap.train.stage1 import pretrain
     from procap.train.stage2 import train
 
@@ -408,7 +409,7 @@ def _train_in_worker(
     start = time.perf_counter()
     best = train(configs[name], pairs=splits["train"], val_pairs=splits["val"], vocab=vocab, cache=cache)
     seconds[name] = time.perf_counter() - start
-    return best, seconds
+    return name, best, seconds
 
 
 def train_seed(
@@ -449,31 +450,36 @@ def train_seed(
 def _train_side_by_side(
     seed: int, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, clock: Clock, jobs: int
 ) -> dict[str, Path]:
+    import functools
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     threads = max(1, torch.get_num_threads() // jobs)
     quiet = {name: dataclasses.replace(cfg, progress=False) for name, cfg in configs.items()}  # bars would interleave
+    labels = dict(MODELS)
     clock.phase(
         "side_by_side",
         f"seed {seed}: stage 1 + the {len(MODELS)} stage-2 runs side by side "
         f"({jobs} processes x {threads} thread{'s' if threads > 1 else ''}): "
         + ", ".join(f"{label} {quiet[name].steps} steps" for name, label in MODELS),
     )
+    run = functools.partial(
+        _train_in_worker, configs=quiet, splits=splits, stage1_pairs=stage1_pairs, vocab=vocab, threads=threads
+    )
     best = {}
-    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {
-            pool.submit(_train_in_worker, name, quiet, splits, stage1_pairs, vocab, threads): (name, label)
-            for name, label in MODELS
-        }
-        for future in as_completed(futures):
-            name, label = futures[future]
-            best[name], seconds = future.result()
+    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it. The pool is
+    # terminated on the way out, so a run that fails (or Ctrl-C) stops the others instead of waiting for them.
+    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    try:
+        for name, checkpoint, seconds in pool.imap_unordered(run, labels):
+            best[name] = checkpoint
             for phase, value in seconds.items():
                 clock.add(phase, value)
             if clock.verbose:
-                print(f"         seed {seed}: {label} done ({seconds[name]:.0f} s of stage 2)", flush=True)
+                print(f"         seed {seed}: {labels[name]} done ({seconds[name]:.0f} s of stage 2)", flush=True)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
     clock.done()
     return best
 
