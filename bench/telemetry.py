@@ -15,6 +15,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import Self
 
+from procap.validate import device_index
+
 # Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 # The paper's end-to-end TPS on one A40 (fp32, batch 32, 24 tokens counted per caption); docs/gpu.md lists them.
@@ -75,7 +77,7 @@ def _nvml_handle(device: torch.device):
         return None, None
     try:
         pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)  # a device named without an index is the current one
         return pynvml, nvml_handle(pynvml, index, torch.cuda.get_device_properties(index))
     except pynvml.NVMLError:
         return None, None

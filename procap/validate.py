@@ -137,6 +137,35 @@ def canonical_device(device):
     return torch.device("cpu") if parsed.type == "cpu" else parsed
 
 
+def device_index(device) -> int | None:
+    """The index a device name means: the current device of its type when the name gives none (what PyTorch
+    allocates on for ``cuda``), 0 for a type that has no notion of a current device, None for the CPU (one
+    device, whatever index a name gives)."""
+    import torch
+
+    parsed = torch.device(device)
+    if parsed.type == "cpu":
+        return None
+    if parsed.index is not None:
+        return parsed.index
+    if parsed.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.current_device()
+    return 0
+
+
+def same_device(requested, actual) -> bool:
+    """Whether ``requested`` names the device ``actual`` is (e.g. a tensor's ``.device``).
+
+    The one device comparison of the package: ``torch.device("cuda") != torch.device("cuda:0")`` although a
+    tensor made on ``cuda`` lives on ``cuda:0`` when 0 is current, and ``cpu:0`` is the CPU that tensors report
+    as ``cpu``. Types must match; indices are compared after :func:`device_index` fills in the missing ones.
+    """
+    import torch
+
+    requested, actual = torch.device(requested), torch.device(actual)
+    return requested.type == actual.type and device_index(requested) == device_index(actual)
+
+
 def device(name: str | None, flag: str = "--device"):
     """Parse a device name and check that it exists on this machine.
 

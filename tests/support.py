@@ -36,6 +36,10 @@ def _triton_skip() -> str | None:
     return None
 
 
+# Tests that run a Triton kernel outside the implementation matrix (inputs on impl_device("triton")).
+requires_triton = pytest.mark.skipif(_triton_skip() is not None, reason=str(_triton_skip()))
+
+
 def _cpp_skip() -> str | None:
     if not _ext.AVAILABLE:
         return f"the C++ extension is not built ({_ext.LOAD_ERROR}); pip install -e . --no-build-isolation"

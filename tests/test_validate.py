@@ -86,6 +86,40 @@ def test_devices():
             validate.device("cuda")
 
 
+@pytest.mark.parametrize(
+    ("requested", "actual", "same"),
+    [
+        ("cuda", "cuda:0", True),  # no index: the current device (0 here, or on a one-GPU machine)
+        ("cuda:0", "cuda", True),
+        ("cuda:0", "cuda:0", True),
+        ("cuda:1", "cuda:0", False),
+        ("cuda", "cuda:1", False),
+        ("cpu", "cpu", True),
+        ("cpu:0", "cpu", True),
+        ("cpu", "cuda:0", False),
+        ("cuda", "cpu", False),
+        ("meta", "cpu", False),
+    ],
+)
+def test_same_device_without_a_gpu(requested, actual, same):
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.current_device() != 0:
+        pytest.skip("the table assumes CUDA device 0 is current")
+    assert validate.same_device(torch.device(requested), torch.device(actual)) is same
+    assert validate.same_device(requested, actual) is same  # names work as well as torch.device objects
+
+
+def test_same_device_follows_the_current_cuda_device(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert validate.same_device("cuda", "cuda:1") and not validate.same_device("cuda", "cuda:0")
+    assert validate.device_index("cuda") == 1 and validate.device_index("cuda:0") == 0
+    assert validate.device_index("cpu:3") is None
+
+
 def test_a_read_only_folder_is_reported_whoever_runs(tmp_path, monkeypatch):
     """As root, chmod cannot make a folder read-only, so os.access stands in for a read-only mount."""
     (tmp_path / "ro").mkdir()

@@ -1,9 +1,11 @@
 """`procap profile --ckpt C`: record a torch.profiler trace of a few captioning batches; print Nsight commands.
 
 The trace (Chrome JSON, open in chrome://tracing or https://ui.perfetto.dev) shows the NVTX / record_function
-ranges ``procap.vqgan``, ``procap.encoder``, ``procap.prefill`` and ``procap.decode``. The printed ``nsys`` and
-``ncu`` command lines re-run this same workload under Nsight Systems / Nsight Compute (``--no-trace`` keeps
-torch.profiler out of their way).
+ranges ``procap.vqgan``, ``procap.encoder``, ``procap.prefill`` and ``procap.decode``. It profiles the pipeline
+uncaptured: the same kernels launched one by one, because a replayed CUDA graph is one launch whose ranges were
+recorded once, at capture. The printed ``nsys`` line re-runs the workload as the Captioner runs it (the replayed
+graph, per kernel with ``--cuda-graph-trace=node``); the ``ncu`` line runs it uncaptured (``--no-graphs``) so that
+its NVTX filter finds the decoding loop. Both pass ``--no-trace``, which keeps torch.profiler out of their way.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-trace", action="store_true", help="run the batches without torch.profiler (use under nsys / ncu)"
     )
+    parser.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="with --no-trace: launch the pipeline kernel by kernel instead of replaying its CUDA graph "
+        "(the torch.profiler trace always does)",
+    )
 
 
 def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
@@ -62,7 +70,7 @@ def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
         # Per-kernel rows inside replayed CUDA graphs need --cuda-graph-trace=node.
         "nsys": f"nsys profile --trace=cuda,nvtx,cublas,cudnn --cuda-graph-trace=node -o procap_nsys --force-overwrite true {cmd}",
         # Kernels of the decoding loop only (NVTX push/pop range "procap.decode"); drop the filter for the encoder.
-        "ncu": f"ncu --nvtx --nvtx-include procap.decode/ --set full --launch-count 200 -o procap_ncu {cmd}",
+        "ncu": f"ncu --nvtx --nvtx-include procap.decode/ --set full --launch-count 200 -o procap_ncu {cmd} --no-graphs",
     }
 
 
@@ -90,8 +98,15 @@ def run(args: argparse.Namespace) -> int:
 
     from procap.fast import Captioner
 
+    # The trace profiles the pipeline uncaptured: inside a replayed graph no range is recorded (module docstring).
+    uncaptured = {"use_graphs": False} if args.no_graphs or not args.no_trace else {}
     captioner = Captioner.from_checkpoint(
-        checkpoint, device=args.device, dtype=args.dtype, max_len=args.max_len, batch_sizes=(args.batch_size,)
+        checkpoint,
+        device=args.device,
+        dtype=args.dtype,
+        max_len=args.max_len,
+        batch_sizes=(args.batch_size,),
+        **uncaptured,
     )
     size = captioner.config.image_size
     gen = torch.Generator().manual_seed(0)
@@ -118,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     sort = "self_cuda_time_total" if captioner.device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=12))
     print(f"trace: {path} ({args.steps} batch(es) of {args.batch_size} on {captioner.device}, {captioner.dtype})")
+    print("the trace shows the pipeline uncaptured (each stage in its range); nsys below profiles the replayed graph")
     for tool, line in nsight_commands(args).items():
         print(f"{tool}: {line}")
     sys.stdout.flush()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from procap.fast.graphs import CapturedStep
+from procap.fast.graphs import CapturedStep, EagerStep
 from procap.fast.inputs import pixel_stats
 from procap.model.decoder import DecodingState
 
@@ -28,7 +28,8 @@ class Bucket:
             (the Captioner's :class:`~procap.fast.lean_decode.LeanDecoder`); None means ``model.decoder``.
         max_len: caption length including BOS.
         dtype, device: where the buffers live (the model's placement).
-        graph_pool: the Captioner's CUDA memory pool shared by every captured graph (None off CUDA).
+        graph_pool: the Captioner's CUDA memory pool shared by every captured graph (None off CUDA, where each
+            "graph" is its function run eagerly: :class:`~procap.fast.graphs.EagerStep`).
 
     Attributes:
         decoding: the decoder's cached-decoding buffers.
@@ -53,8 +54,8 @@ class Bucket:
         self.before: torch.Tensor | None = None
         self.after: torch.Tensor | None = None
         self.pixel_stats = torch.zeros(2, 3, device=device)
-        self.step_graph: CapturedStep | None = None
-        self.pipeline_graph: CapturedStep | None = None
+        self.step_graph: CapturedStep | EagerStep | None = None
+        self.pipeline_graph: CapturedStep | EagerStep | None = None
 
     # -- eager steps (what the graphs capture) ---------------------------------------------------------------------
     def prefill(self, memory: torch.Tensor) -> None:
@@ -90,8 +91,12 @@ class Bucket:
         return self.before, self.after
 
     # -- graphs ----------------------------------------------------------------------------------------------------
-    def _capture(self, fn: Callable[[], None]) -> CapturedStep:
-        graph = CapturedStep(fn, self.device, pool=self.graph_pool)
+    def _capture(self, fn: Callable[[], None]) -> CapturedStep | EagerStep:
+        """A CUDA graph of ``fn`` on CUDA; elsewhere ``fn`` itself behind the same interface (the CPU has no graphs)."""
+        if self.device.type == "cuda":
+            graph = CapturedStep(fn, self.device, pool=self.graph_pool)
+        else:
+            graph = EagerStep(fn)
         self.decoding.reset()  # the warm-up calls advanced the state
         return graph
 

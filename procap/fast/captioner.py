@@ -15,6 +15,11 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
   the decoding step alone replayed ``max_len - 1`` times; no host synchronisation inside; one copy out at the end,
   and one read of the pixel statistics after it.
 
+Every choice that differs between the CPU and CUDA is resolved in one place (:mod:`procap.fast.settings`) from the
+device type the defaults are taken for: ``configure_as="cuda"`` builds and runs the GPU's configuration on a CPU,
+each graph's function run eagerly in place of its capture, which is how CI tests the GPU's code paths. Beam search
+(``num_beams > 1``) always decodes with beams: the eager cached beam search, on every device and configuration.
+
 Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
 then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
 compilation). The first call of each batch bucket compiles; benchmarks time it separately.
@@ -34,13 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from procap.attention import BACKENDS, select_backend
+from procap.attention import BACKENDS
 from procap.checkpoint import load_checkpoint
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
-from procap.fast.lean_decode import LeanDecoder, lean_decoding_supported
+from procap.fast.lean_decode import LeanDecoder
 from procap.fast.nvtx import annotate_module, nvtx_range
+from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.hub import load_pretrained
 from procap.model.beam import beam_search_cached, check_beam_arguments
@@ -64,16 +70,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPUs that support it, else fp16; fp32 on the CPU (exact equality with the oracle)."""
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device, configure_as: str | None) -> torch.dtype:
     if dtype is None:
-        return default_dtype(device)
+        return default_dtype(device, configure_as)
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {
@@ -96,17 +95,24 @@ class Captioner:
         model: a trained :class:`procap.model.procap.ProCap` (copied; the original is left as it is).
         vocab: the model's :class:`procap.data.Vocabulary`.
         device: where to run (default: CUDA when available, else CPU).
-        dtype: compute dtype (default: bf16 on CUDA, fp32 on CPU); a string like ``"bf16"`` works too.
+        dtype: compute dtype (default: bf16 in the CUDA configuration, fp32 on CPU); a string like ``"bf16"`` works too.
         max_len: caption length including BOS; ``max_len - 1`` tokens are decoded (no early exit).
             None means the model's ``config.max_caption_len``.
         batch_sizes: batch buckets; a batch is padded up to the smallest bucket that holds it (on CUDA) and
             split into chunks of the largest bucket when bigger.
-        use_graphs: capture the decoding step in CUDA graphs (default: on CUDA only).
+        use_graphs: capture the decoding step in CUDA graphs (default: in the CUDA configuration, greedy decoding).
+            With ``configure_as="cuda"`` on a CPU each graph's function runs eagerly in place of its capture.
         pad_to_bucket: pad batches up to their bucket (default: when graphs are used; the CPU gains nothing).
         capture_memory: run the whole pipeline (pixel checks, VQGAN, encoder, prefill and every decoding step) from
             static input buffers, captured in one CUDA graph per bucket when ``use_graphs``; implies bucket
             padding. Default: on whenever graphs are used and batches are padded (every bucket, batch 32
             included). The VQGAN / encoder NVTX ranges then appear once at capture, replays as ``procap.pipeline``.
+        channels_last: the VQGAN in channels-last layout (default: in the CUDA configuration).
+        configure_as: the device type whose defaults are taken, ``"cuda"`` or ``"cpu"`` (default: the device's
+            own). ``"cuda"`` on a CPU runs everything the GPU resolves to (bf16, bucket padding, static buffers, the
+            whole pipeline as one function per bucket, lean decoding, the channels-last fused VQGAN, device-side
+            pixel statistics) with only the graph capture replaced by running the same function eagerly.
+            :attr:`settings` holds what was resolved.
         attention_backend: ``procap.attention`` backend for encoder and decoder, set on the model once here
             (``auto``: the fastest available for the device and dtype).
         copy_model: deep-copy ``model`` before casting it (False for a model nobody else holds).
@@ -116,9 +122,10 @@ class Captioner:
         torch_compile: compile the VQGAN encoder and the procedure encoder with ``torch.compile`` (never required):
             True, or a dict of ``torch.compile`` keyword arguments (e.g. ``{"mode": "max-autotune-no-cudagraphs"}``;
             ``dynamic`` defaults to False: one graph per bucket shape). The first call per bucket compiles.
-        num_beams: 1 decodes greedily (CUDA graphs on GPU); more runs beam search
-            (:func:`procap.model.beam.beam_search_cached`: the beams of every pair are rows of one batch in the
-            static KV cache, eager, no graphs), equal to ``ProCap.generate(num_beams=...)`` in fp32.
+        num_beams: 1 decodes greedily (CUDA graphs on GPU); more runs beam search on every device and in every
+            configuration (:func:`procap.model.beam.beam_search_cached`: the beams of every pair are rows of one
+            batch in the static KV cache, eager: graphs and ``capture_memory`` default to off and refuse to be
+            turned on), equal to ``ProCap.generate(num_beams=...)`` in fp32.
         length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
         fused_vqgan: run the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder`
             (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
@@ -154,13 +161,15 @@ class Captioner:
         length_penalty: float = 1.0,
         fused_vqgan: bool | dict[str, Any] = True,
         lean_decode: bool = True,
+        channels_last: bool | None = None,
+        configure_as: str | None = None,
     ) -> None:
         check_beam_arguments(num_beams, length_penalty)
-        if num_beams > 1 and capture_memory:
-            raise ProCapError("capture_memory=True decodes greedily; it does not combine with num_beams > 1")
         self.num_beams, self.length_penalty = num_beams, float(length_penalty)
         self.device = canonical_device(device) if device is not None else default_device()
-        self.dtype = _parse_dtype(dtype, self.device)
+        configured_type(self.device, configure_as)  # an unknown configure_as is refused before any work
+        self.configure_as = configure_as
+        self.dtype = _parse_dtype(dtype, self.device, configure_as)
         config = model.config
         max_len = config.max_caption_len if max_len is None else max_len
         if not 2 <= max_len <= config.max_caption_len:
@@ -174,9 +183,10 @@ class Captioner:
         self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
         self.torch_compile, self.fused_vqgan, self.lean_decode = torch_compile, fused_vqgan, lean_decode
-        self._requested = (use_graphs, pad_to_bucket, capture_memory)
+        self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
+        self.model = copy.deepcopy(model) if copy_model else model
         self._configure()
-        self.model = self._prepare(copy.deepcopy(model) if copy_model else model)
+        self.model = self._prepare(self.model)
         self._buckets: dict[int, Bucket] = {}
 
     @classmethod
@@ -235,21 +245,27 @@ class Captioner:
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _configure(self) -> None:
-        """Resolve graphs / padding / attention backend for the current device and dtype."""
-        use_graphs, pad_to_bucket, capture_memory = self._requested
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and self.device.type != "cuda":
-            raise ProCapError("use_graphs=True needs a CUDA device; CUDA graphs do not exist on the CPU")
-        if capture_memory is None:  # the whole pipeline in one graph wherever graphs and bucket padding are on
-            capture_memory = self.use_graphs and pad_to_bucket is not False
-        self.capture_memory = capture_memory
-        self.pad_to_bucket = (self.use_graphs or self.capture_memory) if pad_to_bucket is None else pad_to_bucket
-        if self.capture_memory and not self.pad_to_bucket:
-            raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes)")
+        """Resolve every device-dependent choice (:func:`procap.fast.settings.resolve_settings`) into :attr:`settings`."""
+        use_graphs, pad_to_bucket, capture_memory, channels_last = self._requested
+        self.settings: Settings = resolve_settings(
+            self.device,
+            self.dtype,
+            configure_as=self.configure_as,
+            use_graphs=use_graphs,
+            pad_to_bucket=pad_to_bucket,
+            capture_memory=capture_memory,
+            channels_last=channels_last,
+            attention_backend=self.attention_backend,
+            lean_decode=self.lean_decode,
+            decoder=self.model.decoder,
+            num_beams=self.num_beams,
+        )
+        self.use_graphs, self.pad_to_bucket = self.settings.use_graphs, self.settings.pad_to_bucket
+        self.capture_memory = self.settings.capture_memory
         # What ``auto`` resolves to here (for logs and benchmarks); the model keeps the requested name.
-        backend = self.attention_backend
-        self.backend = backend if backend != "auto" else select_backend(self.device, self.dtype)
-        self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.backend = self.settings.backend
+        captures = self.use_graphs and self.device.type == "cuda"
+        self._graph_pool = torch.cuda.graph_pool_handle() if captures else None
 
     def _prepare(self, model: ProCap) -> torch.nn.Module:
         model.eval().requires_grad_(False)
@@ -258,7 +274,7 @@ class Captioner:
             model.vqgan.encoder = encoder = encoder.reference
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
-        channels_last = self.device.type == "cuda"
+        channels_last = self.settings.channels_last
         if channels_last:
             model.vqgan.to(memory_format=torch.channels_last)
         if self.fused_vqgan:
@@ -272,9 +288,7 @@ class Captioner:
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
                 )
             )
-        self.decoder = model.decoder
-        if self.lean_decode and lean_decoding_supported(model.decoder, self.backend):
-            self.decoder = LeanDecoder(model.decoder, self.backend)
+        self.decoder = LeanDecoder(model.decoder, self.backend) if self.settings.lean_decode else model.decoder
         if self.torch_compile:
             options = {"dynamic": False, **({} if self.torch_compile is True else dict(self.torch_compile))}
             for module in (model.vqgan.encoder, model.encoder):
@@ -300,10 +314,10 @@ class Captioner:
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Captioner:
         """Move to another device/dtype; the per-bucket states and CUDA graphs are dropped."""
         self.device = canonical_device(device) if device is not None else self.device
-        self.dtype = _parse_dtype(dtype, self.device) if dtype is not None else self.dtype
+        self.dtype = _parse_dtype(dtype, self.device, self.configure_as) if dtype is not None else self.dtype
         for hook in self._hooks:
             hook.remove()
-        if self._requested[0] and self.device.type != "cuda":
+        if self._requested[0] and self.device.type != "cuda" and self.configure_as != "cuda":
             self._requested = (None, *self._requested[1:])  # graphs were asked for on CUDA; the CPU has none
         self._buckets.clear()  # captured graphs hold pointers to the old buffers
         self._configure()
@@ -342,7 +356,7 @@ class Captioner:
     @torch.no_grad()
     def decode(self, memory: torch.Tensor) -> torch.Tensor:
         """Tokens from a memory (b, N, D), b <= the largest bucket -> (b, max_len - 1) on the device."""
-        if self.num_beams > 1:
+        if self.settings.beam_search:
             with self._process_flags(), nvtx_range("procap.beam_search", self.device):
                 return beam_search_cached(self.model.decoder, memory, self.max_len, self.num_beams, self.length_penalty)
         b = memory.shape[0]

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from procap import kernels
 from procap.model.decoder import BOS_ID, PAD_ID, SUPPRESSED_IDS, CaptionDecoder
+from procap.validate import same_device
 
 KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligned mask rows for fused kernels)
 SDPA_BACKENDS = ("sdpa", "sdpa_efficient", "sdpa_math")  # the attention backends the lean step can honour
@@ -151,7 +152,7 @@ class LeanDecoder:
         """Buffers for ``batch`` rows and captions of ``max_len`` tokens (dtype and device: the weights')."""
         if not 2 <= max_len <= self.pos_embed.shape[0]:
             raise ValueError(f"max_len must be in [2, {self.pos_embed.shape[0]}], got {max_len}")
-        if dtype != self.embed_weight.dtype or torch.device(device) != self.embed_weight.device:
+        if dtype != self.embed_weight.dtype or not same_device(device, self.embed_weight.device):
             raise ValueError("the lean decoder's buffers live with its weights: build it after moving the model")
         return LeanDecodingState(self, batch, max_len, self.memory_len)
 

@@ -49,6 +49,7 @@ from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
 from procap.model.pretrained import PretrainedMixin
 from procap.model.vqgan import VQGAN
+from procap.validate import same_device
 
 
 class ProCap(PretrainedMixin, nn.Module):
@@ -479,7 +480,7 @@ def _repeat(params: MaskParams, times: int) -> MaskParams:
 
 
 def _on(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
-    """``generator`` if it lives on ``device``'s type, else None (draws there use the global RNG)."""
-    if generator is None or generator.device.type != torch.device(device).type:
+    """``generator`` if it lives on ``device``, else None (draws there use the global RNG)."""
+    if generator is None or not same_device(device, generator.device):
         return None
     return generator

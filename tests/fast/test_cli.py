@@ -79,7 +79,20 @@ def test_caption_bad_input_exits_2(checkpoint, image_files, tmp_path, capsys, ca
     assert err.startswith("procap: error:") and message in err
 
 
-def test_profile_writes_trace_and_prints_nsight_commands(checkpoint, tmp_path, capsys):
+@pytest.mark.parametrize("configure_as", [None, "cuda"])
+def test_profile_writes_trace_and_prints_nsight_commands(checkpoint, tmp_path, capsys, monkeypatch, configure_as):
+    # "cuda": the Captioner as a GPU configures it; the trace must still profile the uncaptured pipeline, whose
+    # ranges a replayed whole-pipeline graph would hide.
+    from procap.fast import Captioner
+
+    built = []
+    load = Captioner.from_checkpoint.__func__
+
+    def from_checkpoint(cls, *args, **kwargs):
+        built.append(load(cls, *args, configure_as=configure_as, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(Captioner, "from_checkpoint", classmethod(from_checkpoint))
     out_dir = tmp_path / "prof"
     assert (
         main(
@@ -105,3 +118,6 @@ def test_profile_writes_trace_and_prints_nsight_commands(checkpoint, tmp_path, c
     names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
     assert {"procap.vqgan", "procap.encoder", "procap.prefill", "procap.decode"} <= names
     assert "nsys profile" in printed and "ncu " in printed and "--no-trace" in printed
+    assert built and not built[0].use_graphs and not built[0].capture_memory
+    ncu = next(line for line in printed.splitlines() if line.startswith("ncu:"))
+    assert ncu.endswith("--no-graphs")  # its NVTX filter needs the ranges of the uncaptured loop

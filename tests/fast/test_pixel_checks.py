@@ -17,9 +17,10 @@ class _Words:
         return " ".join(str(i) for i in ids)
 
 
-@pytest.fixture()
-def captioner(trained):
-    return Captioner(trained[0], _Words(), device="cpu", max_len=6)
+@pytest.fixture(params=[None, "cuda"], ids=["cpu-configuration", "cuda-configuration"])
+def captioner(trained, request):
+    # "cuda": the GPU's whole-pipeline path (pixel statistics inside the would-be graph), run on the CPU.
+    return Captioner(trained[0], _Words(), device="cpu", dtype="fp32", max_len=6, configure_as=request.param)
 
 
 def _bad(kind: str, shape=(3, 32, 32)) -> torch.Tensor:

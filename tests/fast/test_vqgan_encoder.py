@@ -15,6 +15,7 @@ from procap import kernels
 from procap.config import VQGANConfig
 from procap.fast.vqgan_encoder import FusedVQGANEncoder, downsample_weight_4x4
 from procap.model.vqgan import VQGAN
+from tests.support import impl_device, requires_triton
 
 # f4 on 16 px: two chained blocks per level, attention after each block of level 1 (nominal 8 px), a 1x1 shortcut
 # where level 2 doubles the width, two downsamples and the mid block.
@@ -106,20 +107,24 @@ def test_shares_the_modules_and_keys():
         fused.train()(torch.rand(1, 3, 16, 16))
 
 
+@requires_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_triton_path_matches_the_reference(dtype, monkeypatch):
-    # The fused path with the Triton kernels (interpreted): in_bias norms, the bias + shortcut add.
+    # The fused path with the Triton kernels (on a GPU, or interpreted on CPU tensors): in_bias norms, the bias +
+    # shortcut add. The fp64 truth is computed on the CPU, where every build has fp64 convolutions.
+    device = impl_device("triton")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # fp32 convolutions in fp32 on a GPU too
     encoder = _encoder()
     images = torch.rand(2, 3, 16, 16)
     with torch.no_grad():
         truth = encoder.double()(images.double())
-        encoder.to(dtype)
-        eager = encoder(images.to(dtype))
+        encoder.to(device, dtype)
+        eager = encoder(images.to(device, dtype)).cpu()
         monkeypatch.setenv("PROCAP_KERNELS", "triton")
         kernels.reset_dispatch()
-        got = FusedVQGANEncoder(encoder, channels_last=True)(images.to(dtype))
-    assert kernels.chosen_impl("group_norm", "cpu", dtype) == "triton"
-    assert kernels.chosen_impl("bias_add", "cpu", dtype) == "triton"
+        got = FusedVQGANEncoder(encoder, channels_last=True)(images.to(device, dtype)).cpu()
+    assert kernels.chosen_impl("group_norm", device, dtype) == "triton"
+    assert kernels.chosen_impl("bias_add", device, dtype) == "triton"
     err, eager_err = ((t.double() - truth).norm() / truth.norm() for t in (got, eager))
     if dtype == torch.float32:
         assert err <= 1e-5

@@ -1,0 +1,145 @@
+"""The configuration a GPU resolves to, built and run on a CPU (``configure_as="cuda"``).
+
+On CUDA the Captioner pads batches to buckets, runs the whole pipeline from static buffers as one captured graph
+per bucket, decodes with the lean step and runs the VQGAN channels-last and fused. None of that ran in CI before,
+so a defect there (a device compared the wrong way, beam search silently greedy) surfaced only on a GPU. Here the
+same configuration runs on the CPU, each graph's function run eagerly in place of its capture, against the oracle
+``ProCap.generate``: greedy and beams, every bucket, odd batch sizes, bad pixels.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from procap.errors import ProCapError
+from procap.fast import Captioner
+from procap.fast.graphs import EagerStep
+from procap.fast.lean_decode import LeanDecoder
+from procap.fast.settings import resolve_settings
+from procap.fast.vqgan_encoder import FusedVQGANEncoder
+
+BUCKETS = (1, 4, 8)
+
+
+class _IdVocab:
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+def _cuda_configured(model, **kwargs) -> Captioner:
+    options = {"device": "cpu", "dtype": "fp32", "max_len": 16, "batch_sizes": BUCKETS, "configure_as": "cuda"}
+    return Captioner(model, _IdVocab(), **(options | kwargs))
+
+
+def test_the_cuda_defaults_resolve_without_a_gpu(trained):
+    decoder = trained[0].decoder
+    greedy = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa", decoder=decoder)
+    assert (greedy.use_graphs, greedy.pad_to_bucket, greedy.capture_memory) == (True, True, True)
+    assert greedy.channels_last and greedy.lean_decode and not greedy.beam_search
+    assert greedy.configured_as == "cuda"
+    cpu = resolve_settings(torch.device("cpu"), torch.float32, attention_backend="sdpa", decoder=decoder)
+    assert (cpu.use_graphs, cpu.pad_to_bucket, cpu.capture_memory, cpu.channels_last) == (False,) * 4
+    # Beam search decodes eagerly on CUDA too: nothing resolves to the greedy static path.
+    beams = resolve_settings(torch.device("cuda"), torch.bfloat16, decoder=decoder, num_beams=3)
+    assert beams.beam_search and not beams.use_graphs and not beams.capture_memory
+    for flag in ("use_graphs", "capture_memory"):
+        with pytest.raises(ProCapError, match=f"{flag}=True decodes greedily"):
+            resolve_settings(torch.device("cuda"), torch.bfloat16, decoder=decoder, num_beams=3, **{flag: True})
+
+
+def test_configure_as_cuda_is_the_cuda_configuration(trained):
+    model = trained[0]
+    captioner = Captioner(model, _IdVocab(), device="cpu", configure_as="cuda", attention_backend="sdpa")
+    expected = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa", decoder=model.decoder)
+    assert captioner.settings == expected
+    assert captioner.dtype == torch.bfloat16
+    assert isinstance(captioner.decoder, LeanDecoder)
+    encoder = captioner.model.vqgan.encoder
+    assert isinstance(encoder, FusedVQGANEncoder) and encoder.channels_last
+    assert captioner.model.vqgan.quant_conv.weight.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ProCapError, match="configure_as must be one of"):
+        Captioner(model, _IdVocab(), device="cpu", configure_as="tpu")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5, 8, 12])  # each bucket, odd sizes, a batch split into 8 + 4
+def test_whole_pipeline_tokens_equal_generate(trained, pairs, batch):
+    model = trained[0]
+    captioner = _cuda_configured(model)
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+    buckets = {next(b for b in BUCKETS if b >= rows) for rows in [min(batch, 8), batch - 8] if rows > 0}
+    assert captioner.graphs == {("pipeline", b, 16) for b in buckets}
+    assert all(isinstance(bucket.pipeline_graph, EagerStep) for bucket in captioner._buckets.values())
+    # Reuse: the same static buffers serve the next batch (the warm-up's state was reset, padding rows cleared).
+    again = pairs[0][-batch:].flip(0), pairs[1][-batch:].flip(0)
+    assert torch.equal(captioner.generate(*again), model.generate(*again, max_len=16))
+
+
+@pytest.mark.parametrize("batch", [3, 12])
+def test_step_graph_tokens_equal_generate(trained, pairs, batch):
+    # use_graphs without capture_memory: the decoding step is the graph, the memory is computed eagerly.
+    model = trained[0]
+    captioner = _cuda_configured(model, capture_memory=False)
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+    assert all(len(key) == 2 for key in captioner.graphs) and captioner.graphs
+
+
+@pytest.mark.parametrize("batch", [1, 3, 9])
+def test_beams_decode_with_beams_in_the_cuda_configuration(trained, pairs, batch):
+    model = trained[0]
+    captioner = _cuda_configured(model, num_beams=3)
+    assert captioner.settings.beam_search and not captioner.capture_memory and not captioner.use_graphs
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    beams = captioner.generate(before, after)
+    assert torch.equal(beams, model.generate(before, after, max_len=16, num_beams=3))
+    assert not captioner.graphs
+
+
+def test_beams_differ_from_greedy_somewhere(trained, pairs):
+    # Guards the test above: on these pairs beam search finds captions greedy decoding does not.
+    model = trained[0]
+    greedy = _cuda_configured(model).generate(*pairs)
+    beams = _cuda_configured(model, num_beams=3).generate(*pairs)
+    assert not torch.equal(greedy, beams)
+
+
+def test_bad_pixels_are_refused_and_do_not_stay_in_the_bucket(trained, pairs):
+    captioner = _cuda_configured(trained[0])
+    bad = pairs[0][:3].clone()
+    bad[1, 0, 0, 0] = float("nan")
+    with pytest.raises(ProCapError, match="before images hold NaN"):
+        captioner.generate(bad, pairs[1][:3])
+    with pytest.raises(ProCapError, match="divide 0-255"):
+        captioner.generate(pairs[0][:3], pairs[1][:3] * 255)
+    before, after = pairs[0][:2], pairs[1][:2]  # the same 4-row bucket, now with a good batch
+    assert torch.equal(captioner.generate(before, after), trained[0].generate(before, after, max_len=16))
+
+
+def test_bf16_default_runs_and_agrees_with_the_fp32_oracle(trained, pairs):
+    model = trained[0]
+    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=BUCKETS, configure_as="cuda")
+    assert captioner.dtype == torch.bfloat16
+    fast, ref = captioner.generate(*pairs), model.generate(*pairs, max_len=16)
+    first = (fast[:, 0] == ref[:, 0]).float().mean().item()
+    assert first >= 0.75 and (fast == ref).float().mean().item() >= 0.5  # near-ties may flip in bf16
+
+
+def test_to_keeps_the_configuration(trained, pairs):
+    model = trained[0]
+    captioner = _cuda_configured(model)
+    captioner.generate(pairs[0][:2], pairs[1][:2])
+    captioner.to("cpu", torch.float64)
+    assert dataclasses.replace(captioner.settings, dtype=torch.float32) == _cuda_configured(model).settings
+    oracle = copy.deepcopy(model).double()
+    before, after = pairs[0][:3].double(), pairs[1][:3].double()
+    assert torch.equal(captioner.generate(before, after), oracle.generate(before, after, max_len=16))
+
+
+def test_graphs_on_the_cpu_need_the_cuda_configuration(trained):
+    with pytest.raises(ProCapError, match="configure_as='cuda'"):
+        Captioner(trained[0], _IdVocab(), device="cpu", use_graphs=True)
