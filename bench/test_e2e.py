@@ -97,7 +97,6 @@ def _model_flops(k: int, device: torch.device) -> dict[str, int]:
             use_graphs=False,
             attention_backend="math",
             fused_vqgan=False,  # model FLOPs on the reference graph: the 4x4 downsample's zero taps are not model work
-            lean_decode=False,
         )
         with use_backend("math"):
             cached = count_flops(lambda: counter.generate(before, after))

@@ -1,6 +1,6 @@
 """The end of one greedy decoding step in one launch: pick, EOS bookkeeping, and the next step's input.
 
-After the logits, the cached decoding step (``procap.fast.lean_decode``) has about ten tiny ops left: argmax, PAD
+After the logits, the cached decoding step (``procap.model.decoder_step``) has about ten tiny ops left: argmax, PAD
 for finished rows, the finished flags, the output column, the next token, the next position, the next input row
 ``embed[token] + pos_embed[pos + 1]`` and the self-attention mask entry of the next position. Each is a kernel of a
 few microseconds at decoding sizes; this op does them all in one program that loops over the rows, so the position

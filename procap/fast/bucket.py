@@ -9,7 +9,6 @@ All of it is sized for ``rows`` and dropped together when the Captioner changes 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -24,8 +23,6 @@ class Bucket:
     Args:
         model: the Captioner's (cast, eval-mode) ProCap.
         rows: batch rows B of every buffer (real rows first, padding rows after).
-        decoder: what decodes: anything with the model decoder's ``setup_caches`` / ``prefill`` / ``decode_step``
-            (the Captioner's :class:`~procap.fast.lean_decode.LeanDecoder`); None means ``model.decoder``.
         max_len: caption length including BOS.
         dtype, device: where the buffers live (the model's placement).
         graph_pool: the Captioner's CUDA memory pool shared by every captured graph (None off CUDA, where each
@@ -45,11 +42,10 @@ class Bucket:
         dtype: torch.dtype,
         device: torch.device,
         graph_pool,
-        decoder: Any = None,
     ) -> None:
         self.model, self.rows, self.max_len = model, rows, max_len
         self.dtype, self.device, self.graph_pool = dtype, device, graph_pool
-        self.decoder = model.decoder if decoder is None else decoder
+        self.decoder = model.decoder
         self.decoding: DecodingState = self.decoder.setup_caches(rows, max_len, dtype, device)
         self.before: torch.Tensor | None = None
         self.after: torch.Tensor | None = None
@@ -63,7 +59,7 @@ class Bucket:
         self.decoder.prefill(memory, self.decoding)
 
     def step(self) -> None:
-        """One cached decoding step (the model decoder's, or the lean one)."""
+        """One cached decoding step of the model decoder."""
         self.decoder.decode_step(self.decoding)
 
     def encode(self) -> None:

@@ -8,8 +8,8 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
   bias added where its output is read; ``fused_vqgan``);
 - the procedure encoder and decoder through the attention backend given at construction;
 - cached decoding: the memory's cross-attention keys/values once per batch, a static KV cache for
-  self-attention, the position as a device tensor, through :class:`~procap.fast.lean_decode.LeanDecoder`
-  (``lean_decode``; about 30 ops per step) or the model decoder's own ``decode_step``;
+  self-attention, the position as a device tensor, through the model decoder's ``decode_step`` (for the paper's
+  decoder the fused step of :mod:`procap.model.decoder_step`, about 30 ops);
 - on CUDA one graph per batch bucket (the batch is padded up to the bucket) over the whole pipeline: pixel
   statistics, VQGAN, encoder, prefill and every decoding step (``capture_memory``, the default with graphs), or
   the decoding step alone replayed ``max_len - 1`` times; no host synchronisation inside; one copy out at the end,
@@ -44,7 +44,6 @@ from procap.checkpoint import load_checkpoint
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
-from procap.fast.lean_decode import LeanDecoder
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
@@ -131,9 +130,6 @@ class Captioner:
             (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
             GEMM, an 8-channel input): True, False (the model's encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
-        lean_decode: decode with :class:`~procap.fast.lean_decode.LeanDecoder` (merged projections, fused
-            residual + LayerNorm and pick; about 30 ops per step instead of about 60) where it applies: the
-            standard decoder with an SDPA attention backend; otherwise, and with False, the model's ``decode_step``.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -160,7 +156,6 @@ class Captioner:
         num_beams: int = 1,
         length_penalty: float = 1.0,
         fused_vqgan: bool | dict[str, Any] = True,
-        lean_decode: bool = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:
@@ -182,7 +177,7 @@ class Captioner:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
         self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
-        self.torch_compile, self.fused_vqgan, self.lean_decode = torch_compile, fused_vqgan, lean_decode
+        self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
         self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
         self.model = copy.deepcopy(model) if copy_model else model
         self._configure()
@@ -256,8 +251,6 @@ class Captioner:
             capture_memory=capture_memory,
             channels_last=channels_last,
             attention_backend=self.attention_backend,
-            lean_decode=self.lean_decode,
-            decoder=self.model.decoder,
             num_beams=self.num_beams,
         )
         self.use_graphs, self.pad_to_bucket = self.settings.use_graphs, self.settings.pad_to_bucket
@@ -288,7 +281,6 @@ class Captioner:
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
                 )
             )
-        self.decoder = LeanDecoder(model.decoder, self.backend) if self.settings.lean_decode else model.decoder
         if self.torch_compile:
             options = {"dynamic": False, **({} if self.torch_compile is True else dict(self.torch_compile))}
             for module in (model.vqgan.encoder, model.encoder):
@@ -334,9 +326,7 @@ class Captioner:
     def _bucket(self, batch: int) -> Bucket:
         rows = self.bucket(batch)
         if rows not in self._buckets:
-            self._buckets[rows] = Bucket(
-                self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool, self.decoder
-            )
+            self._buckets[rows] = Bucket(self.model, rows, self.max_len, self.dtype, self.device, self._graph_pool)
         return self._buckets[rows]
 
     @property

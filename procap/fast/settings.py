@@ -14,7 +14,6 @@ import torch
 
 from procap.attention import select_backend
 from procap.errors import ProCapError
-from procap.fast.lean_decode import lean_decoding_supported
 
 DEVICE_TYPES = ("cpu", "cuda")  # the device types whose configuration the Captioner knows
 
@@ -32,7 +31,6 @@ class Settings:
         capture_memory: the whole pipeline from static input buffers (one graph with ``use_graphs``).
         channels_last: the VQGAN (and its fused encoder) in channels-last layout.
         backend: what the attention backend resolves to on the device that runs.
-        lean_decode: decoding through :class:`~procap.fast.lean_decode.LeanDecoder`.
         beam_search: ``num_beams > 1``: the eager cached beam search (:func:`procap.model.beam.beam_search_cached`).
     """
 
@@ -43,7 +41,6 @@ class Settings:
     capture_memory: bool
     channels_last: bool
     backend: str
-    lean_decode: bool
     beam_search: bool
 
 
@@ -75,8 +72,6 @@ def resolve_settings(
     capture_memory: bool | None = None,
     channels_last: bool | None = None,
     attention_backend: str = "auto",
-    lean_decode: bool = True,
-    decoder: torch.nn.Module | None = None,
     num_beams: int = 1,
 ) -> Settings:
     """Resolve the Captioner's options (None: the default of the configured device type).
@@ -89,7 +84,6 @@ def resolve_settings(
     Args:
         device: where the Captioner runs.
         dtype: the compute dtype.
-        decoder: the model decoder (whether the lean step applies to it); None: lean decoding is off.
         the rest: as :class:`~procap.fast.Captioner` takes them.
 
     Raises:
@@ -124,6 +118,5 @@ def resolve_settings(
         capture_memory=bool(capture_memory),
         channels_last=configured == "cuda" if channels_last is None else bool(channels_last),
         backend=backend,
-        lean_decode=bool(lean_decode) and decoder is not None and lean_decoding_supported(decoder, backend),
         beam_search=beams,
     )

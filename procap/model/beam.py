@@ -135,10 +135,8 @@ def beam_search_cached(
     state = BeamState(memory.shape[0], num_beams, max_len - 1, decoder.suppressed, length_penalty, memory.device)
     tokens = decoding.tokens
     for step in range(max_len - 1):
-        logits = decoder.forward_step(tokens, decoding.pos, decoding.cache)
+        logits = decoder.step_logits(tokens, decoding)
         parents, tokens = state.advance(logits, step)
-        for cache in decoding.cache.self_attn:
-            cache.k.copy_(cache.k.index_select(0, parents))
-            cache.v.copy_(cache.v.index_select(0, parents))
+        decoding.reorder_rows(parents)
         decoding.pos += 1
     return state.best

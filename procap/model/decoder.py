@@ -10,14 +10,15 @@ then a final ``norm`` and logits ``x @ embed.weight.T`` (input and output embedd
 in fp32 whatever the model's dtype (:meth:`CaptionDecoder.logits`).
 Token input: ``embed(ids) + pos_embed[:L]`` (learned positions), then dropout.
 
-Two ways to decode greedily, one set of layers and one greedy pick (:func:`greedy_pick`):
+Two ways to decode greedily, one set of weights and one greedy rule (:func:`greedy_pick`):
 
-- :func:`greedy_decode`, the readable oracle: the full prefix is recomputed every step (no cache);
-- the cached loop: :meth:`CaptionDecoder.setup_caches` allocates a :class:`DecodingState` (KV caches, tokens,
-  position, finished flags, output) for a batch, :meth:`CaptionDecoder.prefill` projects the memory into the
-  cross-attention caches, and every :meth:`CaptionDecoder.decode_step` runs one position through the same
-  :class:`DecoderLayer` s with the caches, reading and writing only the state's buffers (no host sync), so
-  ``procap.fast`` captures exactly this step in a CUDA graph.
+- :func:`greedy_decode`, the readable oracle: the full prefix through :meth:`CaptionDecoder.forward` every step;
+- the cached loop: :meth:`CaptionDecoder.setup_caches` allocates a state (KV caches, tokens, position, finished
+  flags, output) for a batch, :meth:`CaptionDecoder.prefill` projects the memory into the cross-attention caches,
+  and every :meth:`CaptionDecoder.decode_step` runs one position, reading and writing only the state's buffers (no
+  host sync), so ``procap.fast`` captures exactly this step in a CUDA graph. For this decoder the step is the fused
+  form of :mod:`procap.model.decoder_step` (merged projections, fused residual + LayerNorm and pick, through
+  ``procap.kernels``): the same computation in about half the launches; the tests compare it with the oracle.
 
 Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK] = 0..7.
 """
@@ -31,8 +32,10 @@ from torch import nn
 
 from procap.config import ProCapConfig
 from procap.data.vocab import Vocabulary
+from procap.model import decoder_step
 from procap.model.kv_cache import DecoderCache, KVCache
 from procap.model.layers import FeedForward, MultiHeadAttention
+from procap.validate import same_device
 
 PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(8)
 NUM_SPECIALS = 8
@@ -52,21 +55,10 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn, dropout)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
-        input_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, L, D), memory (B, N, D) -> (B, L, D).
-
-        While decoding with caches, ``x`` holds the positions ``input_pos`` only, ``self_cache`` the earlier
-        positions' keys/values and ``cross_cache`` the memory's (``memory`` is then unused and may be None).
-        """
-        x = x + self.self_attn(self.norm1(x), causal=True, kv_cache=self_cache, input_pos=input_pos)
-        x = x + self.cross_attn(self.norm2(x), context=memory, kv_cache=cross_cache)
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """(B, L, D), memory (B, N, D) -> (B, L, D). (Cached decoding: :mod:`procap.model.decoder_step`.)"""
+        x = x + self.self_attn(self.norm1(x), causal=True)
+        x = x + self.cross_attn(self.norm2(x), context=memory)
         return x + self.ffn(self.norm3(x))
 
 
@@ -98,15 +90,23 @@ class DecodingState:
         self.finished.zero_()
         self.out.fill_(PAD_ID)
 
+    def reorder_rows(self, rows: torch.Tensor) -> None:
+        """Row i of every self-attention cache becomes row ``rows[i]`` (beam search follows its hypotheses)."""
+        for cache in self.cache.self_attn:
+            cache.k.copy_(cache.k.index_select(0, rows))
+            cache.v.copy_(cache.v.index_select(0, rows))
+
 
 class CachedDecoder(nn.Module):
-    """Cached greedy decoding shared by the caption decoders: cache set-up, prefill, the step's bookkeeping, the loop.
+    """The cached decoding interface of the caption decoders, and its generic form over :class:`DecodingState`.
 
-    :class:`CaptionDecoder` (the paper's) and :class:`procap.model.authors_decoder.AuthorsCaptionDecoder` (the
-    authors' post-LN one) each supply ``layers`` (every layer with ``self_attn.heads`` and
-    ``cross_attn.project_kv``), ``memory_len``, :meth:`forward_step` (one position through the layers with the
-    caches), :meth:`pick` (their decoding rule), :meth:`max_positions` and :meth:`output_weight` (the (V, D) tied
-    embedding / output projection, which sizes the caches).
+    The interface (what :func:`procap.model.beam.beam_search_cached` and ``procap.fast`` call): :meth:`setup_caches`,
+    :meth:`prefill`, :meth:`decode_step` (greedy), :meth:`step_logits` (one position's logits for given tokens),
+    :meth:`generate_cached`. The generic form here runs :meth:`forward_step` with :mod:`procap.model.kv_cache`
+    buffers; :class:`procap.model.authors_decoder.AuthorsCaptionDecoder` uses it and supplies ``layers`` (every
+    layer with ``self_attn.heads`` and ``cross_attn.project_kv``), ``memory_len``, :meth:`forward_step`,
+    :meth:`pick` (its rule), :meth:`max_positions` and :meth:`output_weight` (the (V, D) tied embedding / output
+    projection, which sizes the caches). :class:`CaptionDecoder` overrides the cached methods with its fused step.
     """
 
     def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
@@ -180,6 +180,12 @@ class CachedDecoder(nn.Module):
         state.reset()
 
     @torch.no_grad()
+    def step_logits(self, tokens: torch.Tensor, state: DecodingState) -> torch.Tensor:
+        """fp32 logits (B, V) of ``tokens`` (B,) at ``state.pos``, their keys/values cached; the caller picks and
+        advances ``state.pos`` (beam search)."""
+        return self.forward_step(tokens, state.pos, state.cache)
+
+    @torch.no_grad()
     def decode_step(self, state: DecodingState) -> None:
         """Decode position ``state.pos``: logits, the decoder's :meth:`pick`, bookkeeping; advances ``state.pos``."""
         logits = self.forward_step(state.tokens, state.pos, state.cache)
@@ -250,19 +256,47 @@ class CaptionDecoder(CachedDecoder):
         with torch.autocast(hidden.device.type, enabled=False):
             return hidden.float() @ self.embed.weight.float().t()
 
-    # -- cached decoding (setup_caches, prefill, decode_step, generate_cached: CachedDecoder) ------------------
-    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """fp32 logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
-        x = (self.embed(tokens) + self.pos_embed.index_select(0, input_pos))[:, None]  # (B, 1, D)
-        for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
-            x = layer(x, None, self_cache, cross_cache, input_pos)
-        return self.logits(self.norm(x[:, 0]))
+    # -- cached decoding: the fused step of procap.model.decoder_step (generate_cached: CachedDecoder) ------------
+    def setup_caches(
+        self,
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        memory_len: int | None = None,
+    ) -> decoder_step.FusedDecodingState:
+        """Buffers of a cached decode, and the weights in the fused step's layout (taken now: set up again after the
+        weights change). ``dtype`` and ``device`` must be the weights'; other arguments as
+        :meth:`CachedDecoder.setup_caches`."""
+        if not 2 <= max_len <= self.max_positions():
+            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+        weight = self.embed.weight
+        if dtype != weight.dtype or not same_device(device, weight.device):
+            raise ValueError(
+                f"decoding buffers live with the weights ({weight.dtype} on {weight.device}), got {dtype} on {device}"
+            )
+        backend = decoder_step.resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
+        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID)
+        n = self.memory_len if memory_len is None else memory_len
+        return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n)
 
-    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
-        """The paper's rule, :func:`greedy_pick`: specials but EOS suppressed, PAD after EOS (``state.finished``)."""
-        next_token, finished, scores = greedy_pick(logits, state.finished, self.suppressed)
-        state.finished.copy_(finished)
-        return next_token, scores
+    @torch.no_grad()
+    def prefill(self, memory: torch.Tensor, state: decoder_step.FusedDecodingState) -> None:
+        """Project the memory (b, N, D), b <= state.batch, into the cross-attention caches; reset ``state``.
+
+        Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
+        """
+        decoder_step.prefill(state, memory)
+        state.reset()
+
+    @torch.no_grad()
+    def decode_step(self, state: decoder_step.FusedDecodingState) -> None:
+        """Decode position ``state.pos`` greedily (the rule of :func:`greedy_pick`); advances ``state.pos``."""
+        decoder_step.greedy_step(state)
+
+    @torch.no_grad()
+    def step_logits(self, tokens: torch.Tensor, state: decoder_step.FusedDecodingState) -> torch.Tensor:
+        return decoder_step.step_logits(state, tokens)
 
     def max_positions(self) -> int:
         return self.pos_embed.shape[0]

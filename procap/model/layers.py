@@ -5,9 +5,8 @@ checkpoint-compatible names). Every attention call goes through :func:`procap.at
 that runs a backend; each :class:`MultiHeadAttention` holds the backend name it was built with (timm's
 ``fused_attn`` habit), changed for a whole model with ``ProCap.set_attention_backend``.
 
-Cached decoding (:mod:`procap.model.kv_cache`) goes through the same ``forward``: with a self-attention cache and
-``input_pos`` the new keys/values are written at those positions and each query sees the keys up to its own;
-with a cross-attention cache the keys/values prefilled from the memory are read as they are.
+Cached decoding does not go through these modules: the caption decoder's step reads their weights in its fused
+form (:mod:`procap.model.decoder_step`), and the tests compare it with the layers run over the whole prefix.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 from torch import nn
 
 from procap.attention import BACKENDS, attention, backend_for_mask
-from procap.model.kv_cache import KVCache
 
 
 class MultiHeadAttention(nn.Module):
@@ -48,7 +46,7 @@ class MultiHeadAttention(nn.Module):
         self.backend = backend
 
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh): what a cross-attention cache stores."""
+        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh)."""
         return self._split(self.k_proj(context)), self._split(self.v_proj(context))
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,32 +59,20 @@ class MultiHeadAttention(nn.Module):
         context: torch.Tensor | None = None,
         causal: bool = False,
         attn_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend from ``x`` to ``context`` (``x`` itself when None), or to a cache while decoding.
+        """Attend from ``x`` to ``context`` (``x`` itself when None).
 
         Args:
             x: (B, Lq, D) queries.
-            context: (B, Lk, D) keys/values source, or None for self-attention (unused with ``kv_cache``).
+            context: (B, Lk, D) keys/values source, or None for self-attention.
             causal: query i only sees keys <= i (self-attention over a prefix).
             attn_mask: optional bool (B, 1, Lq, Lk) mask, True = may attend.
-            kv_cache: decoding only. With ``input_pos``, a self-attention cache: this call's keys/values are
-                written at ``input_pos`` and query i sees cached keys 0..input_pos[i] (``causal`` and
-                ``attn_mask`` are replaced by that mask). Without, keys/values prefilled by :meth:`project_kv`.
-            input_pos: (Lq,) int64 device tensor, the positions of the queries being decoded.
 
         Returns:
             (B, Lq, D).
         """
         q = self._split(self.q_proj(x))
-        if kv_cache is None:
-            k, v = self.project_kv(x if context is None else context)
-        elif input_pos is not None:
-            k, v = kv_cache.update(input_pos, *self.project_kv(x))
-            causal, attn_mask = False, kv_cache.visible(input_pos)
-        else:
-            k, v = kv_cache.k, kv_cache.v
+        k, v = self.project_kv(x if context is None else context)
         backend = backend_for_mask(self.backend, attn_mask)
         out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend)  # (B, H, Lq, Dh)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)

@@ -18,9 +18,9 @@ import torch
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.graphs import EagerStep
-from procap.fast.lean_decode import LeanDecoder
 from procap.fast.settings import resolve_settings
 from procap.fast.vqgan_encoder import FusedVQGANEncoder
+from procap.model.decoder_step import FusedDecodingState
 
 BUCKETS = (1, 4, 8)
 
@@ -35,29 +35,29 @@ def _cuda_configured(model, **kwargs) -> Captioner:
     return Captioner(model, _IdVocab(), **(options | kwargs))
 
 
-def test_the_cuda_defaults_resolve_without_a_gpu(trained):
-    decoder = trained[0].decoder
-    greedy = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa", decoder=decoder)
+def test_the_cuda_defaults_resolve_without_a_gpu():
+    greedy = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa")
     assert (greedy.use_graphs, greedy.pad_to_bucket, greedy.capture_memory) == (True, True, True)
-    assert greedy.channels_last and greedy.lean_decode and not greedy.beam_search
+    assert greedy.channels_last and not greedy.beam_search
     assert greedy.configured_as == "cuda"
-    cpu = resolve_settings(torch.device("cpu"), torch.float32, attention_backend="sdpa", decoder=decoder)
+    cpu = resolve_settings(torch.device("cpu"), torch.float32, attention_backend="sdpa")
     assert (cpu.use_graphs, cpu.pad_to_bucket, cpu.capture_memory, cpu.channels_last) == (False,) * 4
     # Beam search decodes eagerly on CUDA too: nothing resolves to the greedy static path.
-    beams = resolve_settings(torch.device("cuda"), torch.bfloat16, decoder=decoder, num_beams=3)
+    beams = resolve_settings(torch.device("cuda"), torch.bfloat16, num_beams=3)
     assert beams.beam_search and not beams.use_graphs and not beams.capture_memory
     for flag in ("use_graphs", "capture_memory"):
         with pytest.raises(ProCapError, match=f"{flag}=True decodes greedily"):
-            resolve_settings(torch.device("cuda"), torch.bfloat16, decoder=decoder, num_beams=3, **{flag: True})
+            resolve_settings(torch.device("cuda"), torch.bfloat16, num_beams=3, **{flag: True})
 
 
 def test_configure_as_cuda_is_the_cuda_configuration(trained):
     model = trained[0]
     captioner = Captioner(model, _IdVocab(), device="cpu", configure_as="cuda", attention_backend="sdpa")
-    expected = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa", decoder=model.decoder)
+    expected = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa")
     assert captioner.settings == expected
     assert captioner.dtype == torch.bfloat16
-    assert isinstance(captioner.decoder, LeanDecoder)
+    captioner.generate(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
+    assert isinstance(captioner._buckets[1].decoding, FusedDecodingState)  # the decoder's fused step
     encoder = captioner.model.vqgan.encoder
     assert isinstance(encoder, FusedVQGANEncoder) and encoder.channels_last
     assert captioner.model.vqgan.quant_conv.weight.is_contiguous(memory_format=torch.channels_last)

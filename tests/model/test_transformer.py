@@ -104,7 +104,9 @@ def test_bf16_decoder_logits_are_fp32_and_keep_near_ties_apart():
     memory = torch.randn(2, 10, 32, dtype=torch.bfloat16)
     state = decoder.setup_caches(2, 5, torch.bfloat16, "cpu", memory_len=10)
     decoder.prefill(memory, state)
-    assert decoder.forward_step(state.tokens, state.pos, state.cache).dtype == torch.float32
+    assert decoder.step_logits(state.tokens, state).dtype == torch.float32
+    decoder.decode_step(state)
+    assert state.logits.dtype == torch.float32
     assert decoder(torch.full((2, 3), BOS_ID), memory).dtype == torch.float32
 
 

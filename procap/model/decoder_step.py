@@ -1,0 +1,220 @@
+"""The caption decoder's cached decoding step in fused form: what :class:`~procap.model.decoder.CaptionDecoder` runs.
+
+:meth:`CaptionDecoder.forward` and :func:`~procap.model.decoder.greedy_decode` are the readable oracle (the whole
+prefix through the :class:`~procap.model.decoder.DecoderLayer` s every step). Decoding with caches runs the same
+computation on the same weights with fewer launches, because at decoding batch sizes each op is a few microseconds
+of launch latency and the count is the cost (the two-layer ``clevr`` decoder: 29 kernel-launching ops a step, where
+the layers written out op by op take about 60):
+
+- q, k and v of the self-attention in one GEMM (weights concatenated at set-up), the new keys/values written into a
+  (B, T, 2D) cache with one ``index_copy_``, read by attention as strided (B, H, T, Dh) views;
+- an additive self-attention mask of the decoded positions kept in a buffer (one entry opened per step by the
+  pick) instead of comparing positions in every layer;
+- the cross-attention keys/values of the memory written by one GEMM per layer straight into a (B, N, 2D) cache
+  (``addmm(out=...)``), no transposed copy;
+- each residual add fused with the LayerNorm that follows it (``procap.kernels.add_layer_norm``), the last one
+  with the final norm, writing the fp32 hidden state the logits read;
+- the logits as one fp32 GEMM whose bias is 0 or -inf (the suppressed ids), written into the state;
+- the pick, the EOS bookkeeping, the next token's embedding + position and the mask entry in one launch
+  (``procap.kernels.greedy_step``).
+
+Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
+Attention with an SDPA backend calls ``torch.nn.functional.scaled_dot_product_attention`` with the additive mask
+(PyTorch's kernel choice, or the one ``sdpa_efficient`` / ``sdpa_math`` pins); any other backend goes through
+:func:`procap.attention.attention` with the equivalent bool mask, so the step serves every backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from procap import kernels
+from procap.attention import attention, backend_for_mask, select_backend
+
+if TYPE_CHECKING:
+    from procap.model.decoder import CaptionDecoder
+
+KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligned mask rows for fused kernels)
+ADDITIVE_MASK_BACKENDS = ("sdpa", "sdpa_efficient", "sdpa_math")  # SDPA called directly with the float mask
+_PINNED_SDPA = {"sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+
+
+class _LayerWeights:
+    """One decoder layer's weights as the fused step reads them: transposed views and the merged projections."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        sa, ca = layer.self_attn, layer.cross_attn
+        self.qkv_weight_t = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).t()
+        self.qkv_bias = torch.cat([sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias])
+        self.out_weight_t, self.out_bias = sa.out_proj.weight.t(), sa.out_proj.bias
+        self.cross_q_weight_t, self.cross_q_bias = ca.q_proj.weight.t(), ca.q_proj.bias
+        self.cross_kv_weight_t = torch.cat([ca.k_proj.weight, ca.v_proj.weight]).t()
+        self.cross_kv_bias = torch.cat([ca.k_proj.bias, ca.v_proj.bias])
+        self.cross_out_weight_t, self.cross_out_bias = ca.out_proj.weight.t(), ca.out_proj.bias
+        self.fc1_weight_t, self.fc1_bias = layer.ffn.fc1.weight.t(), layer.ffn.fc1.bias
+        self.fc2_weight_t, self.fc2_bias = layer.ffn.fc2.weight.t(), layer.ffn.fc2.bias
+        self.activation = layer.ffn.activation
+        self.norms = (layer.norm1, layer.norm2, layer.norm3)
+
+
+class FusedWeights:
+    """The decoder's weights in the fused step's layout, made once per decoding state from the weights of that moment
+    (merged q/k/v and k/v copies, an fp32 copy of the tied output projection): set up again after the weights change.
+    """
+
+    @torch.no_grad()
+    def __init__(self, decoder: CaptionDecoder, backend: str, bos_id: int, pad_id: int) -> None:
+        self.backend, self.bos_id, self.pad_id = backend, bos_id, pad_id
+        self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
+        self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
+        self.layers = [_LayerWeights(layer) for layer in decoder.layers]
+        self.final_norm = decoder.norm
+        self.logits_weight_t = decoder.embed.weight.float().t()
+        suppress = torch.zeros(self.embed_weight.shape[0], dtype=torch.float32, device=self.embed_weight.device)
+        self.suppress_bias = suppress.masked_fill(decoder.suppressed, float("-inf"))
+        self.first_input = decoder.embed.weight[bos_id] + decoder.pos_embed[0]  # rounded like the eager add
+
+
+class FusedDecodingState:
+    """Every buffer (and view) of a fused cached decode for ``batch`` rows; the attributes of a ``DecodingState``.
+
+    Attributes:
+        weights: the :class:`FusedWeights` the step reads.
+        tokens, pos, finished, out, logits, steps: as :class:`procap.model.decoder.DecodingState`.
+        x: (B, D) the next step's input (``embed[token] + pos_embed[pos]``), then its residual stream.
+        mask: (K,) additive self-attention mask over K >= steps + 1 cached positions (0 visible, -inf not yet).
+    """
+
+    def __init__(self, weights: FusedWeights, num_layers: int, batch: int, max_len: int, memory_len: int) -> None:
+        weight = weights.embed_weight
+        dtype, device = weight.dtype, weight.device
+        dim, heads = weights.dim, weights.heads
+        head_dim = dim // heads
+        self.weights, self.batch, self.steps = weights, batch, max_len - 1
+        keys = -(-(self.steps + 1) // KEY_ALIGNMENT) * KEY_ALIGNMENT
+        self.tokens = torch.full((batch,), 0, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.out = torch.zeros(batch, self.steps, dtype=torch.long, device=device)
+        self.logits = torch.zeros(batch, weight.shape[0], dtype=torch.float32, device=device)
+        self.x = torch.zeros(batch, dim, dtype=dtype, device=device)
+        self.mask = torch.zeros(keys, dtype=dtype, device=device)
+        self.mask_view = self.mask.view(1, 1, 1, keys)
+        self.qkv = torch.zeros(batch, 3 * dim, dtype=dtype, device=device)  # shared by the layers, used in turn
+        self.q_self = self.qkv[:, :dim].view(batch, heads, 1, head_dim)
+        self.kv_new = self.qkv[:, None, dim:]
+        self.q_cross_rows = torch.zeros(batch, dim, dtype=dtype, device=device)
+        self.q_cross = self.q_cross_rows.view(batch, heads, 1, head_dim)
+        self.self_kv, self.cross_kv, self.self_kv_heads, self.cross_kv_heads = [], [], [], []
+        for _ in range(num_layers):
+            for length, flat, split in (
+                (keys, self.self_kv, self.self_kv_heads),
+                (memory_len, self.cross_kv, self.cross_kv_heads),
+            ):
+                buffer = torch.zeros(batch, length, 2 * dim, dtype=dtype, device=device)
+                flat.append(buffer)
+                split.append(
+                    tuple(
+                        buffer[..., i * dim : (i + 1) * dim].view(batch, length, heads, head_dim).transpose(1, 2)
+                        for i in range(2)
+                    )
+                )
+
+    def reset(self) -> None:
+        """Back to "BOS at position 0, nothing finished", in place (captured graphs keep these buffers)."""
+        self.tokens.fill_(self.weights.bos_id)
+        self.pos.zero_()
+        self.finished.zero_()
+        self.out.fill_(self.weights.pad_id)
+        self.mask.fill_(float("-inf"))
+        self.mask[:1].zero_()
+        self.x.copy_(self.weights.first_input.expand_as(self.x))
+
+    def reorder_rows(self, rows: torch.Tensor) -> None:
+        """Row i of every self-attention cache becomes row ``rows[i]`` (beam search follows its hypotheses)."""
+        for buffer in self.self_kv:
+            buffer.copy_(buffer.index_select(0, rows))
+
+
+def prefill(state: FusedDecodingState, memory: torch.Tensor) -> None:
+    """Cross-attention keys/values of a memory (b, N, D), b <= state.batch, one GEMM per layer."""
+    b, n, d = memory.shape
+    rows = memory.reshape(b * n, d)
+    for weights, cache in zip(state.weights.layers, state.cross_kv):
+        torch.addmm(weights.cross_kv_bias, rows, weights.cross_kv_weight_t, out=cache[:b].view(b * n, 2 * d))
+
+
+def _attend(
+    backend: str, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+) -> torch.Tensor:
+    if backend not in ADDITIVE_MASK_BACKENDS:
+        visible = None if mask is None else mask == 0
+        return attention(q, kv[0], kv[1], attn_mask=visible, backend=backend_for_mask(backend, visible))
+    pin = contextlib.nullcontext()
+    if backend in _PINNED_SDPA:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        pin = sdpa_kernel([getattr(SDPBackend, _PINNED_SDPA[backend])])
+    with pin:
+        return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)
+
+
+def _add_norm(x: torch.Tensor, h: torch.Tensor, norm: torch.nn.LayerNorm, fp32: bool = False) -> torch.Tensor:
+    return kernels.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps, torch.float32 if fp32 else None)
+
+
+def logits_step(state: FusedDecodingState) -> None:
+    """The layers over the input ``state.x`` at position ``state.pos``: fp32 logits (suppressed ids at -inf) into
+    ``state.logits``, the position's keys/values into the self-attention caches."""
+    w_all, x, rows = state.weights, state.x, state.batch
+    norm = w_all.layers[0].norms[0]
+    h = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    for index, w in enumerate(w_all.layers):
+        torch.addmm(w.qkv_bias, h, w.qkv_weight_t, out=state.qkv)
+        state.self_kv[index].index_copy_(1, state.pos, state.kv_new)
+        attended = _attend(w_all.backend, state.q_self, state.self_kv_heads[index], state.mask_view)
+        h = _add_norm(x, torch.addmm(w.out_bias, attended.view(rows, w_all.dim), w.out_weight_t), w.norms[1])
+        torch.addmm(w.cross_q_bias, h, w.cross_q_weight_t, out=state.q_cross_rows)
+        attended = _attend(w_all.backend, state.q_cross, state.cross_kv_heads[index], None)
+        out = torch.addmm(w.cross_out_bias, attended.view(rows, w_all.dim), w.cross_out_weight_t)
+        h = _add_norm(x, out, w.norms[2])
+        hidden = w.activation(torch.addmm(w.fc1_bias, h, w.fc1_weight_t))
+        last = index + 1 == len(w_all.layers)
+        following = w_all.final_norm if last else w_all.layers[index + 1].norms[0]
+        h = _add_norm(x, torch.addmm(w.fc2_bias, hidden, w.fc2_weight_t), following, last)
+    torch.addmm(w_all.suppress_bias, h, w_all.logits_weight_t, out=state.logits)
+
+
+def greedy_step(state: FusedDecodingState) -> None:
+    """One greedy step: :func:`logits_step`, then the pick, the EOS bookkeeping, the next input and mask entry."""
+    logits_step(state)
+    w = state.weights
+    kernels.greedy_step(
+        state.logits,
+        state.finished,
+        state.tokens,
+        state.out,
+        state.pos,
+        state.x,
+        state.mask,
+        w.embed_weight,
+        w.pos_embed,
+    )
+
+
+def step_logits(state: FusedDecodingState, tokens: torch.Tensor) -> torch.Tensor:
+    """fp32 logits (B, V) of ``tokens`` (B,) at ``state.pos`` (beam search, which picks and advances itself)."""
+    w = state.weights
+    state.x.copy_(w.embed_weight.index_select(0, tokens) + w.pos_embed.index_select(0, state.pos))
+    state.mask.index_fill_(0, state.pos, 0.0)
+    logits_step(state)
+    return state.logits
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend a decoder layer set to ``backend`` runs on (``auto`` resolved for the device and dtype)."""
+    return select_backend(device, dtype) if backend == "auto" else backend

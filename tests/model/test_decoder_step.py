@@ -1,0 +1,160 @@
+"""The caption decoder's fused cached step (``procap.model.decoder_step``) against the oracle, and its op count.
+
+The oracle is the decoder's ``forward`` over the whole prefix (``greedy_decode``): every step's fp32 logits and the
+tokens must match it, with every attention backend this machine has and through both kernel implementations. At
+decoding batch sizes each op of the step is a few microseconds of launch latency, so the number of ops is the cost;
+the count test makes a regression fail on a CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from procap import kernels
+from procap.attention import available_backends
+from procap.config import get_preset
+from procap.kernels import dispatch
+from procap.model.beam import beam_search, beam_search_cached
+from procap.model.decoder import BOS_ID, CaptionDecoder, greedy_decode, suppress_specials
+
+MAX_STEP_OPS = 30  # the clevr decoder (2 layers): 13 per layer, a LayerNorm, the logits GEMM and the pick
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch(monkeypatch):
+    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
+    kernels.reset_dispatch()
+    yield
+    kernels.reset_dispatch()
+
+
+def _decode_both(decoder: torch.nn.Module, memory: torch.Tensor, max_len: int):
+    """Per step: (oracle logits over the whole prefix, cached step logits), and both token outputs at the end."""
+    state = decoder.setup_caches(memory.shape[0], max_len, memory.dtype, memory.device)
+    decoder.prefill(memory, state)
+    prefix = torch.full((memory.shape[0], 1), BOS_ID, dtype=torch.long, device=memory.device)
+    logits = []
+    for _ in range(state.steps):
+        decoder.decode_step(state)
+        with torch.no_grad():
+            logits.append((suppress_specials(decoder(prefix, memory)[:, -1].float()), state.logits.clone()))
+        prefix = torch.cat([prefix, state.out[:, state.pos - 1]], dim=1)
+    return logits, greedy_decode(decoder, memory, max_len), state.out
+
+
+# The interpreter runs each Triton program in Python: fewer rows and steps there.
+@pytest.mark.parametrize("impl,rows,max_len", [("reference", 6, 16), ("triton", 3, 6)], ids=["reference", "triton"])
+def test_fp32_logits_and_tokens_equal_the_oracle(trained, pairs, impl, rows, max_len, monkeypatch):
+    model = trained[0]
+    with torch.no_grad():
+        memory = model.memory(pairs[0][:rows], pairs[1][:rows])
+    monkeypatch.setenv("PROCAP_KERNELS", impl)  # for the decoding ops only
+    kernels.reset_dispatch()
+    logits, oracle_out, step_out = _decode_both(model.decoder, memory, max_len)
+    assert torch.equal(step_out, oracle_out)
+    assert len(set(oracle_out.flatten().tolist())) > 2  # the trained fixture's tokens vary: a real comparison
+    for ref, got in logits:
+        finite = torch.isfinite(ref)
+        assert torch.equal(finite, torch.isfinite(got))  # the same ids suppressed
+        torch.testing.assert_close(got[finite], ref[finite], rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu", torch.float32))
+def test_every_attention_backend_decodes_like_the_oracle(trained, pairs, backend):
+    # SDPA backends take the additive mask directly; the others (math here, flash / xformers on a GPU) the bool one.
+    model = trained[0]
+    with torch.no_grad():
+        memory = model.memory(pairs[0][:5], pairs[1][:5])
+    model.set_attention_backend(backend)
+    try:
+        logits, oracle_out, step_out = _decode_both(model.decoder, memory, 12)
+    finally:
+        model.set_attention_backend("auto")
+    assert torch.equal(step_out, oracle_out)
+    for ref, got in logits:
+        finite = torch.isfinite(ref)
+        torch.testing.assert_close(got[finite], ref[finite], rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_beam_search_through_the_fused_step_equals_the_oracle(trained, pairs, num_beams):
+    model = trained[0]
+    with torch.no_grad():
+        memory = model.memory(*pairs)
+    expected = beam_search(model.decoder, memory, 12, num_beams)
+    assert torch.equal(beam_search_cached(model.decoder, memory, 12, num_beams), expected)
+
+
+def test_buffers_live_with_the_weights(trained):
+    decoder = trained[0].decoder
+    with pytest.raises(ValueError, match="live with the weights"):
+        decoder.setup_caches(2, 8, torch.float64, "cpu")
+    with pytest.raises(ValueError, match="max_len"):
+        decoder.setup_caches(2, 99, torch.float32, "cpu")
+    assert decoder.setup_caches(2, 8, torch.float32, torch.device("cpu:0")).steps == 7
+
+
+def test_bf16_triton_step_follows_the_model_step(trained, pairs, monkeypatch):
+    model = trained[0]
+    with torch.no_grad():
+        memory = model.memory(pairs[0][:2], pairs[1][:2])
+    monkeypatch.setenv("PROCAP_KERNELS", "triton")
+    kernels.reset_dispatch()
+    decoder = CaptionDecoder(model.config)
+    decoder.load_state_dict(model.decoder.state_dict())
+    fp32_state = decoder.eval().setup_caches(2, 2, torch.float32, "cpu")
+    decoder.prefill(memory, fp32_state)
+    decoder.decode_step(fp32_state)
+    decoder.to(torch.bfloat16)
+    logits, _, _ = _decode_both(decoder, memory.to(torch.bfloat16), 2)
+    ref, got = fp32_state.logits, logits[0][1]  # the first step: the same input token, so only rounding differs
+    finite = torch.isfinite(ref)
+    assert (got[finite] - ref[finite]).abs().max() <= 0.05 * ref[finite].abs().max()
+
+
+class _KernelCount(TorchDispatchMode):
+    """Counts ATen ops that launch work (views excluded); a fused op counts once, however it runs here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _count_step(step, monkeypatch) -> list[str]:
+    counter = _KernelCount()
+    real_run = dispatch.run
+
+    def one_launch(name, impl, like, requires_grad, *args):
+        counter.ops.append(f"fused:{name}")
+        assert dispatch.chosen_impl(name, "cuda", like.dtype) == "triton"  # one kernel on a GPU
+        with _disable_current_modes():  # what the reference (or the interpreter) does inside is not counted
+            return real_run(name, impl, like, requires_grad, *args)
+
+    monkeypatch.setattr(dispatch, "run", one_launch)
+    for module in (kernels.layernorm, kernels.greedy):
+        monkeypatch.setattr(module, "run", one_launch)
+    with torch.no_grad(), counter:
+        step()
+    return counter.ops
+
+
+def test_the_step_stays_under_the_op_ceiling(monkeypatch):
+    torch.manual_seed(0)
+    config = get_preset("clevr", image_size=32, num_keyframes=2)
+    decoder = CaptionDecoder(config).eval()
+    memory = torch.randn(2, decoder.memory_len, config.dec_dim)
+    state = decoder.setup_caches(2, 24, torch.float32, "cpu")
+    decoder.prefill(memory, state)
+    step_ops = _count_step(lambda: decoder.decode_step(state), monkeypatch)
+    assert len(step_ops) <= MAX_STEP_OPS, f"{len(step_ops)} ops: {step_ops}"
+    assert step_ops.count("fused:add_layer_norm") == 3 * config.dec_layers and "fused:greedy_step" in step_ops
+    # The layers as written take more for one position even without caches, a pick or the EOS bookkeeping.
+    layer_ops = _count_step(lambda: decoder(torch.full((2, 1), BOS_ID), memory), monkeypatch)
+    assert len(layer_ops) > len(step_ops) + 10, (len(layer_ops), len(step_ops))
