@@ -7,13 +7,15 @@ example a plain-int module global read inside a kernel. This check runs the real
 a compile-only Triton driver that reports a CUDA target (sm_90 by default): Triton binds and specialises each launch
 as it would on that GPU, a ``jit_cache_hook`` records the launch instead of running it, and every distinct
 (kernel, signature, constexprs, specialisation) is then compiled with
-``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``. The bundled ``ptxas -v`` reports registers
-and spills; Triton's metadata the shared memory. The launches cover every dtype (fp32, fp16, bf16), every mode
-(forward/backward, with and without the optional inputs) and the shapes of every preset, at one and at 128 pairs.
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``. The ``ptxas -v`` log of the installed
+Triton's own assembler step (its ptxas, its flags) reports registers and spills; Triton's metadata the shared memory.
+The launches cover every dtype (fp32, fp16, bf16), every mode (forward/backward, with and without the optional
+inputs) and the shapes of every preset, at one and at 128 pairs.
 
 Exit status 1 (and ``ok: false`` per kernel) when a kernel fails to compile, spills, or needs more than
 :data:`SHARED_MEMORY_LIMIT`; also when a ``*_kernel`` of a kernel module was never launched. Must run in a process
-where ``TRITON_INTERPRET`` is unset (the tests start one).
+where ``TRITON_INTERPRET`` is unset (the tests start one). Registers and spills depend on the Triton version:
+``tools/compile_check_triton.sh VERSION`` runs the check under another one (the GPU image's) in a scratch venv.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
 import os
 import pkgutil
 import re
-import subprocess
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -252,34 +253,28 @@ def launchable_kernels() -> set[str]:
 # -- compiling ------------------------------------------------------------------------------------------------------
 
 
-def _ptxas_resources(ptx: str, arch: int) -> tuple[int, int, int]:
-    """(registers, spill store bytes, spill load bytes) from the bundled ``ptxas -v``, flags as Triton's."""
+def _ptxas_resources(ptx: str, arch: int, options: dict[str, Any]) -> tuple[int, int, int]:
+    """(registers, spill store bytes, spill load bytes) from ``ptxas -v``, run by the installed Triton's own backend.
+
+    The ptxas binary and its flags change between Triton versions (for sm_90, 3.6 runs the CUDA 12.8 ``ptxas``, 3.9
+    the CUDA 13.4 ``ptxas-blackwell`` with ``--regAllocOptLevel=2``), and register allocation with them, so the figures
+    come from the backend's ``make_cubin`` with its log dumped rather than from a command line kept here.
+    """
     import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
 
-    try:  # the ptxas Triton itself runs for this architecture (the wheel ships two)
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        ptxas = get_ptxas(arch).path
-    except (ImportError, TypeError, AttributeError):
-        ptxas = triton.knobs.nvidia.ptxas.path
-    suffix = "a" if arch >= 90 else ""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        cmd = [
-            ptxas,
-            "-v",
-            "--regAllocOptLevel=2",
-            f"--gpu-name=sm_{arch}{suffix}",
-            src,
-            "-o",
-            os.path.join(tmp, "kernel.cubin"),
-        ]
-        log = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
-    registers = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return registers, int(spills.group(1)), int(spills.group(2))
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    log = io.StringIO()
+    with triton.knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        triton.knobs.nvidia.dump_ptxas_log = True  # make_cubin prints the log (to stdout) only when asked
+        backend.make_cubin(ptx, {}, backend.parse_options(dict(options)), arch)
+    text = log.getvalue()
+    registers = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if registers is None or spills is None:
+        raise RuntimeError(f"no resource usage in the ptxas log of Triton {triton.__version__}: {text[-300:]!r}")
+    return int(registers.group(1)), int(spills.group(1)), int(spills.group(2))
 
 
 def _describe(kernel: Any, compile_info: dict) -> KernelReport:
@@ -301,6 +296,7 @@ def compile_records(records: list[tuple[Any, dict]], arch: int = 90) -> list[Ker
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import PTXASError
 
     target = GPUTarget("cuda", arch, 32)
     reports, seen = [], set()
@@ -320,10 +316,11 @@ def compile_records(records: list[tuple[Any, dict]], arch: int = 90) -> list[Ker
                 options=options,
             )
             report.shared_bytes = int(compiled.metadata.shared)
-            report.registers, report.spill_stores, report.spill_loads = _ptxas_resources(compiled.asm["ptx"], arch)
+            resources = _ptxas_resources(compiled.asm["ptx"], arch, options)
+            report.registers, report.spill_stores, report.spill_loads = resources
             report.ok = report.spill_stores == 0 and report.spill_loads == 0
             report.ok = report.ok and report.shared_bytes <= SHARED_MEMORY_LIMIT
-        except (CompilationError, RuntimeError, ValueError, TypeError, subprocess.CalledProcessError) as exc:
+        except (CompilationError, PTXASError, RuntimeError, ValueError, TypeError) as exc:
             # A compile error is the finding: keep going and report every kernel.
             cause = exc.__cause__ or exc  # Triton wraps the reason (e.g. a non-constexpr global) in a source excerpt
             message = " ".join(str(cause).split())
@@ -333,9 +330,16 @@ def compile_records(records: list[tuple[Any, dict]], arch: int = 90) -> list[Ker
     return reports
 
 
+def _version_of(ptxas_banner: str) -> str:
+    """``12.8.93`` from ``ptxas --version``'s ``... release 12.8, V12.8.93``; the banner's last line otherwise."""
+    found = re.search(r"\bV(\d+(?:\.\d+)+)", ptxas_banner)
+    return found.group(1) if found else ptxas_banner.strip().splitlines()[-1]
+
+
 def run(arch: int = 90) -> dict[str, Any]:
     """Record every launch, compile each distinct one, and return the report (``ok`` overall and per kernel)."""
     import triton
+    from triton.backends.nvidia.compiler import get_ptxas_version
 
     warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")  # 3.9 announces a default change
     torch.set_num_threads(1)  # the launchers' host-side torch ops work on a few hundred values; threads only spin
@@ -352,6 +356,7 @@ def run(arch: int = 90) -> dict[str, Any]:
         "target": f"cuda:{arch}",
         "triton": triton.__version__,
         "torch": torch.__version__,
+        "ptxas": _version_of(get_ptxas_version(arch)),
         "shared_memory_limit": SHARED_MEMORY_LIMIT,
         "never_launched": never_launched,
         "ok": all(r.ok for r in reports) and not never_launched,
@@ -372,6 +377,14 @@ def _table(report: dict[str, Any]) -> str:
         )
     if report["never_launched"]:
         lines.append(f"never launched (add them to LAUNCHERS): {', '.join(report['never_launched'])}")
+    kernels = report["kernels"]
+    spilling = sum(1 for r in kernels if r["spill_stores"] or r["spill_loads"])
+    failed = sum(1 for r in kernels if r["error"] is not None)
+    lines.append(
+        f"{len(kernels)} variants for {report['target']}, Triton {report['triton']}, ptxas {report['ptxas']}: "
+        f"{spilling} spilling, {failed} failed, {len(report['never_launched'])} never launched -> "
+        + ("ok" if report["ok"] else "FAILED")
+    )
     return "\n".join(lines)
 
 

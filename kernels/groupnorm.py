@@ -47,6 +47,12 @@ TILE_ELEMENTS = 16384 if INTERPRETED else 4096
 # The barrier-free statistics kernel keeps two fp32 accumulators per element of its tile: 64 rows x 128 channels
 # over 8 warps is 64 registers of them per thread, and twice the bytes in flight per iteration of the 4-warp tile.
 STATS_TILE_ELEMENTS = 16384 if INTERPRETED else 8192
+# With both a residual and an in_bias the loop also holds the second loaded tile and a bias per channel: in fp16/bf16
+# more than the 128 registers a thread that let two 8-warp blocks share an SM (bf16: 135 under ptxas 12.8), so
+# Triton 3.6 spilled in fp16 and 3.9 sat at exactly 128. Half the rows: about 80 (three blocks per SM; fp32 about
+# 170 -> about 100, two instead of one), loading as many bytes per iteration as the one-input tile. The statistics
+# then differ only in fp32 summation order (which lane adds which row, where chunks start).
+STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS = STATS_TILE_ELEMENTS // 2
 STATS_NUM_WARPS = 8
 STATS_PROGRAMS_PER_SM = 8
 TILED_PROGRAMS_PER_SM = 4  # the former kernel's grid
@@ -598,7 +604,11 @@ def group_norm_fwd(
     batch, channels, height, width = x.shape
     hw = height * width
     barrier_free = stats_kernel == "barrier_free"
-    stats_hw, block_c = _blocks(channels, block_hw, STATS_TILE_ELEMENTS if barrier_free else TILE_ELEMENTS)
+    stats_tile = TILE_ELEMENTS
+    if barrier_free:
+        both = residual is not None and in_bias is not None
+        stats_tile = STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if both else STATS_TILE_ELEMENTS
+    stats_hw, block_c = _blocks(channels, block_hw, stats_tile)
     apply_hw, _ = _blocks(channels, block_hw)
     c_tiles = triton.cdiv(channels, block_c)
     per_sm = STATS_PROGRAMS_PER_SM if barrier_free else TILED_PROGRAMS_PER_SM
