@@ -4,7 +4,7 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 
 - bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last (``cudnn_benchmark`` lets cuDNN pick
   its convolution algorithms while the Captioner runs);
-- the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder` (bias-free convolutions, each
+- the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`: bias-free convolutions, each
   bias added where its output is read; ``fused_vqgan``);
 - the procedure encoder and decoder through the attention backend given at construction;
 - cached decoding: the memory's cross-attention keys/values once per batch, a static KV cache for
@@ -46,7 +46,6 @@ from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
-from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.hub import load_pretrained
 from procap.model.beam import beam_search_cached, check_beam_arguments
 from procap.validate import canonical_device
@@ -126,9 +125,9 @@ class Captioner:
             batch in the static KV cache, eager: graphs and ``capture_memory`` default to off and refuse to be
             turned on), equal to ``ProCap.generate(num_beams=...)`` in fp32.
         length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
-        fused_vqgan: run the VQGAN encoder through :class:`~procap.fast.vqgan_encoder.FusedVQGANEncoder`
-            (bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
-            GEMM, an 8-channel input): True, False (the model's encoder), or a dict of its keyword arguments
+        fused_vqgan: run the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`:
+            bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
+            GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
 
     Example:
@@ -262,9 +261,7 @@ class Captioner:
 
     def _prepare(self, model: ProCap) -> torch.nn.Module:
         model.eval().requires_grad_(False)
-        encoder = model.vqgan.encoder
-        if isinstance(encoder, FusedVQGANEncoder):  # again after .to(): rebuilt from the model's own encoder
-            model.vqgan.encoder = encoder = encoder.reference
+        model.vqgan.use_fused_encoder(False)  # its derived buffers are made again after the move, below
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
         channels_last = self.settings.channels_last
@@ -272,7 +269,7 @@ class Captioner:
             model.vqgan.to(memory_format=torch.channels_last)
         if self.fused_vqgan:
             options = {} if self.fused_vqgan is True else dict(self.fused_vqgan)
-            model.vqgan.encoder = FusedVQGANEncoder(encoder, channels_last=channels_last, **options)
+            model.vqgan.use_fused_encoder(channels_last=channels_last, **options)
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
         if channels_last and not self.fused_vqgan:  # the fused encoder lays its input out itself

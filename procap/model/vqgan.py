@@ -32,6 +32,8 @@ from procap import kernels
 from procap.config import VQGANConfig, config_from_dict
 from procap.errors import ProCapError
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
+from procap.model.vqgan_fused import FusedVQGANEncoder
+from procap.model.vqgan_memo import FeatureMemo
 from procap.validate import input_file
 from procap.weights import check_dtypes, check_file_fits, load_module_state, load_weights, read_header, save_module
 
@@ -148,6 +150,48 @@ class VQGAN(nn.Module):
         self.quantize = VectorQuantizer(c.n_embed, c.embed_dim, c.beta)
         self.quant_conv = nn.Conv2d(c.z_channels, c.embed_dim, kernel_size=1)
         self.post_quant_conv = nn.Conv2d(c.embed_dim, c.z_channels, kernel_size=1)
+        self.memo: FeatureMemo | None = None  # per-image results of the frozen tokenizer: memoize()
+
+    # -- the encoder's form -----------------------------------------------------------------------------------------
+    @property
+    def reference_encoder(self) -> Encoder:
+        """The readable :class:`Encoder`, whichever form :attr:`encoder` runs."""
+        return self.encoder.reference if isinstance(self.encoder, FusedVQGANEncoder) else self.encoder
+
+    def use_fused_encoder(self, enabled: bool = True, **options) -> None:
+        """Run the encoder in its fused inference form (:class:`~procap.model.vqgan_fused.FusedVQGANEncoder`), or
+        with ``enabled=False`` in its readable form again.
+
+        The fused form shares the encoder's modules (state-dict keys unchanged) and holds a few buffers derived from
+        the weights of this moment (the padded ``conv_in``, 4x4 downsample kernels, merged q/k/v): choose it after
+        the weights are moved and final, and switch back before changing them. Eval mode only.
+
+        Args:
+            enabled: the fused form (True) or the readable :class:`Encoder` (False).
+            options: :class:`~procap.model.vqgan_fused.FusedVQGANEncoder`'s keyword arguments (``channels_last``,
+                ``downsample_4x4``, ``input_channels``).
+        """
+        reference = self.reference_encoder
+        self.encoder = FusedVQGANEncoder(reference, **options) if enabled else reference
+
+    # -- the memo of a frozen tokenizer ---------------------------------------------------------------------------
+    def memoize(self, max_items: int = 200_000) -> FeatureMemo:
+        """Remember ``features`` / ``codes`` per image from now on (:mod:`procap.model.vqgan_memo`); returns the memo.
+
+        For a frozen tokenizer on a small dataset: only :meth:`remember` stores, every call looks up.
+        """
+        if self.memo is None:
+            self.memo = FeatureMemo(max_items)
+        return self.memo
+
+    @torch.no_grad()
+    def remember(self, images: torch.Tensor, codes: bool = True) -> None:
+        """Store the features (and codes) of clean images (B, 3, S, S) in the memo (:meth:`memoize` first)."""
+        if self.memo is None:
+            raise RuntimeError("the VQGAN keeps no memo: call memoize() first")
+        self.memo.lookup("features", images, self._features, store=True)
+        if codes:
+            self.memo.lookup("codes", images, self._codes, store=True)
 
     # -- ProCap's two uses ------------------------------------------------------------------------------------
     def features(self, images: torch.Tensor) -> torch.Tensor:
@@ -159,6 +203,9 @@ class VQGAN(nn.Module):
         Returns:
             (B, z_channels, S/f, S/f).
         """
+        return self._features(images) if self.memo is None else self.memo.lookup("features", images, self._features)
+
+    def _features(self, images: torch.Tensor) -> torch.Tensor:
         return self.encoder(images)
 
     def codes(self, images: torch.Tensor) -> torch.Tensor:
@@ -170,6 +217,9 @@ class VQGAN(nn.Module):
         Returns:
             (B, h*w) int64 indices, row-major (h, w).
         """
+        return self._codes(images) if self.memo is None else self.memo.lookup("codes", images, self._codes)
+
+    def _codes(self, images: torch.Tensor) -> torch.Tensor:
         z = self.latents(images)
         b, d, h, w = z.shape
         indices = kernels.vq_nearest(z.permute(0, 2, 3, 1).reshape(-1, d), self.quantize.embedding.weight)

@@ -1,4 +1,4 @@
-"""The VQGAN encoder's inference path for ``procap.fast``: bias-free convolutions, each bias added where it is read.
+"""The VQGAN encoder's fused inference form: bias-free convolutions, each bias added where it is read.
 
 On CUDA, ATen runs a biased cuDNN convolution as the convolution followed by a separate broadcast ``add_`` of the
 bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes were 18 % of the first H100 profile
@@ -18,13 +18,15 @@ bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes we
 - ``conv_in`` reads its 3-channel input zero-padded to 8 channels with zero weights, so cuDNN's kernels for
   16-byte-aligned channels apply.
 
-The reference encoder stays the model's own (``procap.model.vqgan.Encoder``); the tests compare the two in fp32,
-bf16 and under the Triton interpreter. Inference only (eval mode; dropout is not applied).
+The readable encoder (``procap.model.vqgan.Encoder``) stays the reference; the VQGAN chooses this form with
+:meth:`procap.model.vqgan.VQGAN.use_fused_encoder` (``procap.fast.Captioner`` does by default), and the tests
+compare the two in fp32, bf16 and under the Triton interpreter. Inference only (eval mode; dropout is not applied).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +34,10 @@ from torch import nn
 
 from procap import kernels
 from procap.attention import attention
-from procap.model.vqgan import Encoder
 from procap.model.vqgan_blocks import AttnBlock, ResnetBlock
+
+if TYPE_CHECKING:  # the VQGAN builds this module; importing it here at run time would make a loop
+    from procap.model.vqgan import Encoder
 
 INPUT_CHANNELS = 8  # conv_in's input padded to 8 channels: 16 bytes per pixel in bf16
 

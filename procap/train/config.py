@@ -76,7 +76,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     cache_images: bool = True
-    cache_features: bool = False  # memo the frozen VQGAN per image (small datasets; see train/feature_cache.py)
+    cache_features: bool = False  # memo the frozen VQGAN per image (small datasets; VQGAN.memoize)
     loggers: tuple[str, ...] = ()  # run trackers besides log.jsonl: "tensorboard", "wandb" (procap/train/tracking.py)
 
     def __post_init__(self) -> None:

@@ -23,7 +23,6 @@ from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
 from procap.train.datasets import ProcedureDataset, make_procedure_source
-from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
 from procap.weights import load_weights, read_tensors, restore_aliases
@@ -122,12 +121,13 @@ def pretrain(
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
 
-    cached = cache_tokenizer(model) if cfg.cache_features else None
+    if cfg.cache_features:
+        model.vqgan.memoize()
     per_item = cfg.item_masks if cfg.item_masks is not None else ctx.world * cfg.grad_accum > 1
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if cached is not None:
-            cached.remember(batch["frames"].flatten(0, 1))
+        if cfg.cache_features:
+            model.vqgan.remember(batch["frames"].flatten(0, 1))
         masks = None  # drawn per batch from the global RNG inside stage1_loss
         if per_item:
             masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)

@@ -24,7 +24,6 @@ from procap.train import distributed
 from procap.train.common import load_pairs
 from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
-from procap.train.feature_cache import cache_tokenizer
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
 from procap.train.stage1 import model_and_vocab, weight_loader
@@ -148,11 +147,12 @@ def train(
     dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
     max_len = decode_length(vocab, pairs, config.max_caption_len)
 
-    cached = cache_tokenizer(model) if cfg.cache_features else None
+    if cfg.cache_features:
+        model.vqgan.memoize()
 
     def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if cached is not None:
-            cached.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
+        if cfg.cache_features:
+            model.vqgan.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
         return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
 
     trainer = Trainer(

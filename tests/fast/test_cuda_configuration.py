@@ -19,8 +19,8 @@ from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.graphs import EagerStep
 from procap.fast.settings import resolve_settings
-from procap.fast.vqgan_encoder import FusedVQGANEncoder
 from procap.model.decoder_step import FusedDecodingState
+from procap.model.vqgan_fused import FusedVQGANEncoder
 
 BUCKETS = (1, 4, 8)
 

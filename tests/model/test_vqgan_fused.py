@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from procap import kernels
 from procap.config import VQGANConfig
-from procap.fast.vqgan_encoder import FusedVQGANEncoder, downsample_weight_4x4
 from procap.model.vqgan import VQGAN
+from procap.model.vqgan_fused import FusedVQGANEncoder, downsample_weight_4x4
 from tests.support import impl_device, requires_triton
 
 # f4 on 16 px: two chained blocks per level, attention after each block of level 1 (nominal 8 px), a 1x1 shortcut
@@ -145,3 +145,23 @@ def test_the_zero_taps_would_inflate_a_flop_count():
             module(images)
         counts.append(counter.get_total_flops())
     assert counts[1] > counts[0]
+
+
+def test_the_vqgan_chooses_its_encoder_form():
+    torch.manual_seed(0)
+    vqgan = VQGAN(CONFIG).eval()
+    images = torch.rand(2, 3, 16, 16)
+    keys = set(vqgan.state_dict())
+    with torch.no_grad():
+        readable = vqgan.features(images)
+        vqgan.use_fused_encoder(channels_last=True)
+        assert isinstance(vqgan.encoder, FusedVQGANEncoder) and vqgan.encoder.channels_last
+        assert set(vqgan.state_dict()) == keys  # the fused form shares the modules: no new or lost keys
+        fused = vqgan.features(images)
+        vqgan.use_fused_encoder(downsample_4x4=False)  # chosen again: built from the readable encoder, not nested
+        assert vqgan.encoder.reference is vqgan.reference_encoder and not vqgan.encoder.downsample_4x4
+        vqgan.use_fused_encoder(False)
+        assert vqgan.encoder is vqgan.reference_encoder
+        again = vqgan.features(images)
+    assert ((fused - readable).norm() / readable.norm()) <= 1e-5
+    assert torch.equal(again, readable)
