@@ -1,100 +1,38 @@
 """ProCap checkpoints without pickle: model weights, config and vocabulary in one safetensors file.
 
-A model checkpoint is one ``.safetensors`` file. Its header metadata (string -> string) carries everything
-needed to rebuild the model: the :class:`~procap.config.ProCapConfig` as JSON, the vocabulary as a JSON
-word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics...).
-Loading reads tensors and JSON only, so opening an untrusted checkpoint runs no code.
-
-The file I/O under it (atomic writes, tied tensors, shape / kind / finiteness checks) is :mod:`procap.weights`,
-below the model; the resumable training state beside a checkpoint is :mod:`procap.train.state`.
+The format is the model's own, :mod:`procap.model.checkpoint_file`: it builds whichever model class it is handed, so
+``ProCap.from_pretrained`` reads it from below. This module is that format for the library's callers, with
+:func:`load_checkpoint` naming :class:`~procap.model.procap.ProCap`; it sits above the model for that reason alone.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from procap.config import ProCapConfig, config_from_dict
 from procap.data import Vocabulary
-from procap.errors import ProCapError
-from procap.model.procap import ProCap
-from procap.weights import (
-    atomic_save_tensors,
-    check_file_fits,
-    dedupe_shared,
-    load_weights,
-    read_header,
-    read_tensors,
-    restore_aliases,
+from procap.model.checkpoint_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    read_checkpoint,
+    read_checkpoint_metadata,
+    save_checkpoint,
+    vocab_from_dict,
+    vocab_to_dict,
 )
+from procap.model.procap import ProCap
 
-FORMAT = "procap"
-FORMAT_VERSION = "1"
-
-
-# ----------------------------------------------------------------------------------------------- vocabulary
-def vocab_to_dict(vocab: Vocabulary) -> dict[str, int]:
-    """Word -> index map of a :class:`procap.data.Vocabulary` through its own JSON ``save``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "vocab.json"
-        vocab.save(path)
-        return json.loads(path.read_text(encoding="utf-8"))
-
-
-def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Vocabulary:
-    """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map; errors name ``source``."""
-    return Vocabulary.from_dict(word2idx, source)
-
-
-# ----------------------------------------------------------------------------------------------- model files
-def save_checkpoint(path: Path | str, model: ProCap, vocab: Vocabulary, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (a ProCap), its config and ``vocab`` to one safetensors file, atomically.
-
-    Args:
-        path: destination ``.safetensors`` file; parent folders are created.
-        model: a :class:`procap.model.procap.ProCap` with a ``config`` attribute.
-        vocab: the :class:`procap.data.Vocabulary` the model was trained with.
-        extra: JSON-serialisable facts to keep with the weights (step, stage, validation metrics...).
-
-    Returns:
-        The path written.
-    """
-    tensors, aliases = dedupe_shared(model.state_dict())
-    metadata = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "config": json.dumps(model.config.to_dict()),
-        "vocab": json.dumps(vocab_to_dict(vocab)),
-        "aliases": json.dumps(aliases),
-        "extra": json.dumps(extra or {}),
-    }
-    atomic_save_tensors(path, tensors, metadata)
-    return Path(path)
-
-
-def read_checkpoint_metadata(path: Path | str) -> dict[str, Any]:
-    """Decoded metadata of a ProCap checkpoint (``config``, ``vocab``, ``extra``, ``aliases``) without the weights."""
-    _, raw = read_header(path)
-    return _decode_metadata(Path(path), raw)
-
-
-def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
-    if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
-        raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
-    try:
-        decoded = {
-            key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key] for key in raw
-        }
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
-    for key in ("config", "vocab"):
-        if not isinstance(decoded[key], dict):
-            raise ProCapError(f"checkpoint file {path} has a {key} that is not a JSON object")
-    return decoded
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "load_checkpoint",
+    "read_checkpoint_metadata",
+    "save_checkpoint",
+    "vocab_from_dict",
+    "vocab_to_dict",
+]
 
 
 def load_checkpoint(
@@ -113,22 +51,4 @@ def load_checkpoint(
     Raises:
         ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
     """
-    path = Path(path)
-    _, raw = read_header(path)
-    metadata = _decode_metadata(path, raw)
-    try:
-        config = config_from_dict(ProCapConfig, metadata["config"])
-    except ValueError as exc:
-        raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
-    vocab = vocab_from_dict(metadata["vocab"], f"the vocabulary in checkpoint file {path}")
-    if len(vocab) != config.vocab_size:
-        raise ProCapError(
-            f"checkpoint file {path} holds {len(vocab)} vocabulary entries for a model of {config.vocab_size}"
-        )
-    aliases = metadata.get("aliases", {})
-    check_file_fits(path, lambda: ProCap(config), "checkpoint")  # before a single weight is allocated
-    tensors, _ = read_tensors(path)
-    model = ProCap(config)
-    load_weights(model, restore_aliases(tensors, aliases, path), path)
-    model.to(map_location).eval()
-    return model, vocab, metadata
+    return read_checkpoint(ProCap, path, map_location)

@@ -8,8 +8,9 @@ to the output projection; such aliases are stored once (:func:`dedupe_shared`) a
 and finiteness before ``load_state_dict``; :func:`save_module` / :func:`load_module_state` /
 :func:`check_file_fits` serve any module with JSON metadata (the VQGAN's files).
 
-The ProCap checkpoint (config + vocabulary in the metadata) is :mod:`procap.checkpoint`, one level above the model;
-the resumable training state is :mod:`procap.train.state`.
+The ProCap checkpoint (config + vocabulary in the metadata) is :mod:`procap.model.checkpoint_file`, with the model
+(:mod:`procap.checkpoint` names ``ProCap`` for it, a level above); the resumable training state is
+:mod:`procap.train.state`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from PIL import Image
 from procap.cli import main
 from procap.data import Vocabulary
 from procap.errors import ProCapError
-from procap.hub import load_pretrained, parse_hub_path, push_to_hub
+from procap.hub import load_pretrained
+from procap.hub_files import parse_hub_path
 from procap.model.procap import ProCap
 from tests.support import small_config
 
@@ -92,6 +94,27 @@ def test_save_pretrained_writes_the_hub_files_and_loads_back(pretrained):
     # The loaded model saves again without being handed its vocabulary, keeping the recorded scores.
     again = loaded.save_pretrained(folder.parent / "again")
     assert "| CIDEr | 123.4 |" in (again / "README.md").read_text()
+
+
+def test_the_model_alone_loads_a_pretrained_folder(pretrained):
+    """``ProCap.from_pretrained`` with only the model imported: the folder format sits below the model, and nothing
+    of the levels above it (docs/architecture.md) is loaded on the way."""
+    _, vocab, folder = pretrained
+    above = ("procap.hub", "procap.checkpoint", "procap.procedure", "procap.convert", "procap.eval", "procap.train")
+    above += ("procap.fast", "procap.batch_memory", "procap.viz", "procap.commands", "procap.cli")
+    script = "\n".join(
+        [
+            "import sys",
+            "from procap.model.procap import ProCap",
+            f"model = ProCap.from_pretrained({str(folder)!r})",
+            f"above = {above!r}",
+            "loaded = sorted(m for m in sys.modules if any(m == a or m.startswith(a + '.') for a in above))",
+            "print(len(model.vocab), loaded)",
+        ]
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(len(vocab)), "[]"]
 
 
 def test_a_hand_edited_config_copy_is_refused(pretrained):
@@ -202,8 +225,10 @@ def test_push_to_hub_uploads_the_pretrained_files(pretrained, monkeypatch):
     assert calls["create"] == (REPO, True, True) and calls["token"] == "t0k"
     assert calls["files"] == ["README.md", "config.json", "model.safetensors", "vocab.json"]
     assert f"procap caption --ckpt hf://{REPO}" in calls["card"] and "- spot-the-diff" in calls["card"]
+    calls.clear()
     with pytest.raises(ProCapError, match="not a Hugging Face repo id"):
-        push_to_hub(model, "no-owner", vocab)
+        model.push_to_hub("no-owner", vocab)
+    assert calls == {}  # refused before a folder is written or a client made
 
 
 def test_without_huggingface_hub_the_message_names_the_hub_extra(pretrained, monkeypatch):

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.number(args.beams, "--beams", minimum=1)
-    from procap.hub import resolve_checkpoint
+    from procap.hub_files import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
     from procap.batch_memory import check_checkpoint_batch

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.checkpoint import save_checkpoint
     from procap.convert import convert_authors_checkpoint
-    from procap.hub import parse_hub_path, resolve_file
+    from procap.hub_files import parse_hub_path, resolve_file
 
     out = Path(args.out)
     validate.output_file(out, "--out")  # before the (slow) conversion or a download: nothing is written on a bad --out

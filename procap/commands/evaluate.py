@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1)
     device = validate.device(args.device)
-    from procap.hub import parse_hub_path, resolve_checkpoint
+    from procap.hub_files import parse_hub_path, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
     from procap import validate
-    from procap.hub import resolve_checkpoint
+    from procap.hub_files import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "checkpoint file")
     for image in (args.before, args.after):

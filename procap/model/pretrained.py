@@ -1,24 +1,212 @@
-"""``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` on :class:`~procap.model.procap.ProCap` (the Hugging Face
-habit), kept out of the model file: each method is one call into :mod:`procap.hub`."""
+"""Pretrained models the Hugging Face way: a folder (or Hub repo) of ``config.json``, ``model.safetensors``,
+``vocab.json`` and a model card ``README.md``; ``ProCap.save_pretrained`` / ``from_pretrained`` / ``push_to_hub``.
+
+``model.safetensors`` is a complete procap checkpoint (:func:`procap.model.checkpoint_file.save_checkpoint`: the
+config and the vocabulary ride in its metadata), so every command that takes a checkpoint file also takes the folder
+or ``hf://owner/repo[@revision]``; ``config.json`` and ``vocab.json`` are its readable copies for the Hub's pages
+and for people, and loading checks that ``config.json`` agrees with the weights.
+
+:class:`~procap.model.procap.ProCap` inherits :class:`PretrainedMixin`. Nothing here names ``ProCap``: writing is
+handed the model, reading the class to build (the ``cls`` of ``from_pretrained``), and files travel through
+:mod:`procap.hub_files` (level 0), so the model reaches all of it downwards. :func:`procap.hub.load_pretrained` is
+:func:`read_pretrained` with ``ProCap`` named.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from procap import validate
+from procap.config import ProCapConfig
+from procap.data import Vocabulary
+from procap.errors import ProCapError
+from procap.extras import DISTRIBUTION
+from procap.files import atomic_write_json, atomic_write_text
+from procap.hub_files import CARD_NAME, CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, push_folder, resolve_checkpoint
+from procap.model.checkpoint_file import ModelT, read_checkpoint, save_checkpoint
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; annotations only, so no runtime dependency
+
+_PYPI_PAGE = f"https://pypi.org/project/{DISTRIBUTION}/"
+# config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
+_CONFIG_TAGS = {"library_name": "procap", "model_type": "procap", "architectures": ["ProCap"]}
 
 
-class PretrainedMixin:
-    """Hub-style saving and loading; the files and their rules are :mod:`procap.hub`'s."""
+def write_pretrained(
+    model: nn.Module,
+    directory: str | Path,
+    vocab: Vocabulary | None = None,
+    *,
+    dataset: str | None = None,
+    metrics: dict[str, float] | None = None,
+    license: str = "mit",
+    repo_id: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` as a pretrained folder: ``config.json``, ``model.safetensors``, ``vocab.json``, ``README.md``.
 
-    def save_pretrained(self, directory: str | Path, vocab: Any = None, **card: Any) -> Path:
+    Args:
+        model: a :class:`procap.model.procap.ProCap`.
+        directory: the folder (created; files already there are replaced).
+        vocab: its :class:`procap.data.Vocabulary` (default: ``model.vocab``, set by ``from_pretrained``).
+        dataset: the training data, for the model card (e.g. ``"clevr-change"``).
+        metrics: measured scores for the card, e.g. ``{"CIDEr": 112.3}`` (default: those recorded with the model).
+        license: the card's licence field (an SPDX-style id).
+        repo_id: the Hub repo the folder is meant for; the card's examples name it.
+        extra: more JSON facts kept in the weights' metadata.
+
+    Returns:
+        The folder.
+    """
+    vocab = vocab if vocab is not None else getattr(model, "vocab", None)
+    if vocab is None:
+        raise ProCapError("save_pretrained needs the model's vocabulary: pass vocab=... (a procap Vocabulary).")
+    directory = validate.output_dir(directory, "save_pretrained folder")
+    recorded = dict(getattr(model, "pretrained_info", {}) or {})
+    info = {
+        **recorded,
+        **(extra or {}),
+        "dataset": dataset if dataset is not None else recorded.get("dataset"),
+        "metrics": metrics if metrics is not None else recorded.get("metrics", {}),
+        "license": license,
+    }
+    save_checkpoint(directory / WEIGHTS_NAME, model, vocab, info)
+    atomic_write_json(directory / CONFIG_NAME, {**_CONFIG_TAGS, **model.config.to_dict()})
+    vocab.save(directory / VOCAB_NAME)
+    atomic_write_text(directory / CARD_NAME, model_card(model, len(vocab), info, repo_id))
+    return directory
+
+
+def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
+    """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence."""
+    c = model.config
+    total = sum(p.numel() for p in model.parameters())
+    vqgan = sum(p.numel() for p in model.vqgan.parameters())
+    dataset = info.get("dataset")
+    metrics = {k: v for k, v in (info.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    where = f"hf://{repo_id}" if repo_id else "path/to/this/folder"
+    source = repo_id or "path/to/this/folder"
+    front = ["---", f"license: {info.get('license', 'mit')}", "library_name: procap", "pipeline_tag: image-to-text"]
+    front += ["tags:", "- change-captioning", "- procap"]
+    if dataset:
+        front += ["datasets:", f"- {dataset}"]
+    front.append("---")
+    lines = [
+        *front,
+        "",
+        f"# ProCap change captioner ({c.name} preset, {c.variant} variant)",
+        "",
+        'Describes in words what changed between two images ("the small red cube moved"): the implicit',
+        f"procedure captioner of *Imagine How To Change* (ICLR 2026), trained with [procap]({_PYPI_PAGE}).",
+        "",
+        "## Architecture",
+        "",
+        "| part | size |",
+        "| --- | --- |",
+        f"| images | {c.image_size} px, {c.grid_size} x {c.grid_size} VQGAN latents |",
+        f"| procedure queries | k = {c.num_keyframes} frames between before and after |",
+        f"| procedure encoder | {c.enc_layers} layers x {c.enc_dim} |",
+        f"| caption decoder | {c.dec_layers} layers x {c.dec_dim}, captions up to {c.max_caption_len} tokens |",
+        f"| vocabulary | {vocab_size} entries |",
+        f"| parameters | {total:,} (VQGAN {vqgan:,}) |",
+        "",
+        "## Training data",
+        "",
+        f"{dataset if dataset else 'Not recorded.'}",
+        "",
+        "## Measured scores",
+        "",
+    ]
+    if metrics:
+        lines += ["| metric | value |", "| --- | --- |"]
+        lines += [f"| {name} | {value:.4g} |" for name, value in metrics.items()]
+    else:
+        lines.append("Not recorded with these weights.")
+    lines += [
+        "",
+        "## How to caption",
+        "",
+        "```bash",
+        f"pip install '{DISTRIBUTION}[hub]'",
+        f"procap caption --ckpt {where} before.png after.png",
+        "```",
+        "",
+        "```python",
+        "from procap.fast import Captioner",
+        "",
+        f'captioner = Captioner.from_pretrained("{source}")',
+        'captioner.caption("before.png", "after.png")',
+        "```",
+        "",
+        "## Licence",
+        "",
+        f"{info.get('license', 'mit')}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def read_pretrained(
+    model_class: Callable[[ProCapConfig], ModelT],
+    name_or_path: str | Path,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+    map_location: str | torch.device = "cpu",
+) -> tuple[ModelT, Vocabulary, dict[str, Any]]:
+    """``(model, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``.
+
+    The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
+    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else.
+    """
+    weights = resolve_checkpoint(
+        name_or_path, "pretrained model", revision, cache_dir, local_files_only, allow_repo_id=True
+    )
+    model, vocab, metadata = read_checkpoint(model_class, weights, map_location)
+    _check_config_copy(weights.parent / CONFIG_NAME, model.config.to_dict())
+    model.vocab = vocab
+    model.pretrained_info = metadata.get("extra", {})
+    return model, vocab, metadata
+
+
+def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
+    """A ``config.json`` beside the weights must describe them (a hand-edited copy would otherwise mislead)."""
+    if not path.is_file():
+        return
+    try:
+        copy = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProCapError(f"{path} is not readable JSON ({exc}).") from None
+    if not isinstance(copy, dict):
+        raise ProCapError(f"{path} does not hold a JSON object.")
+    fields = {key: value for key, value in copy.items() if key not in _CONFIG_TAGS}
+    # JSON turns tuples into lists: compare both through JSON.
+    if json.loads(json.dumps(fields)) != json.loads(json.dumps(config)):
+        differing = sorted(key for key in set(fields) | set(config) if fields.get(key) != config.get(key))
+        raise ProCapError(
+            f"{path} differs from the config stored in {WEIGHTS_NAME} beside it (e.g. {', '.join(differing[:3])}); "
+            f"the weights' own config is the one they fit."
+        )
+
+
+class PretrainedMixin(nn.Module):
+    """Hub-style saving and loading of a torch module built from a :class:`~procap.config.ProCapConfig` (its
+    ``config``); the files and their rules are this module's."""
+
+    def save_pretrained(self, directory: str | Path, vocab: Vocabulary | None = None, **card: Any) -> Path:
         """Write ``config.json``, ``model.safetensors``, ``vocab.json`` and a model card ``README.md``.
 
         ``vocab`` defaults to ``self.vocab`` (set by :meth:`from_pretrained`); ``card`` takes ``dataset``,
-        ``metrics``, ``license``, ``repo_id`` (see :func:`procap.hub.save_pretrained`).
+        ``metrics``, ``license``, ``repo_id``, ``extra`` (see :func:`write_pretrained`).
         """
-        from procap.hub import save_pretrained
-
-        return save_pretrained(self, directory, vocab, **card)
+        return write_pretrained(self, directory, vocab, **card)
 
     @classmethod
     def from_pretrained(
@@ -27,19 +215,41 @@ class PretrainedMixin:
         revision: str | None = None,
         cache_dir: str | Path | None = None,
         local_files_only: bool = False,
-        map_location: Any = "cpu",
-    ) -> Any:
+        map_location: str | torch.device = "cpu",
+    ) -> Self:
         """A model from a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``.
 
         Returns the model in eval mode, with its vocabulary as ``model.vocab``.
         """
-        from procap.hub import load_pretrained
-
-        model, _, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only, map_location)
+        model, _, _ = read_pretrained(cls, name_or_path, revision, cache_dir, local_files_only, map_location)
         return model
 
-    def push_to_hub(self, repo_id: str, vocab: Any = None, **options: Any) -> str:
-        """Upload as a pretrained folder to the Hub repo ``repo_id``; see :func:`procap.hub.push_to_hub`."""
-        from procap.hub import push_to_hub
+    def push_to_hub(
+        self,
+        repo_id: str,
+        vocab: Vocabulary | None = None,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        commit_message: str = "Upload ProCap model",
+        **card: Any,
+    ) -> str:
+        """Save as a pretrained folder and upload it to the Hub repo ``repo_id`` (created when missing).
 
-        return push_to_hub(self, repo_id, vocab, **options)
+        Args:
+            repo_id: ``owner/name``.
+            vocab: as for :meth:`save_pretrained`; ``card`` takes its ``dataset``, ``metrics``, ``license``.
+            private, token, revision, commit_message: passed to ``huggingface_hub``.
+
+        Returns:
+            The URL of the commit.
+        """
+        return push_folder(
+            repo_id,
+            lambda folder: write_pretrained(self, folder, vocab, repo_id=repo_id, **card),
+            private=private,
+            token=token,
+            revision=revision,
+            commit_message=commit_message,
+        )

@@ -1,0 +1,141 @@
+"""The ProCap checkpoint file, without pickle: model weights, config and vocabulary in one safetensors file.
+
+A model checkpoint is one ``.safetensors`` file. Its header metadata (string -> string) carries everything
+needed to rebuild the model: the :class:`~procap.config.ProCapConfig` as JSON, the vocabulary as a JSON
+word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics...).
+Loading reads tensors and JSON only, so opening an untrusted checkpoint runs no code.
+
+Saving is handed the model and loading the class to build (:func:`read_checkpoint`), so nothing here names
+``ProCap``: the model's own ``from_pretrained`` reads this file without reaching up a level.
+:mod:`procap.checkpoint` is the same format with ``ProCap`` named, for the library's callers. The file I/O under it
+(atomic writes, tied tensors, shape / kind / finiteness checks) is :mod:`procap.weights`; the resumable training
+state beside a checkpoint is :mod:`procap.train.state`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from procap.config import ProCapConfig, config_from_dict
+from procap.data import Vocabulary
+from procap.errors import ProCapError
+from procap.weights import (
+    atomic_save_tensors,
+    check_file_fits,
+    dedupe_shared,
+    load_weights,
+    read_header,
+    read_tensors,
+    restore_aliases,
+)
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+FORMAT = "procap"
+FORMAT_VERSION = "1"
+
+
+# ----------------------------------------------------------------------------------------------- vocabulary
+def vocab_to_dict(vocab: Vocabulary) -> dict[str, int]:
+    """Word -> index map of a :class:`procap.data.Vocabulary` through its own JSON ``save``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vocab.json"
+        vocab.save(path)
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Vocabulary:
+    """Rebuild a :class:`procap.data.Vocabulary` from a word -> index map; errors name ``source``."""
+    return Vocabulary.from_dict(word2idx, source)
+
+
+# ----------------------------------------------------------------------------------------------- model files
+def save_checkpoint(path: Path | str, model: nn.Module, vocab: Vocabulary, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (a ProCap), its config and ``vocab`` to one safetensors file, atomically.
+
+    Args:
+        path: destination ``.safetensors`` file; parent folders are created.
+        model: a :class:`procap.model.procap.ProCap` (any module with a ``config`` attribute).
+        vocab: the :class:`procap.data.Vocabulary` the model was trained with.
+        extra: JSON-serialisable facts to keep with the weights (step, stage, validation metrics...).
+
+    Returns:
+        The path written.
+    """
+    tensors, aliases = dedupe_shared(model.state_dict())
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": json.dumps(model.config.to_dict()),
+        "vocab": json.dumps(vocab_to_dict(vocab)),
+        "aliases": json.dumps(aliases),
+        "extra": json.dumps(extra or {}),
+    }
+    atomic_save_tensors(path, tensors, metadata)
+    return Path(path)
+
+
+def read_checkpoint_metadata(path: Path | str) -> dict[str, Any]:
+    """Decoded metadata of a ProCap checkpoint (``config``, ``vocab``, ``extra``, ``aliases``) without the weights."""
+    _, raw = read_header(path)
+    return _decode_metadata(Path(path), raw)
+
+
+def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
+    if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
+        raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
+    try:
+        decoded = {
+            key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key] for key in raw
+        }
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
+    for key in ("config", "vocab"):
+        if not isinstance(decoded[key], dict):
+            raise ProCapError(f"checkpoint file {path} has a {key} that is not a JSON object")
+    return decoded
+
+
+def read_checkpoint(
+    model_class: Callable[[ProCapConfig], ModelT], path: Path | str, map_location: str | torch.device = "cpu"
+) -> tuple[ModelT, Vocabulary, dict[str, Any]]:
+    """Rebuild a model and its vocabulary from a checkpoint written by :func:`save_checkpoint`.
+
+    Args:
+        model_class: what builds the model from its config (``ProCap``, or the ``cls`` of ``from_pretrained``).
+        path: the ``.safetensors`` file.
+        map_location: device for the returned model.
+
+    Returns:
+        ``(model, vocab, metadata)``: the model in eval mode on ``map_location``, the Vocabulary, and the
+        decoded metadata dict (``config``, ``vocab``, ``extra``, ...).
+
+    Raises:
+        ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
+    """
+    path = Path(path)
+    _, raw = read_header(path)
+    metadata = _decode_metadata(path, raw)
+    try:
+        config = config_from_dict(ProCapConfig, metadata["config"])
+    except ValueError as exc:
+        raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
+    vocab = vocab_from_dict(metadata["vocab"], f"the vocabulary in checkpoint file {path}")
+    if len(vocab) != config.vocab_size:
+        raise ProCapError(
+            f"checkpoint file {path} holds {len(vocab)} vocabulary entries for a model of {config.vocab_size}"
+        )
+    aliases = metadata.get("aliases", {})
+    check_file_fits(path, lambda: model_class(config), "checkpoint")  # before a single weight is allocated
+    tensors, _ = read_tensors(path)
+    model = model_class(config)
+    load_weights(model, restore_aliases(tensors, aliases, path), path)
+    model.to(map_location).eval()
+    return model, vocab, metadata
