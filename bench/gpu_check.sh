@@ -5,6 +5,7 @@
 #   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
 #   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
 #   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, a top-kernel table each, the table last
+#   bash bench/gpu_check.sh suite     # the whole test suite with -n 14 (the quick demo deselected), wheels from .whl/
 #
 # `all` runs setup, e2e and kernels in a row. What a lent machine needs (docs/gpu.md, "Running on a lent machine"):
 #
@@ -17,12 +18,16 @@
 #   benchmark JSON), caches.tgz (the Triton and Inductor caches) and the built extension (_C*.so).
 # - Carried between calls: copy caches.tgz and the .so into .gpu-carry/ (ignored by git) and name .gpu-carry in the
 #   next call's carry; the caches are unpacked and the extension is used instead of building it again.
+# - Packages the image lacks (pycocoevalcap): wheels downloaded beforehand into .whl/ (ignored by git; docs/gpu.md
+#   says how) and named in the carry; the suite step installs them into /tmp/site and puts it on PYTHONPATH.
 #
 #   --dry-run   every step on a CPU (a small test selection, the benchmark suites at their CPU shapes, no tuning)
 #   --out DIR   where the results go (default: $OUT, else a new temporary directory)
 # Environment: PYTHON (default python3), STEP_DEADLINE, GPU_CHECK_TESTS (test paths for setup), GPU_CHECK_BUILD=0
 # (use no extension rather than build one), GPU_CHECK_KERNELS_K (a pytest -k filter for the kernel benchmarks),
-# GPU_TUNE_ARGS (arguments for bench/gpu_tune.py in the profile step), GPU_CHECK_CARRY (the carry folder).
+# GPU_TUNE_ARGS (arguments for bench/gpu_tune.py in the profile step), GPU_CHECK_CARRY (the carry folder),
+# GPU_CHECK_SUITE_TESTS (test paths for suite), GPU_CHECK_SUITE_WORKERS (default 14), GPU_CHECK_WHEELS (default
+# .whl), GPU_CHECK_SITE (where the wheels go, default /tmp/site).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,15 +39,16 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
     --out) OUT_DIR="$2"; shift ;;
-    setup|e2e|kernels|profile) STEPS+=("$1") ;;
+    setup|e2e|kernels|profile|suite) STEPS+=("$1") ;;
     all) STEPS+=(setup e2e kernels) ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, profile, all; options: --dry-run, --out DIR)" >&2
+    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, profile, suite, all;" \
+         "options: --dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
   shift
 done
 if [ ${#STEPS[@]} -eq 0 ]; then
-  echo "gpu_check.sh: name a step: setup, e2e, kernels, profile or all" >&2
+  echo "gpu_check.sh: name a step: setup, e2e, kernels, profile, suite or all" >&2
   exit 2
 fi
 PYTHON="${PYTHON:-python3}"
@@ -170,6 +176,81 @@ step_profile() {
   run_bounded profile tune "$PYTHON" bench/gpu_tune.py --deadline $(($(seconds_left) - 120)) \
     --out "$PARTS/tune.json" ${GPU_TUNE_ARGS:-}
   cat "$PARTS/tune.log"  # the compact table is the tail of the command's output
+}
+
+carried_wheels() {  # install .whl/*.whl into GPU_CHECK_SITE and put it on PYTHONPATH (subprocesses inherit it)
+  local dir="${GPU_CHECK_WHEELS:-$ROOT/.whl}" site="${GPU_CHECK_SITE:-/tmp/site}" wheels
+  # Only what the interpreter lacks: PYTHONPATH comes before site-packages, so a carried copy of an installed
+  # package would shadow it (the slim pycocoevalcap, without its jars, beside Java on a CPU machine's dry run).
+  wheels=$("$PYTHON" - "$dir" <<'EOF'
+import glob, importlib.metadata, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.whl"))):
+    name = os.path.basename(path).split("-")[0]
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        print(path)
+    else:
+        print(f"gpu_check: [suite] {name} {version} is installed: {os.path.basename(path)} not used", file=sys.stderr)
+EOF
+)
+  if [ -z "$wheels" ]; then
+    echo "gpu_check: [suite] nothing to install from $dir"
+    return
+  fi
+  mkdir -p "$site"
+  # --upgrade: a warm machine keeps /tmp/site from an earlier call, and pip --target would otherwise keep the old copy
+  # shellcheck disable=SC2086  # the wheel paths are words (no spaces in wheel names)
+  if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    run_bounded suite wheels "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" $wheels
+  else  # an interpreter without pip: a pure-Python wheel unpacked is the same as installed with --target
+    run_bounded suite wheels "$PYTHON" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) \
+for w in sys.argv[2:]]" "$site" $wheels
+  fi
+  export PYTHONPATH="$PYTHONPATH:$site"
+}
+
+step_suite() {
+  carried_wheels
+  local java coco
+  java=$(command -v java >/dev/null && echo "java on PATH" || echo "no java: procap's tokenizer, METEOR refused")
+  # a module procap imports, not the bare name: pycocoevalcap 1.2 is a namespace package, which any folder satisfies
+  if coco=$("$PYTHON" -c "import glob, os, pycocoevalcap.bleu.bleu as m
+d = os.path.dirname(os.path.dirname(m.__file__))
+print(d, 'with its jars' if glob.glob(d + '/tokenizer/*.jar') else 'without its jars')" 2>/dev/null); then
+    # the slim wheel (docs/gpu.md) has no jars: right without Java, wrong beside it
+    case "$java $coco" in "java on PATH"*"without its jars") java="$java, so the Java-scored tests will fail" ;; esac
+    echo "gpu_check: [suite] pycocoevalcap at $coco ($java)"
+    record suite pycocoevalcap 0 0 "pycocoevalcap: at $coco; $java"
+  else
+    echo "gpu_check: [suite] pycocoevalcap is MISSING: the caption-metric tests will fail (carry its wheel in .whl/:" \
+      "docs/gpu.md, 'Running on a lent machine')"
+    record suite pycocoevalcap 1 0 "pycocoevalcap: missing (no wheel carried in .whl/); $java"
+  fi
+  local tests="${GPU_CHECK_SUITE_TESTS:-}" workers=""
+  if [ -z "$tests" ]; then
+    tests="tests"  # the dry run: two small files, one of them scoring captions through pycocoevalcap
+    [ "$DRY_RUN" = 0 ] || tests="tests/test_choices.py tests/test_evaluate.py::test_perfect_predictions_beat_wrong_ones"
+  fi
+  local checkpoint=tests/convert/data/clevr_like/model.chkpt
+  # the machine's copy of 2026-11-26 lacked the authors' checkpoint, which most of tests/convert reads
+  if [ "$tests" = tests ] && [ ! -f "$checkpoint" ]; then
+    tests="tests --ignore tests/convert"
+    echo "gpu_check: [suite] tests/convert left out: $checkpoint (tracked, 22 MB) did not come with the checkout"
+    record suite authors_checkpoint 1 0 "tests/convert left out: $checkpoint is missing"
+  fi
+  # -n only on the GPU: the dry run's few files start faster in one process than in workers
+  if [ "$DRY_RUN" = 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+    workers="-n ${GPU_CHECK_SUITE_WORKERS:-14}"
+  fi
+  # The quick demo trains on the CPU for minutes (docs/gpu.md). A module that fails to import is counted as an error
+  # rather than stopping the run; junit_family=xunit1 writes each test's file, so the report names failing tests by
+  # their pytest ids.
+  # shellcheck disable=SC2086  # the test paths and the worker arguments are words
+  run_bounded suite suite "$PYTHON" -m pytest $tests -q -rfE -p no:cacheprovider $workers \
+    --deselect tests/test_demo.py::test_quick_demo_end_to_end --continue-on-collection-errors \
+    -o junit_family=xunit1 --junitxml="$PARTS/suite.xml"
 }
 
 finish() {  # the results of the steps so far into OUT_DIR: result.json, parts.tgz, caches.tgz, the extension

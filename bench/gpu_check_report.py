@@ -5,8 +5,9 @@
 Reads ``DIR/steps/*.json`` (one record per step the script ran: command, exit code, seconds), ``DIR/*.xml``
 (pytest JUnit reports), ``DIR/*.bench.json`` (pytest-benchmark reports) and ``DIR/tune.json`` (bench/gpu_tune.py),
 and writes ``FILE`` (temporary file + rename) with the device, versions, date, git commit, every command, the test
-counts, every benchmark (its ``extra_info`` and median), the tuning results and a short summary of the figures a GPU
-run is for. Missing parts are reported as missing, never invented.
+counts (with the ids of failing tests), every benchmark (its ``extra_info`` and median), the tuning results and a
+short summary of the figures a GPU run is for, the whole-suite counts included. Missing parts are reported as
+missing, never invented.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-STEPS = ("setup", "e2e", "kernels", "profile")  # the steps of bench/gpu_check.sh
+STEPS = ("setup", "e2e", "kernels", "profile", "suite")  # the steps of bench/gpu_check.sh
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -57,12 +58,38 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def test_counts(xml_path: Path) -> dict[str, int]:
-    """tests / failures / errors / skipped of a pytest JUnit XML report."""
+def _test_id(case: ET.Element) -> str:
+    """The pytest id of a JUnit ``testcase``: ``path.py::Class::name``.
+
+    With ``junit_family=xunit1`` (as the suite step writes) the case names its file and the id is exact. Without it
+    only the dotted ``classname`` is there, and the module ends before the first capitalised part (a test class).
+    A collection error has no class name: its name is the dotted module.
+    """
+    classname, name = case.get("classname", ""), case.get("name", "")
+    if not classname:
+        return name.replace(".", "/") + ".py" if name and "/" not in name and "::" not in name else name
+    parts = classname.split(".")
+    split = next((i for i, part in enumerate(parts) if part[:1].isupper()), len(parts))
+    file = case.get("file")
+    if file and file.endswith(".py"):
+        module = file[: -len(".py")].replace("/", ".").split(".")
+        if parts[: len(module)] == module:
+            split = len(module)
+    else:
+        file = "/".join(parts[:split]) + ".py"
+    return "::".join([file, *parts[split:], name])
+
+
+def test_counts(xml_path: Path) -> dict[str, Any]:
+    """tests / passed / failures / errors / skipped of a pytest JUnit XML report, and the failing tests' ids."""
     root = ET.parse(xml_path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     keys = ("tests", "failures", "errors", "skipped")
-    return {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
+    counts: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    for key, tag in (("failed_ids", "failure"), ("error_ids", "error")):
+        counts[key] = [_test_id(case) for case in root.iter("testcase") if case.find(tag) is not None]
+    return counts
 
 
 def benchmarks(bench_path: Path) -> list[dict[str, Any]]:
@@ -89,6 +116,29 @@ def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def suite_summary(steps: list[dict[str, Any]], tests: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The whole-suite run in a few lines: counts, failing ids, seconds, whether pycocoevalcap was there, what was
+    left out."""
+    step = next((s for s in steps if s.get("step") == "suite"), None)
+    if step is None:
+        return None
+    commands = {c["name"]: c for c in step.get("commands", [])}
+    counts = tests.get("suite")
+    run = commands.get("suite", {})
+    coco = commands.get("pycocoevalcap")
+    left_out = commands.get("authors_checkpoint")  # the script leaves tests/convert out without its checkpoint
+    return {
+        "counts": {k: counts[k] for k in ("passed", "failures", "errors", "skipped", "tests")} if counts else None,
+        "failing": (counts["failed_ids"] + counts["error_ids"]) if counts else None,
+        "seconds": run.get("seconds"),
+        "exit_code": run.get("exit_code"),
+        "timed_out": run.get("timed_out"),
+        "pycocoevalcap": None if coco is None else {"present": coco["exit_code"] == 0, "detail": coco["command"]},
+        "left_out": None if left_out is None else left_out["command"],
+        "note": None if counts else "no JUnit report: the suite did not run or did not finish (see suite.log)",
+    }
+
+
 def assemble(parts: Path) -> dict[str, Any]:
     steps = [json.loads(p.read_text()) for p in sorted((parts / "steps").glob("*.json"))]
     results = {p.name.removesuffix(".bench.json"): benchmarks(p) for p in sorted(parts.glob("*.bench.json"))}
@@ -105,7 +155,7 @@ def assemble(parts: Path) -> dict[str, Any]:
         "commands": [s.get("command") for s in steps],
         "tests": tests,
         "missing": [name for name in STEPS if name not in {s.get("step") for s in steps}],
-        "summary": summary(results),
+        "summary": {**summary(results), "suite": suite_summary(steps, tests)},
         "benchmarks": results,
         "tune": json.loads(tune.read_text()) if tune.is_file() else None,
     }
