@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     device = validate.device(args.device)
     batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, "pairs given", "caption")
     from procap.fast import Captioner
+    from procap.model.decoding import decoding_strategy
 
     captioner = Captioner.from_checkpoint(
         checkpoint,
@@ -79,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_len=args.max_len,
         batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
-        num_beams=args.beams,
-        length_penalty=args.length_penalty,
+        strategy=decoding_strategy(args.beams, args.length_penalty),
     )
     captions: list[str] = []
     for start in range(0, len(pairs), batch_size):

@@ -130,6 +130,7 @@ def _generator(args: argparse.Namespace, model, vocab, device):
     import torch
 
     from procap.errors import ProCapError
+    from procap.model.decoding import decoding_strategy
 
     if args.ablate:
         if args.fast or args.beams != 1:
@@ -149,9 +150,8 @@ def _generator(args: argparse.Namespace, model, vocab, device):
 
         return ablated
     if not args.fast:
-        return lambda before, after: model.generate(
-            before, after, num_beams=args.beams, length_penalty=args.length_penalty
-        )
+        strategy = decoding_strategy(args.beams, args.length_penalty)
+        return lambda before, after: model.generate(before, after, strategy=strategy)
     from procap.fast import Captioner
 
     captioner = Captioner(
@@ -161,8 +161,7 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         max_len=None,  # the oracle's length: the model's max_caption_len
         batch_sizes=(args.batch_size,),
         copy_model=False,
-        num_beams=args.beams,
-        length_penalty=args.length_penalty,
+        strategy=decoding_strategy(args.beams, args.length_penalty),
     )
     return captioner.generate
 

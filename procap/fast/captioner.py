@@ -18,7 +18,8 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 Every choice that differs between the CPU and CUDA is resolved in one place (:mod:`procap.fast.settings`) from the
 device type the defaults are taken for: ``configure_as="cuda"`` builds and runs the GPU's configuration on a CPU,
 each graph's function run eagerly in place of its capture, which is how CI tests the GPU's code paths. Beam search
-(``num_beams > 1``) always decodes with beams: the eager cached beam search, on every device and configuration.
+(``num_beams > 1``, or a :mod:`procap.model.decoding` strategy) always decodes with beams: the eager cached beam
+search, on every device and configuration.
 
 Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
 then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
@@ -47,7 +48,7 @@ from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_sta
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
 from procap.hub import load_pretrained
-from procap.model.beam import beam_search_cached, check_beam_arguments
+from procap.model.decoding import DecodingStrategy, decoding_strategy
 from procap.validate import canonical_device
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class Captioner:
             batch in the static KV cache, eager: graphs and ``capture_memory`` default to off and refuse to be
             turned on), equal to ``ProCap.generate(num_beams=...)`` in fp32.
         length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
+        strategy: a :mod:`procap.model.decoding` strategy instead of ``num_beams`` / ``length_penalty``; greedy
+            decoding is captured, any other strategy runs its cached form eagerly.
         fused_vqgan: run the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`:
             bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
             GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
@@ -154,12 +157,12 @@ class Captioner:
         torch_compile: bool | dict[str, Any] = False,
         num_beams: int = 1,
         length_penalty: float = 1.0,
+        strategy: DecodingStrategy | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:
-        check_beam_arguments(num_beams, length_penalty)
-        self.num_beams, self.length_penalty = num_beams, float(length_penalty)
+        self.strategy = strategy or decoding_strategy(num_beams, length_penalty)
         self.device = canonical_device(device) if device is not None else default_device()
         configured_type(self.device, configure_as)  # an unknown configure_as is refused before any work
         self.configure_as = configure_as
@@ -250,7 +253,7 @@ class Captioner:
             capture_memory=capture_memory,
             channels_last=channels_last,
             attention_backend=self.attention_backend,
-            num_beams=self.num_beams,
+            strategy=self.strategy,
         )
         self.use_graphs, self.pad_to_bucket = self.settings.use_graphs, self.settings.pad_to_bucket
         self.capture_memory = self.settings.capture_memory
@@ -343,9 +346,9 @@ class Captioner:
     @torch.no_grad()
     def decode(self, memory: torch.Tensor) -> torch.Tensor:
         """Tokens from a memory (b, N, D), b <= the largest bucket -> (b, max_len - 1) on the device."""
-        if self.settings.beam_search:
-            with self._process_flags(), nvtx_range("procap.beam_search", self.device):
-                return beam_search_cached(self.model.decoder, memory, self.max_len, self.num_beams, self.length_penalty)
+        if not self.strategy.captured_step:
+            with self._process_flags(), nvtx_range(f"procap.{self.strategy.name}", self.device):
+                return self.strategy.cached(self.model.decoder, memory, self.max_len)
         b = memory.shape[0]
         bucket = self._bucket(b)
         step = bucket.step_replay() if self.use_graphs else bucket.step

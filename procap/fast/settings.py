@@ -14,8 +14,10 @@ import torch
 
 from procap.attention import select_backend
 from procap.errors import ProCapError
+from procap.model.decoding import DecodingStrategy, Greedy
 
 DEVICE_TYPES = ("cpu", "cuda")  # the device types whose configuration the Captioner knows
+GREEDY = Greedy()
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,8 @@ class Settings:
         capture_memory: the whole pipeline from static input buffers (one graph with ``use_graphs``).
         channels_last: the VQGAN (and its fused encoder) in channels-last layout.
         backend: what the attention backend resolves to on the device that runs.
-        beam_search: ``num_beams > 1``: the eager cached beam search (:func:`procap.model.beam.beam_search_cached`).
+        strategy: the :mod:`procap.model.decoding` strategy; one whose step is not ``captured_step`` (beam search)
+            runs its cached form eagerly.
     """
 
     configured_as: str
@@ -41,7 +44,7 @@ class Settings:
     capture_memory: bool
     channels_last: bool
     backend: str
-    beam_search: bool
+    strategy: DecodingStrategy
 
 
 def configured_type(device: torch.device, configure_as: str | None) -> str:
@@ -72,13 +75,13 @@ def resolve_settings(
     capture_memory: bool | None = None,
     channels_last: bool | None = None,
     attention_backend: str = "auto",
-    num_beams: int = 1,
+    strategy: DecodingStrategy = GREEDY,
 ) -> Settings:
     """Resolve the Captioner's options (None: the default of the configured device type).
 
     The rules: graphs, bucket padding, the whole pipeline from static buffers and channels-last are the CUDA
-    configuration's defaults; beam search decodes eagerly, so with ``num_beams > 1`` graphs and the static pipeline
-    default to off and refuse to be turned on (never a greedy caption where beams were asked for). Graphs on a
+    configuration's defaults; a strategy other than greedy (beam search) decodes eagerly, so with it graphs and the
+    static pipeline default to off and refuse to be turned on (never a greedy caption where beams were asked for). Graphs on a
     device without CUDA graphs need ``configure_as="cuda"``, which says that their functions run eagerly.
 
     Args:
@@ -90,14 +93,14 @@ def resolve_settings(
         ProCapError: a combination that cannot run, in one sentence naming the arguments.
     """
     configured = configured_type(device, configure_as)
-    beams = num_beams > 1
-    if beams and (use_graphs or capture_memory):
+    eager = not strategy.captured_step
+    if eager and (use_graphs or capture_memory):
         flag = "use_graphs" if use_graphs else "capture_memory"
         raise ProCapError(
-            f"{flag}=True decodes greedily; num_beams > 1 runs the eager cached beam search, so leave {flag} unset."
+            f"{flag}=True captures the greedy step; {strategy.name} decoding runs eagerly, so leave {flag} unset."
         )
     if use_graphs is None:
-        use_graphs = configured == "cuda" and not beams
+        use_graphs = configured == "cuda" and not eager
     if use_graphs and device.type != "cuda" and configured != "cuda":
         raise ProCapError(
             f"use_graphs=True needs a CUDA device (got {device}); configure_as='cuda' runs each graph's function "
@@ -118,5 +121,5 @@ def resolve_settings(
         capture_memory=bool(capture_memory),
         channels_last=configured == "cuda" if channels_last is None else bool(channels_last),
         backend=backend,
-        beam_search=beams,
+        strategy=strategy,
     )

@@ -40,8 +40,8 @@ from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams, axial_positions
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
-from procap.model.beam import beam_search
 from procap.model.decoder import PAD_ID, CaptionDecoder
+from procap.model.decoding import DecodingStrategy, decoding_strategy
 from procap.model.encoder import ProcedureEncoder, space_to_depth
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
@@ -401,18 +401,22 @@ class ProCap(PretrainedMixin, nn.Module):
 
     @torch.no_grad()
     def generate_from_memory(
-        self, memory: torch.Tensor, max_len: int | None = None, num_beams: int = 1, length_penalty: float = 1.0
+        self,
+        memory: torch.Tensor,
+        max_len: int | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        strategy: DecodingStrategy | None = None,
     ) -> torch.Tensor:
         """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
         max_len = max_len or self.config.max_caption_len
         if not 2 <= max_len <= self.config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
+        strategy = strategy or decoding_strategy(num_beams, length_penalty)
         was_training = self.training
         self.eval()
         try:
-            if num_beams != 1:
-                return beam_search(self.decoder, memory, max_len, num_beams, length_penalty)
-            return self.decoder.greedy_oracle(memory, max_len)
+            return strategy.oracle(self.decoder, memory, max_len)
         finally:
             self.train(was_training)
 
@@ -425,6 +429,7 @@ class ProCap(PretrainedMixin, nn.Module):
         frames: torch.Tensor | None = None,
         num_beams: int = 1,
         length_penalty: float = 1.0,
+        strategy: DecodingStrategy | None = None,
     ) -> torch.Tensor:
         """Greedy or beam-search captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
 
@@ -434,6 +439,7 @@ class ProCap(PretrainedMixin, nn.Module):
             frames: optional explicit procedure frames (B, T, 3, S, S).
             num_beams: 1 decodes greedily; more runs :func:`procap.model.beam.beam_search` with that many beams.
             length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
+            strategy: a :mod:`procap.model.decoding` strategy instead of the two arguments above.
 
         Returns:
             (B, max_len - 1) int64 tokens after BOS, EOS included, PAD after EOS, [UNK] and other specials
@@ -444,7 +450,8 @@ class ProCap(PretrainedMixin, nn.Module):
         was_training = self.training
         self.eval()
         try:
-            return self.generate_from_memory(self.memory(before, after, frames), max_len, num_beams, length_penalty)
+            memory = self.memory(before, after, frames)
+            return self.generate_from_memory(memory, max_len, num_beams, length_penalty, strategy)
         finally:
             self.train(was_training)
 

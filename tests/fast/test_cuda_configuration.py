@@ -20,6 +20,7 @@ from procap.fast import Captioner
 from procap.fast.graphs import EagerStep
 from procap.fast.settings import resolve_settings
 from procap.model.decoder_step import FusedDecodingState
+from procap.model.decoding import BeamSearch, Greedy
 from procap.model.vqgan_fused import FusedVQGANEncoder
 
 BUCKETS = (1, 4, 8)
@@ -38,16 +39,16 @@ def _cuda_configured(model, **kwargs) -> Captioner:
 def test_the_cuda_defaults_resolve_without_a_gpu():
     greedy = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa")
     assert (greedy.use_graphs, greedy.pad_to_bucket, greedy.capture_memory) == (True, True, True)
-    assert greedy.channels_last and not greedy.beam_search
+    assert greedy.channels_last and greedy.strategy == Greedy()
     assert greedy.configured_as == "cuda"
     cpu = resolve_settings(torch.device("cpu"), torch.float32, attention_backend="sdpa")
     assert (cpu.use_graphs, cpu.pad_to_bucket, cpu.capture_memory, cpu.channels_last) == (False,) * 4
     # Beam search decodes eagerly on CUDA too: nothing resolves to the greedy static path.
-    beams = resolve_settings(torch.device("cuda"), torch.bfloat16, num_beams=3)
-    assert beams.beam_search and not beams.use_graphs and not beams.capture_memory
+    beams = resolve_settings(torch.device("cuda"), torch.bfloat16, strategy=BeamSearch(3))
+    assert not beams.use_graphs and not beams.capture_memory
     for flag in ("use_graphs", "capture_memory"):
-        with pytest.raises(ProCapError, match=f"{flag}=True decodes greedily"):
-            resolve_settings(torch.device("cuda"), torch.bfloat16, num_beams=3, **{flag: True})
+        with pytest.raises(ProCapError, match=f"{flag}=True captures the greedy step; beam decoding runs eagerly"):
+            resolve_settings(torch.device("cuda"), torch.bfloat16, strategy=BeamSearch(3), **{flag: True})
 
 
 def test_configure_as_cuda_is_the_cuda_configuration(trained):
@@ -93,7 +94,7 @@ def test_step_graph_tokens_equal_generate(trained, pairs, batch):
 def test_beams_decode_with_beams_in_the_cuda_configuration(trained, pairs, batch):
     model = trained[0]
     captioner = _cuda_configured(model, num_beams=3)
-    assert captioner.settings.beam_search and not captioner.capture_memory and not captioner.use_graphs
+    assert captioner.strategy == BeamSearch(3) and not captioner.capture_memory and not captioner.use_graphs
     before, after = pairs[0][:batch], pairs[1][:batch]
     beams = captioner.generate(before, after)
     assert torch.equal(beams, model.generate(before, after, max_len=16, num_beams=3))

@@ -113,3 +113,25 @@ def test_authors_variant_beams_cached_equal_the_oracle():
     memory = torch.randn(4, decoder.memory_len, config.dec_dim)
     oracle = beam_search(decoder, memory, 8, 3)
     assert torch.equal(beam_search_cached(decoder, memory, 8, 3), oracle)
+
+
+def test_strategies_are_one_object_each():
+    from procap.model.decoding import STRATEGIES, BeamSearch, Greedy, decoding_strategy
+
+    assert decoding_strategy() == Greedy() and decoding_strategy(4, 0.5) == BeamSearch(4, 0.5)
+    assert set(STRATEGIES) == {"greedy", "beam"} and STRATEGIES["beam"] is BeamSearch
+    assert Greedy.captured_step and not BeamSearch.captured_step
+    with pytest.raises(ProCapError, match="num_beams must be an integer >= 1"):
+        BeamSearch(0)
+    with pytest.raises(ProCapError, match="length_penalty must be a finite number"):
+        decoding_strategy(2, float("nan"))
+
+
+def test_a_strategy_is_the_same_rule_in_both_forms(model):
+    from procap.model.decoding import BeamSearch, Greedy
+
+    memory = torch.randn(3, model.decoder.memory_len, model.config.dec_dim)
+    for strategy in (Greedy(), BeamSearch(3, 0.7)):
+        oracle = strategy.oracle(model.decoder.eval(), memory, 6)
+        assert torch.equal(strategy.cached(model.decoder, memory, 6), oracle)
+        assert torch.equal(model.generate_from_memory(memory, 6, strategy=strategy), oracle)
