@@ -38,11 +38,6 @@ MAX_LEN = 25  # 24 decoding steps after BOS, the paper's counting
 CHUNK = 64
 
 
-class _NoVocab:
-    def decode(self, ids):
-        return ""
-
-
 def _oracle_lengths(oracle: torch.Tensor) -> torch.Tensor:
     """Tokens per row up to and including EOS (all steps where there is no EOS)."""
     is_eos = oracle == EOS_ID
@@ -129,7 +124,7 @@ def profile(model: ProCap, device: torch.device, out_dir: Path, batch: int = 32)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    captioner = Captioner(model, _NoVocab(), device=device, dtype=torch.bfloat16, max_len=MAX_LEN, batch_sizes=(batch,))
+    captioner = Captioner(model, None, device=device, dtype=torch.bfloat16, max_len=MAX_LEN, batch_sizes=(batch,))
     before, after = (t.to(device) for t in _random_images(batch, model.config.image_size))
     for _ in range(3):  # capture the graphs and warm up outside the trace
         captioner.generate(before, after)
@@ -193,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = _random_model(args.random_preset, args.k, device)
         before, after = _random_images(args.pairs, model.config.image_size)
-        run = compare(model, _NoVocab(), before, after, device)
+        run = compare(model, None, before, after, device)
         result.update(model=f"{args.random_preset} (random weights, k={args.k})", **run["figures"])
         if args.profile:
             result["profile_top_kernels_b32"] = profile(model, device, args.profile)

@@ -204,9 +204,6 @@ def kernel_table(name: str, kernels: list[dict[str, Any]]) -> str:
 
 
 # -- the GPU side ----------------------------------------------------------------------------------------------------
-class _NoVocab:
-    def decode(self, ids: Any) -> str:
-        return ""
 
 
 class TuneSession:
@@ -245,7 +242,7 @@ class TuneSession:
         from procap.fast import Captioner
 
         counter = Captioner(
-            self.model, _NoVocab(), device=self.device, dtype=torch.float32, max_len=STEPS + 1, batch_sizes=(1,),
+            self.model, None, device=self.device, dtype=torch.float32, max_len=STEPS + 1, batch_sizes=(1,),
             use_graphs=False, attention_backend="math", fused_vqgan=False,
         )  # fmt: skip
         with use_backend("math"), FlopCounterMode(display=False) as flops:
@@ -264,7 +261,7 @@ class TuneSession:
         try:
             options = copy.deepcopy(variant.captioner)
             captioner = Captioner(
-                self.model, _NoVocab(), device=self.device, dtype=torch.bfloat16, max_len=STEPS + 1,
+                self.model, None, device=self.device, dtype=torch.bfloat16, max_len=STEPS + 1,
                 batch_sizes=tuple(args.batches), copy_model=True, **options,
             )  # fmt: skip
             result: dict[str, Any] = {"description": variant.description, "batches": {}}

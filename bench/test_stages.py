@@ -53,11 +53,6 @@ def _cpu_threads(bench_device):
     torch.set_num_threads(threads)
 
 
-class _NoVocab:
-    def decode(self, ids):
-        return ""
-
-
 def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], object]]:
     """One callable per stage on the Captioner's prepared model; intermediate inputs computed once here."""
     key = (device.type, batch)
@@ -67,7 +62,7 @@ def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], objec
     torch.manual_seed(0)
     with torch.device(device):
         model = ProCap(config).eval()
-    captioner = Captioner(model, _NoVocab(), device=device, max_len=STEPS + 1, batch_sizes=(batch,), copy_model=False)
+    captioner = Captioner(model, None, device=device, max_len=STEPS + 1, batch_sizes=(batch,), copy_model=False)
     m, dtype = captioner.model, captioner.dtype
     s = config.image_size
     before, after = (torch.rand(batch, 3, s, s, device=device, dtype=dtype) for _ in range(2))
@@ -79,7 +74,7 @@ def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], objec
         encoded = m.encoder(tokens)
         memory = m.memory_mlp(encoded)
     pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-    bucket = Bucket(m, batch, STEPS + 1, dtype, device, pool, captioner.decoder)  # what the Captioner decodes with
+    bucket = Bucket(m, batch, STEPS + 1, dtype, device, pool)  # what the Captioner decodes with
     bucket.prefill(memory)
     step = bucket.step_replay() if captioner.use_graphs else bucket.step
 

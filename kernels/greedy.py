@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from procap.kernels._common import as_stored
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
-from procap.kernels.groupnorm import _as_stored
 
 PAD_ID, EOS_ID = 0, 5  # procap.model.decoder's ids (kernels/ does not import the model; a test checks they agree)
 BLOCK_ROWS = 16
@@ -113,7 +113,7 @@ def _greedy_step_kernel(
                 ok = row_ok[:, None] & (dims < D)[None, :]
                 e = tl.load(Embed_ptr + token[:, None] * D + dims[None, :], mask=ok, other=0.0).to(tl.float32)
                 p = tl.load(PosEmbed_ptr + following * D + dims, mask=dims < D, other=0.0).to(tl.float32)
-                value = _as_stored(e + p[None, :], X_ptr, ROUND_BF16)
+                value = as_stored(e + p[None, :], X_ptr, ROUND_BF16)
                 tl.store(
                     X_ptr + rows.to(tl.int64)[:, None] * D + dims[None, :], value.to(X_ptr.dtype.element_ty), mask=ok
                 )

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from procap.kernels._common import as_stored, memory_layout, round_to_bf16_rne, row_strides
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
@@ -104,26 +105,10 @@ def group_norm_ref(
 
 
 @triton_jit
-def _round_to_bf16_rne(x):
-    """Round fp32 to the nearest bf16 (ties to even), kept in fp32: the interpreter's cast truncates, GPUs round."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton_jit
 def _silu_grad(z):
     """d silu(z) / dz = sigmoid(z) * (1 + z * (1 - sigmoid(z)))."""
     sig = tl.sigmoid(z)
     return sig * (1.0 + z * (1.0 - sig))
-
-
-@triton_jit
-def _as_stored(x, like_ptr, ROUND_BF16: tl.constexpr):
-    """fp32 ``x`` rounded to the storage dtype of ``like_ptr`` and back, as a separate eager add would leave it."""
-    if ROUND_BF16:
-        x = _round_to_bf16_rne(x)
-    return x.to(like_ptr.dtype.element_ty).to(tl.float32)
 
 
 @triton_jit
@@ -140,9 +125,9 @@ def _summed_input(
     """The tensor the norm sees, in fp32: ``(x + in_bias) + residual``, each add rounded like the reference's."""
     x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_IN_BIAS:  # the bias of the convolution that produced x, never materialised on its own
-        x = _as_stored(x + in_bias, X_ptr, ROUND_BF16)
+        x = as_stored(x + in_bias, X_ptr, ROUND_BF16)
     if HAS_RESIDUAL:
-        x = _as_stored(x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
+        x = as_stored(x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
     return x
 
 
@@ -382,7 +367,7 @@ def _group_norm_apply_kernel(
     if SILU:
         y = y * tl.sigmoid(y)
     if ROUND_BF16:
-        y = _round_to_bf16_rne(y)
+        y = round_to_bf16_rne(y)
     tl.store(Y_ptr + offs, y.to(Y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -488,20 +473,8 @@ def _group_norm_bwd_apply_kernel(
     if HAS_DS:
         dx += tl.load(DS_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     if ROUND_BF16:
-        dx = _round_to_bf16_rne(dx)
+        dx = round_to_bf16_rne(dx)
     tl.store(DX_ptr + offs, dx.to(DX_ptr.dtype.element_ty), mask=ok)
-
-
-def _layout(x: torch.Tensor) -> torch.memory_format:
-    """The memory format the launch uses for x: channels-last unless x is already contiguous NCHW."""
-    if x.is_contiguous(memory_format=torch.channels_last) or not x.is_contiguous():
-        return torch.channels_last
-    return torch.contiguous_format
-
-
-def _strides(x: torch.Tensor) -> tuple[int, int, int]:
-    """(sample, row, channel) strides of a dense (B, C, H, W) tensor viewed as (B, H*W, C)."""
-    return x.stride(0), x.stride(3), x.stride(1)
 
 
 def _blocks(channels: int, block_hw: int | None, tile_elements: int = TILE_ELEMENTS) -> tuple[int, int]:
@@ -598,7 +571,7 @@ def group_norm_fwd(
     write_sum = summed if write_sum is None else write_sum and summed
     if residual is not None and not write_sum:
         raise ValueError("with a residual the sum is always written (the apply kernel reads it)")
-    layout = _layout(x)
+    layout = memory_layout(x)
     x = x.contiguous(memory_format=layout)
     s = torch.empty_like(x) if write_sum else x
     batch, channels, height, width = x.shape
@@ -632,7 +605,7 @@ def group_norm_fwd(
         hw,
         channels,
         rows_per_chunk,
-        *_strides(x),
+        *row_strides(x),
         HAS_RESIDUAL=residual is not None,
         HAS_IN_BIAS=in_bias is not None,
         WRITE_SUM=write_sum,
@@ -669,7 +642,7 @@ def group_norm_fwd(
         bias.contiguous(),
         hw,
         channels,
-        *_strides(x),
+        *row_strides(x),
         HAS_IN_BIAS=in_bias is not None and not write_sum,
         SILU=silu,
         ROUND_BF16=round_bf16,
@@ -724,7 +697,7 @@ def group_norm_bwd(
     Returns:
         ``(dx, dweight, dbias)``: dx in s's layout and dtype (the gradient of x and of the residual), fp32 (C,) sums.
     """
-    layout = _layout(s)
+    layout = memory_layout(s)
     dy = dy.contiguous(memory_format=layout)
     batch, channels, height, width = s.shape
     hw = height * width
@@ -748,7 +721,7 @@ def group_norm_bwd(
         channels,
         rstd.shape[1],
         rows_per_chunk,
-        *_strides(s),
+        *row_strides(s),
         SILU=silu,
         BLOCK_HW=block_hw,
         BLOCK_C=block_c,
@@ -769,7 +742,7 @@ def group_norm_bwd(
         gamma,
         hw,
         channels,
-        *_strides(s),
+        *row_strides(s),
         SILU=silu,
         HAS_DS=ds is not None,
         ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,

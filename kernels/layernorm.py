@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from procap.kernels._common import as_stored
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
-from procap.kernels.groupnorm import _as_stored
 
 
 def add_layer_norm_ref(
@@ -59,14 +59,14 @@ def _add_layer_norm_kernel(
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
     x = tl.load(X_ptr + row + cols, mask=ok, other=0.0).to(tl.float32)
-    x = _as_stored(x + tl.load(H_ptr + row + cols, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
+    x = as_stored(x + tl.load(H_ptr + row + cols, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
     tl.store(X_ptr + row + cols, x.to(X_ptr.dtype.element_ty), mask=ok)
     mean = tl.sum(x, axis=0) / D
     centered = tl.where(ok, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt_rn(tl.sum(centered * centered, axis=0) / D + eps)
     w = tl.load(W_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(B_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    y = _as_stored(centered * rstd * w + b, X_ptr, ROUND_BF16)
+    y = as_stored(centered * rstd * w + b, X_ptr, ROUND_BF16)
     tl.store(Y_ptr + row + cols, y.to(Y_ptr.dtype.element_ty), mask=ok)
 
 

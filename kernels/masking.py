@@ -31,6 +31,7 @@ import torch
 
 from procap.config import MASKING_SCHEMES
 from procap.kernels import _ext
+from procap.kernels._common import round_to_bf16_rne
 from procap.kernels.dispatch import (
     INTERPRETED,
     FusedOp,
@@ -157,18 +158,6 @@ def _mask_bits(rows, row_ok, N, H, W, Scheme_ptr, Prob_ptr, U_ptr, Block_ptr, st
 
 
 @triton_jit
-def _round_to_bf16_rne(x):
-    """Round fp32 to the nearest bf16 (ties to even), kept in fp32.
-
-    Only for the interpreter, whose fp32 -> bf16 cast truncates; on GPUs the cast itself rounds to nearest even.
-    Afterwards the truncating cast is exact, so interpreted and compiled kernels store the same bits.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton_jit
 def _masking_fwd_kernel(
     X_ptr,
     Out_ptr,
@@ -215,7 +204,7 @@ def _masking_fwd_kernel(
     pos = (pf + pr) + pc  # same association as axial_positions()
     out = tl.where(masked[:, None], em[None, :], x) + pos
     if ROUND_BF16:
-        out = _round_to_bf16_rne(out)
+        out = round_to_bf16_rne(out)
     tl.store(Out_ptr + offs, out.to(Out_ptr.dtype.element_ty), mask=ok)
     if pid_d == 0:  # one column tile writes the mask
         tl.store(Mask_ptr + rows, masked.to(tl.int8), mask=row_ok)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from procap.kernels._common import as_stored, memory_layout, row_strides
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
-from procap.kernels.groupnorm import _as_stored, _layout, _strides
 
 BLOCK_C_MAX = 128
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
@@ -62,9 +62,9 @@ def _bias_add_kernel(
     ok = (rows < HW)[:, None] & col_ok[None, :]
     offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
     bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    out = _as_stored(tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32) + bias[None, :], X_ptr, ROUND_BF16)
+    out = as_stored(tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32) + bias[None, :], X_ptr, ROUND_BF16)
     if HAS_RESIDUAL:
-        out = _as_stored(out + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
+        out = as_stored(out + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
     tl.store(Out_ptr + offs, out.to(Out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -76,7 +76,7 @@ def bias_add_triton(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor 
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
     if not triton_can_take(x):
         raise ValueError(f"the Triton bias add needs CUDA tensors, got {x.device}")
-    layout = _layout(x)
+    layout = memory_layout(x)
     x = x.contiguous(memory_format=layout)
     r = x if residual is None else residual.contiguous(memory_format=layout)
     out = torch.empty_like(x)
@@ -91,7 +91,7 @@ def bias_add_triton(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor 
         out,
         hw,
         channels,
-        *_strides(x),
+        *row_strides(x),
         HAS_RESIDUAL=residual is not None,
         ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
         BLOCK_HW=block_hw,

@@ -33,6 +33,18 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def fresh_dispatch(monkeypatch):
+    """The kernels' implementation choice made afresh (no ``PROCAP_KERNELS`` override) before and after a test;
+    kernel tests take it with ``pytestmark = pytest.mark.usefixtures("fresh_dispatch")``."""
+    from procap import kernels  # after TRITON_INTERPRET is set above
+
+    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
+    kernels.reset_dispatch()
+    yield
+    kernels.reset_dispatch()
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

@@ -22,6 +22,14 @@ from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID
 # The one CUDA skip marker. A string condition is evaluated lazily, so collection never initialises CUDA.
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
+
+class IdVocab:
+    """Stands in for a Vocabulary where only token ids matter: ``decode`` gives the ids as text."""
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
 # -- kernels: which implementations can run here, where their inputs live, error measures -------------------------
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

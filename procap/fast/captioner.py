@@ -92,7 +92,8 @@ class Captioner:
 
     Args:
         model: a trained :class:`procap.model.procap.ProCap` (copied; the original is left as it is).
-        vocab: the model's :class:`procap.data.Vocabulary`.
+        vocab: the model's :class:`procap.data.Vocabulary`; None for a Captioner that only gives tokens
+            (:meth:`generate`; benchmarks), whose :meth:`__call__` then refuses to write words.
         device: where to run (default: CUDA when available, else CPU).
         dtype: compute dtype (default: bf16 in the CUDA configuration, fp32 on CPU); a string like ``"bf16"`` works too.
         max_len: caption length including BOS; ``max_len - 1`` tokens are decoded (no early exit).
@@ -142,7 +143,7 @@ class Captioner:
     def __init__(
         self,
         model: ProCap,
-        vocab: Vocabulary,
+        vocab: Vocabulary | None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
         max_len: int | None = None,
@@ -428,11 +429,16 @@ class Captioner:
             befores, afters: equally long sequences of paths, PIL images, numpy (H, W, 3) uint8 arrays or
                 tensors, or (B, 3, S, S) float tensors in [0, 1].
         """
+        self._require_vocab()
         before, after = self.images(befores), self.images(afters)
         if before.shape[0] != after.shape[0]:
             raise ProCapError(f"got {before.shape[0]} before images but {after.shape[0]} after images")
         tokens = self.generate(before, after).cpu().tolist()
         return [self.model.caption_text(self.vocab, row) for row in tokens]
+
+    def _require_vocab(self) -> None:
+        if self.vocab is None:
+            raise ProCapError("this Captioner was built without a vocabulary: give one to get words, or call generate")
 
     def caption(self, before: Any, after: Any) -> str:
         """Caption one pair (a path, PIL image, numpy array or tensor each)."""

@@ -12,14 +12,7 @@ from PIL import Image
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
-from tests.support import requires_cuda
-
-
-class _IdVocab:
-    """Stands in for Vocabulary where only token ids matter: decode = the ids as text."""
-
-    def decode(self, ids):
-        return " ".join(str(i) for i in ids)
+from tests.support import IdVocab, requires_cuda
 
 
 @pytest.mark.parametrize("pad_to_bucket", [False, True])
@@ -29,7 +22,7 @@ def test_fp32_tokens_equal_generate(trained, pairs, batch, pad_to_bucket):
     before, after = pairs[0][:batch], pairs[1][:batch]
     # Buckets (1, 4, 8): 3 pads up to 4, 12 is split into chunks of 8 + 4.
     captioner = Captioner(
-        model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), pad_to_bucket=pad_to_bucket
+        model, IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), pad_to_bucket=pad_to_bucket
     )
     expected = model.generate(before, after, max_len=16)
     got = captioner.generate(before, after)
@@ -43,13 +36,13 @@ def test_static_input_path_equals_generate(trained, pairs, batch):
     # capture_memory's code path (static, bucket-padded image buffers) run eagerly on the CPU.
     model, _, _ = trained
     before, after = pairs[0][:batch], pairs[1][:batch]
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), capture_memory=True)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(1, 4, 8), capture_memory=True)
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
 
 
 def test_shorter_max_len_and_reuse(trained, pairs):
     model, _, _ = trained
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=6, batch_sizes=(4,), pad_to_bucket=True)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=6, batch_sizes=(4,), pad_to_bucket=True)
     for start in (0, 4, 8):  # the same static state serves every batch
         before, after = pairs[0][start : start + 4], pairs[1][start : start + 4]
         assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=6))
@@ -58,7 +51,7 @@ def test_shorter_max_len_and_reuse(trained, pairs):
 def test_default_length_is_the_models_max_caption_len(trained, pairs):
     """Without max_len a Captioner decodes the model's whole caption length, whatever that is (16 here)."""
     model, _, _ = trained
-    captioner = Captioner(model, _IdVocab(), device="cpu", batch_sizes=(4,))
+    captioner = Captioner(model, IdVocab(), device="cpu", batch_sizes=(4,))
     before, after = pairs[0][:4], pairs[1][:4]
     tokens = captioner.generate(before, after)
     assert captioner.max_len == model.config.max_caption_len and tokens.shape == (4, model.config.max_caption_len - 1)
@@ -68,7 +61,7 @@ def test_default_length_is_the_models_max_caption_len(trained, pairs):
 def test_model_is_not_modified(trained):
     model, _, _ = trained
     weight = model.decoder.embed.weight
-    Captioner(model, _IdVocab(), device="cpu", dtype="bf16", max_len=8)
+    Captioner(model, IdVocab(), device="cpu", dtype="bf16", max_len=8)
     assert model.decoder.embed.weight is weight and weight.dtype == torch.float32
 
 
@@ -93,20 +86,20 @@ def test_input_types_give_identical_tensors(tmp_path, side):
 
 def test_call_accepts_mixed_inputs(trained, pairs, tmp_path):
     model, _, _ = trained
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16)
     before, after = pairs[0][:3], pairs[1][:3]
     as_u8 = [(img.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy() for img in before]
     befores = [_png(tmp_path, as_u8[0], "b0.png"), Image.fromarray(as_u8[1]), as_u8[2]]
     exact = torch.stack([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in as_u8])
     expected = model.generate(exact, after, max_len=16).tolist()
-    assert captioner(befores, list(after)) == [_IdVocab().decode(row) for row in expected]
-    assert captioner.caption(as_u8[0], after[0]) == _IdVocab().decode(expected[0])
+    assert captioner(befores, list(after)) == [IdVocab().decode(row) for row in expected]
+    assert captioner.caption(as_u8[0], after[0]) == IdVocab().decode(expected[0])
     assert captioner(exact, after) == captioner(befores, after)  # a batched tensor works too
 
 
 def test_bad_inputs(trained, tmp_path):
     model, _, _ = trained
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=8)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=8)
     img = torch.rand(3, 32, 32)
     with pytest.raises(ProCapError, match="2 before images but 1 after"):
         captioner([img, img], [img])
@@ -117,11 +110,15 @@ def test_bad_inputs(trained, tmp_path):
     with pytest.raises(ProCapError, match="type int"):
         captioner([3], [img])
     with pytest.raises(ProCapError, match="max_len"):
-        Captioner(model, _IdVocab(), device="cpu", max_len=99)
+        Captioner(model, IdVocab(), device="cpu", max_len=99)
     with pytest.raises(ProCapError, match="unknown dtype"):
-        Captioner(model, _IdVocab(), device="cpu", dtype="int8", max_len=8)
+        Captioner(model, IdVocab(), device="cpu", dtype="int8", max_len=8)
     with pytest.raises(ProCapError, match="CUDA"):
-        Captioner(model, _IdVocab(), device="cpu", use_graphs=True, max_len=8)
+        Captioner(model, IdVocab(), device="cpu", use_graphs=True, max_len=8)
+    tokens_only = Captioner(model, None, device="cpu", max_len=8)  # benchmarks: generate needs no words
+    assert tokens_only.generate(img[None], img[None]).shape == (1, 7)
+    with pytest.raises(ProCapError, match="without a vocabulary"):
+        tokens_only([img], [img])
 
 
 def test_vocabulary_decodes_captions(trained, pairs, vocab):
@@ -144,10 +141,10 @@ def test_graph_replay_equals_eager(trained, pairs, max_len):
         "batch_sizes": (1, 4, 8, 16),
         "pad_to_bucket": True,
     }
-    graphed = Captioner(model, _IdVocab(), use_graphs=True, capture_memory=False, **kwargs)
-    eager = Captioner(model, _IdVocab(), use_graphs=False, **kwargs)
-    whole = Captioner(model, _IdVocab(), use_graphs=True, **kwargs)  # the default: one graph per bucket
-    static_eager = Captioner(model, _IdVocab(), use_graphs=False, capture_memory=True, **kwargs)
+    graphed = Captioner(model, IdVocab(), use_graphs=True, capture_memory=False, **kwargs)
+    eager = Captioner(model, IdVocab(), use_graphs=False, **kwargs)
+    whole = Captioner(model, IdVocab(), use_graphs=True, **kwargs)  # the default: one graph per bucket
+    static_eager = Captioner(model, IdVocab(), use_graphs=False, capture_memory=True, **kwargs)
     for batch in (1, 3, 8, 12):  # new buckets are captured as they appear
         before, after = pairs[0][:batch], pairs[1][:batch]
         assert torch.equal(graphed.generate(before, after), eager.generate(before, after))
@@ -160,7 +157,7 @@ def test_graph_replay_equals_eager(trained, pairs, max_len):
 def test_bf16_agreement_with_fp32_oracle(trained, pairs):
     model, _, _ = trained
     before, after = pairs
-    fast = Captioner(model, _IdVocab(), device="cuda", dtype=torch.bfloat16, max_len=16).generate(before, after)
+    fast = Captioner(model, IdVocab(), device="cuda", dtype=torch.bfloat16, max_len=16).generate(before, after)
     ref = model.generate(before, after, max_len=16)
     agreement = (fast.cpu() == ref).float().mean().item()
     first = (fast.cpu()[:, 0] == ref[:, 0]).float().mean().item()
@@ -173,14 +170,14 @@ def test_bf16_agreement_with_fp32_oracle(trained, pairs):
 def test_fp32_cuda_tokens_equal_generate(trained, pairs):
     model, _, _ = trained
     torch.backends.cuda.matmul.allow_tf32 = False
-    captioner = Captioner(model, _IdVocab(), device="cuda", dtype=torch.float32, max_len=16)
+    captioner = Captioner(model, IdVocab(), device="cuda", dtype=torch.float32, max_len=16)
     ref = copy.deepcopy(model).to("cuda").generate(pairs[0].cuda(), pairs[1].cuda(), max_len=16)
     assert (captioner.generate(*pairs) == ref).float().mean().item() >= 0.95
 
 
 def test_to_drops_cached_states(trained, pairs):
     model, _, _ = trained
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=8)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=8)
     captioner.generate(pairs[0][:2], pairs[1][:2])
     assert captioner._buckets
     captioner.to("cpu", torch.float64)
@@ -205,7 +202,7 @@ def test_torch_compile_path_equals_generate(trained, pairs, backend):
         return graph_module.forward
 
     options = {"backend": recording if backend == "recording" else backend}
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), torch_compile=options)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), torch_compile=options)
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
     assert set(captioner.model.state_dict()) == set(model.state_dict())
     if backend == "recording":

@@ -22,18 +22,14 @@ from procap.fast.settings import resolve_settings
 from procap.model.decoder_step import FusedDecodingState
 from procap.model.decoding import BeamSearch, Greedy
 from procap.model.vqgan_fused import FusedVQGANEncoder
+from tests.support import IdVocab
 
 BUCKETS = (1, 4, 8)
 
 
-class _IdVocab:
-    def decode(self, ids):
-        return " ".join(str(i) for i in ids)
-
-
 def _cuda_configured(model, **kwargs) -> Captioner:
     options = {"device": "cpu", "dtype": "fp32", "max_len": 16, "batch_sizes": BUCKETS, "configure_as": "cuda"}
-    return Captioner(model, _IdVocab(), **(options | kwargs))
+    return Captioner(model, IdVocab(), **(options | kwargs))
 
 
 def test_the_cuda_defaults_resolve_without_a_gpu():
@@ -53,7 +49,7 @@ def test_the_cuda_defaults_resolve_without_a_gpu():
 
 def test_configure_as_cuda_is_the_cuda_configuration(trained):
     model = trained[0]
-    captioner = Captioner(model, _IdVocab(), device="cpu", configure_as="cuda", attention_backend="sdpa")
+    captioner = Captioner(model, IdVocab(), device="cpu", configure_as="cuda", attention_backend="sdpa")
     expected = resolve_settings(torch.device("cuda"), torch.bfloat16, attention_backend="sdpa")
     assert captioner.settings == expected
     assert captioner.dtype == torch.bfloat16
@@ -63,7 +59,7 @@ def test_configure_as_cuda_is_the_cuda_configuration(trained):
     assert isinstance(encoder, FusedVQGANEncoder) and encoder.channels_last
     assert captioner.model.vqgan.quant_conv.weight.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ProCapError, match="configure_as must be one of"):
-        Captioner(model, _IdVocab(), device="cpu", configure_as="tpu")
+        Captioner(model, IdVocab(), device="cpu", configure_as="tpu")
 
 
 @pytest.mark.parametrize("batch", [1, 3, 5, 8, 12])  # each bucket, odd sizes, a batch split into 8 + 4
@@ -123,7 +119,7 @@ def test_bad_pixels_are_refused_and_do_not_stay_in_the_bucket(trained, pairs):
 
 def test_bf16_default_runs_and_agrees_with_the_fp32_oracle(trained, pairs):
     model = trained[0]
-    captioner = Captioner(model, _IdVocab(), device="cpu", max_len=16, batch_sizes=BUCKETS, configure_as="cuda")
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=BUCKETS, configure_as="cuda")
     assert captioner.dtype == torch.bfloat16
     fast, ref = captioner.generate(*pairs), model.generate(*pairs, max_len=16)
     first = (fast[:, 0] == ref[:, 0]).float().mean().item()
@@ -143,4 +139,4 @@ def test_to_keeps_the_configuration(trained, pairs):
 
 def test_graphs_on_the_cpu_need_the_cuda_configuration(trained):
     with pytest.raises(ProCapError, match="configure_as='cuda'"):
-        Captioner(trained[0], _IdVocab(), device="cpu", use_graphs=True)
+        Captioner(trained[0], IdVocab(), device="cpu", use_graphs=True)

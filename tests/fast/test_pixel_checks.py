@@ -10,17 +10,13 @@ from PIL import Image
 from procap.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import check_pixels, to_image_tensor
-
-
-class _Words:
-    def decode(self, ids):
-        return " ".join(str(i) for i in ids)
+from tests.support import IdVocab
 
 
 @pytest.fixture(params=[None, "cuda"], ids=["cpu-configuration", "cuda-configuration"])
 def captioner(trained, request):
     # "cuda": the GPU's whole-pipeline path (pixel statistics inside the would-be graph), run on the CPU.
-    return Captioner(trained[0], _Words(), device="cpu", dtype="fp32", max_len=6, configure_as=request.param)
+    return Captioner(trained[0], IdVocab(), device="cpu", dtype="fp32", max_len=6, configure_as=request.param)
 
 
 def _bad(kind: str, shape=(3, 32, 32)) -> torch.Tensor:
@@ -124,7 +120,7 @@ def test_pixel_statistics_are_read_once_after_the_work(trained, monkeypatch, cap
     from procap.fast.bucket import Bucket
 
     captioner = Captioner(
-        trained[0], _Words(), device="cpu", max_len=4, batch_sizes=(4,), capture_memory=capture_memory
+        trained[0], IdVocab(), device="cpu", max_len=4, batch_sizes=(4,), capture_memory=capture_memory
     )
     events: list[str] = []
     real_step, real_raise = Bucket.step, captioner_module._raise_for_bad_pixels

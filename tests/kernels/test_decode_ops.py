@@ -13,13 +13,7 @@ from procap.kernels.layernorm import add_layer_norm_ref
 from procap.model import decoder
 from tests.support import DTYPES, impl_device, max_abs_err
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

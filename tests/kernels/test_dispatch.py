@@ -19,12 +19,7 @@ from tests.support import impl_params
 requires_ext = pytest.mark.skipif(not _ext.AVAILABLE, reason=f"C++ extension not built ({_ext.LOAD_ERROR})")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
 
 def _masking_args(dtype=torch.float32, batch=2, frames=2, grid_h=2, grid_w=3, dim=8):

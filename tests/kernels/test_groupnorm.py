@@ -18,17 +18,10 @@ IMPLS = ["reference", "triton"]
 # (B, C, H, W), groups: odd spatial sizes, 3 channels per group (not a power of two), one channel per group, H*W = 1.
 SHAPES = [((2, 64, 7, 9), 32), ((1, 96, 5, 13), 32), ((3, 32, 3, 3), 32), ((2, 128, 1, 1), 32), ((1, 24, 4, 6), 4)]
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:overflow encountered in exp:RuntimeWarning"
-)  # the interpreter's sigmoid
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),  # the interpreter's sigmoid
+    pytest.mark.usefixtures("fresh_dispatch"),
+]
 
 
 def _inputs(shape, dtype, device, channels_last=True, residual=False, requires_grad=False, offset=5.0):

@@ -9,13 +9,7 @@ from procap import kernels
 from procap.kernels.residual import bias_add_ref
 from tests.support import DTYPES, impl_device
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

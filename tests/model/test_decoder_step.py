@@ -22,12 +22,7 @@ from procap.model.decoder import BOS_ID, CaptionDecoder, greedy_decode, suppress
 MAX_STEP_OPS = 30  # the clevr decoder (2 layers): 13 per layer, a LayerNorm, the logits GEMM and the pick
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
 
 def _decode_both(decoder: torch.nn.Module, memory: torch.Tensor, max_len: int):

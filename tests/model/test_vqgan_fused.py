@@ -24,12 +24,7 @@ CONFIG = VQGANConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dispatch(monkeypatch):
-    monkeypatch.delenv("PROCAP_KERNELS", raising=False)
-    kernels.reset_dispatch()
-    yield
-    kernels.reset_dispatch()
+pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
 
 def _encoder(seed: int = 0) -> torch.nn.Module:
