@@ -28,7 +28,8 @@ from setuptools import find_packages, setup
 DEFAULT_CUDA_ARCHS = "8.0;8.6;9.0+PTX"
 CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]  # no FMA contraction: round like the reference
 WITHOUT_EXTENSION = (
-    "procap is installed without it: procap.kernels uses Triton on CUDA and the PyTorch references on CPU."
+    "procap is installed without the C++ extension: procap.kernels runs Triton (where installed) on CUDA and the "
+    "PyTorch references elsewhere."
 )
 
 
