@@ -1,7 +1,11 @@
-"""The distribution: its name on PyPI, the extras split, `procap --version`, missing extras named in one sentence."""
+"""The distribution: its name on PyPI, the extras split, a core without triton, `procap --version`, missing extras
+named in one sentence."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,8 +29,10 @@ def test_the_distribution_is_not_the_unrelated_procap_and_keeps_the_command():
 
 def test_the_core_is_lean_and_every_extra_of_the_table_exists():
     core = {dep.split(">")[0].split(";")[0].split("=")[0].strip() for dep in PROJECT["dependencies"]}
-    assert core == {"torch", "triton", "numpy", "pillow", "safetensors", "tqdm"}
+    # No triton (about 1 GB): CUDA builds of torch bring it; test_kernels_and_captioning_without_triton checks the rest.
+    assert core == {"torch", "numpy", "pillow", "safetensors", "tqdm"}
     extras = PROJECT["optional-dependencies"]
+    assert any(dep.startswith("triton") for dep in extras["test"])  # CI runs the Triton kernels interpreted
     assert set(EXTRA_OF_MODULE.values()) <= set(extras)
     assert {"train", "eval", "hub", "bench", "test", "all"} <= set(extras)
     # The test extra pulls every extra the tests import (CI installs only `.[test]`).
@@ -71,3 +77,73 @@ def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(prepare, "run", needs_numpy)
     with pytest.raises(ModuleNotFoundError):
         main(prepare_argv)
+
+
+# Run in a fresh interpreter, "without" or "with" triton. The interpreter switch and PROCAP_KERNELS=triton are set by
+# the test, so that the dispatch would choose Triton for every op it can, on CPU and CUDA inputs alike.
+_DISPATCH_AND_CAPTION = """
+import json, sys
+if sys.argv[1] == "without":
+    sys.modules["triton"] = None  # `import triton` raises ModuleNotFoundError, as on an install without it
+import torch
+from procap.kernels import dispatch
+
+choices = {
+    f"{name} {device} {dtype} grad={grad}": dispatch.chosen_impl(name, device, dtype, grad)
+    for name in sorted(dispatch._OPS)
+    for device in ("cpu", "cuda")  # chosen without a GPU: only which implementations exist is asked
+    for dtype in dispatch.FUSED_DTYPES
+    for grad in (False, True)
+}
+captions = None
+if sys.argv[1] == "without":
+    from procap.data import Vocabulary
+    from procap.fast import Captioner
+    from procap.model.procap import ProCap
+    from tests.fast.conftest import VOCAB_SIZE, tiny_config
+
+    torch.manual_seed(0)
+    vocab = Vocabulary.build([" ".join(f"word{i}" for i in range(VOCAB_SIZE - 8))])
+    captioner = Captioner(ProCap(tiny_config()).eval(), vocab, device="cpu", max_len=6, batch_sizes=(2,))
+    captions = captioner(torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32))
+print(json.dumps({"triton": dispatch.triton is not None, "ops": sorted(dispatch._OPS), "choices": choices,
+                  "captions": captions}))
+"""
+
+
+def _dispatch_and_caption(triton: str) -> dict:
+    env = os.environ | {"TRITON_INTERPRET": "1", "PROCAP_KERNELS": "triton"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout and its tests/
+    done = subprocess.run(
+        [sys.executable, "-c", _DISPATCH_AND_CAPTION, triton],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_and_captioning_without_triton():
+    """The core install has no triton: procap.kernels imports, no op picks Triton, and a Captioner captions on CPU."""
+    without = _dispatch_and_caption("without")
+    assert not without["triton"]
+    assert {"masking", "vq_nearest", "group_norm", "bias_add", "add_layer_norm", "greedy_step"} <= set(without["ops"])
+    assert len(without["choices"]) == len(without["ops"]) * 2 * 3 * 2
+    assert not {key: impl for key, impl in without["choices"].items() if impl == "triton"}
+    assert set(without["choices"].values()) <= {"reference", "cpp", "cuda"}
+    captions = without["captions"]
+    assert len(captions) == 2 and all(isinstance(caption, str) for caption in captions)
+
+
+def test_the_same_dispatch_picks_triton_where_it_is_installed():
+    """The control for the test above: with triton importable these settings do choose it, so blocking it counted."""
+    pytest.importorskip("triton", reason="triton is not installed here: the run above is this machine's only case")
+    with_triton = _dispatch_and_caption("with")
+    assert with_triton["triton"]
+    assert all(
+        with_triton["choices"][f"{name} cuda torch.float32 grad=False"] == "triton" for name in with_triton["ops"]
+    )
