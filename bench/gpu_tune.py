@@ -39,43 +39,33 @@ FUSED_ENCODER_ONLY_BIAS = {"downsample_4x4": False, "input_channels": None}
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration of the fast path: Captioner keyword arguments and the group-norm statistics kernel."""
+    """One configuration of the fast path: Captioner keyword arguments."""
 
     description: str
     captioner: dict[str, Any] = field(default_factory=dict)
-    stats_kernel: str = "barrier_free"
 
 
 VARIANTS: dict[str, Variant] = {
     "baseline": Variant(
-        "as measured on 2026-11-23 but for the decoding step: model VQGAN encoder, decode-step graph, former GN "
-        "statistics",
+        "the 2026-11-23 path with today's decoding step and GN statistics (the only ones): readable VQGAN encoder, "
+        "decode-step graph",
         BASELINE,
-        "tiled",
     ),
-    "whole_graph": Variant(
-        "baseline + one graph over the whole pipeline", {**BASELINE, "capture_memory": True}, "tiled"
-    ),
-    "compile": Variant(
-        "baseline + torch.compile of the VQGAN and the encoder", {**BASELINE, "torch_compile": True}, "tiled"
-    ),
+    "whole_graph": Variant("baseline + one graph over the whole pipeline", {**BASELINE, "capture_memory": True}),
+    "compile": Variant("baseline + torch.compile of the VQGAN and the encoder", {**BASELINE, "torch_compile": True}),
     "compile_whole_graph": Variant(
-        "compile + whole graph", {**BASELINE, "torch_compile": True, "capture_memory": True}, "tiled"
+        "compile + whole graph", {**BASELINE, "torch_compile": True, "capture_memory": True}
     ),
     "fold_bias": Variant(
         "baseline + bias-free convolutions (biases in the GN, the residual add, the GEMM epilogues)",
         {**BASELINE, "fused_vqgan": FUSED_ENCODER_ONLY_BIAS},
-        "tiled",
     ),
-    "down4x4": Variant(
-        "fold_bias + the 4x4 downsample", {**BASELINE, "fused_vqgan": {"input_channels": None}}, "tiled"
-    ),
-    "conv_in8": Variant("down4x4 + conv_in on 8 input channels", {**BASELINE, "fused_vqgan": True}, "tiled"),
-    "gn_stats_v2": Variant("baseline + the barrier-free GN statistics kernel", BASELINE, "barrier_free"),
-    "all": Variant("every change: the Captioner's defaults", {}, "barrier_free"),
-    "all_compile": Variant("all + torch.compile", {"torch_compile": True}, "barrier_free"),
+    "down4x4": Variant("fold_bias + the 4x4 downsample", {**BASELINE, "fused_vqgan": {"input_channels": None}}),
+    "conv_in8": Variant("down4x4 + conv_in on 8 input channels", {**BASELINE, "fused_vqgan": True}),
+    "all": Variant("every change: the Captioner's defaults", {}),
+    "all_compile": Variant("all + torch.compile", {"torch_compile": True}),
 }
-DEFAULT_VARIANTS = ("baseline", "whole_graph", "fold_bias", "down4x4", "conv_in8", "gn_stats_v2", "all")
+DEFAULT_VARIANTS = ("baseline", "whole_graph", "fold_bias", "down4x4", "conv_in8", "all")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -254,10 +244,8 @@ class TuneSession:
         from telemetry import mfu  # bench/ is on sys.path (see the end of this file)
 
         from procap.fast import Captioner
-        from procap.kernels import groupnorm
 
         variant, args = VARIANTS[name], self.args
-        saved_kernel, groupnorm.DEFAULT_STATS_KERNEL = groupnorm.DEFAULT_STATS_KERNEL, variant.stats_kernel
         try:
             options = copy.deepcopy(variant.captioner)
             captioner = Captioner(
@@ -296,7 +284,6 @@ class TuneSession:
                 result["top_kernels"] = self._profile(captioner, args.profile_batch, args.top)
             return result
         finally:
-            groupnorm.DEFAULT_STATS_KERNEL = saved_kernel
             torch.cuda.empty_cache()
 
     def _profile(self, captioner: Any, batch: int, top: int) -> list[dict[str, Any]]:

@@ -171,25 +171,15 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
                 (None, in_bias, True),
                 (x, in_bias, True),
             )
-            for stats_kernel in groupnorm.STATS_KERNELS:
-                for silu in (True, False):
-                    for residual, ib, write_sum in modes:
-                        y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
-                            x,
-                            weight,
-                            bias,
-                            32,
-                            1e-6,
-                            silu,
-                            residual,
-                            in_bias=ib,
-                            write_sum=write_sum,
-                            stats_kernel=stats_kernel,
-                        )
-                        if stats_kernel != groupnorm.DEFAULT_STATS_KERNEL or write_sum is False:
-                            continue  # the backward does not depend on the forward's kernels
-                        for ds in (None, x):
-                            groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
+            for silu in (True, False):
+                for residual, ib, write_sum in modes:
+                    y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
+                        x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum
+                    )
+                    if write_sum is False:
+                        continue  # the backward reads the written sum
+                    for ds in (None, x):
+                        groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
 
 
 def _launch_bias_add(config: Any, pairs: int) -> None:

@@ -12,8 +12,8 @@ with the statistics of group ``g`` over all H*W positions and the group's C/G ch
 1. ``_group_norm_stats_kernel``, grid (B, chunks, channel tiles): per-channel mean and M2 (sum of squared
    deviations) of a chunk of rows. Each lane keeps running sums of ``x - shift`` and its square in registers
    (``shift``: the chunk's first row), so the loop has no block-wide reduction and no barrier; one reduction at the
-   end. ``_group_norm_stats_tiled_kernel``, the former version (two block-wide reductions and a Chan merge per
-   tile), stays for A/B timing (``stats_kernel="tiled"``, bench/gpu_tune.py).
+   end. (The former version, two block-wide reductions and a Chan merge per tile, was 2.5 ms slower at batch 32 on
+   an H100, docs/gpu.md, and is gone.)
 2. ``_group_norm_finalize_kernel``, grid (B,): merges the chunks (Chan's parallel update, no E[x^2] - E[x]^2
    cancellation), then the channels of each group, into mean and rstd per (sample, group), and writes per-(sample,
    channel) ``mean`` and ``scale = rstd * weight``.
@@ -56,13 +56,10 @@ STATS_TILE_ELEMENTS = 16384 if INTERPRETED else 8192
 STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS = STATS_TILE_ELEMENTS // 2
 STATS_NUM_WARPS = 8
 STATS_PROGRAMS_PER_SM = 8
-TILED_PROGRAMS_PER_SM = 4  # the former kernel's grid
-STATS_KERNELS = ("barrier_free", "tiled")
 MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 tiles
 BLOCK_S = 16  # chunks merged per step in the finalize kernel
 BLOCK_G_MIN = 16
 SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
-DEFAULT_STATS_KERNEL = "barrier_free"  # bench/gpu_tune.py sets "tiled" for the former kernel's timings
 
 
 def group_norm_ref(
@@ -188,65 +185,6 @@ def _group_norm_stats_kernel(
     out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
     tl.store(Mean_ptr + out, shift + sum_d / n, mask=col_ok)
     tl.store(M2_ptr + out, tl.maximum(sum_sq - sum_d * (sum_d / n), 0.0), mask=col_ok)
-
-
-@triton_jit
-def _group_norm_stats_tiled_kernel(
-    X_ptr,
-    R_ptr,
-    IB_ptr,
-    S_ptr,
-    Mean_ptr,
-    M2_ptr,
-    HW,
-    C,
-    rows_per_chunk,
-    stride_b,
-    stride_hw,
-    stride_c,
-    HAS_RESIDUAL: tl.constexpr,
-    HAS_IN_BIAS: tl.constexpr,
-    WRITE_SUM: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-    BLOCK_HW: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """The former statistics kernel, kept for A/B timing: two block-wide reductions and a Chan merge per tile."""
-    pid_b = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    start = pid_s * rows_per_chunk
-    stop = tl.minimum(start + rows_per_chunk, HW)
-    base = pid_b.to(tl.int64) * stride_b
-    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    if HAS_IN_BIAS:
-        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    count = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for r0 in range(start, stop, BLOCK_HW):
-        rows = r0 + tl.arange(0, BLOCK_HW)
-        row_ok = rows < stop
-        ok = row_ok[:, None] & col_ok[None, :]
-        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
-        x = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
-        if WRITE_SUM:
-            tl.store(S_ptr + offs, x.to(S_ptr.dtype.element_ty), mask=ok)
-        x = tl.where(ok, x, 0.0)
-        n_tile = tl.sum(row_ok.to(tl.float32), axis=0)
-        tile_mean = tl.sum(x, axis=0) / n_tile
-        centered = tl.where(ok, x - tile_mean[None, :], 0.0)
-        tile_m2 = tl.sum(centered * centered, axis=0)
-        # Chan et al.: merge (count, mean, m2) with the tile's statistics.
-        total = count + n_tile
-        delta = tile_mean - mean
-        mean = mean + delta * (n_tile / total)
-        m2 = m2 + tile_m2 + delta * delta * (count * n_tile / total)
-        count = total
-    out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
-    tl.store(Mean_ptr + out, mean, mask=col_ok)
-    tl.store(M2_ptr + out, m2, mask=col_ok)
 
 
 @triton_jit
@@ -546,7 +484,6 @@ def group_norm_fwd(
     write_sum: bool | None = None,
     block_hw: int | None = None,
     rows_per_chunk: int | None = None,
-    stats_kernel: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Launch the forward kernels.
 
@@ -556,7 +493,6 @@ def group_norm_fwd(
         write_sum: store ``s = (x + in_bias) + residual`` (default: whenever it differs from x). Without it an
             in_bias is added again where the apply kernel reads x, and ``s`` is returned as None.
         block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones).
-        stats_kernel: ``"barrier_free"`` or ``"tiled"`` (the former kernel); None means :data:`DEFAULT_STATS_KERNEL`.
 
     Returns:
         ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s`` (x itself when nothing is added, None when not
@@ -564,9 +500,6 @@ def group_norm_fwd(
         ``rstd * weight`` (B, C).
     """
     _check(x, weight, bias, num_groups, residual, in_bias)
-    stats_kernel = stats_kernel or DEFAULT_STATS_KERNEL
-    if stats_kernel not in STATS_KERNELS:
-        raise ValueError(f"stats_kernel must be one of {STATS_KERNELS}, got {stats_kernel!r}")
     summed = residual is not None or in_bias is not None
     write_sum = summed if write_sum is None else write_sum and summed
     if residual is not None and not write_sum:
@@ -576,16 +509,12 @@ def group_norm_fwd(
     s = torch.empty_like(x) if write_sum else x
     batch, channels, height, width = x.shape
     hw = height * width
-    barrier_free = stats_kernel == "barrier_free"
-    stats_tile = TILE_ELEMENTS
-    if barrier_free:
-        both = residual is not None and in_bias is not None
-        stats_tile = STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if both else STATS_TILE_ELEMENTS
+    both = residual is not None and in_bias is not None
+    stats_tile = STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if both else STATS_TILE_ELEMENTS
     stats_hw, block_c = _blocks(channels, block_hw, stats_tile)
     apply_hw, _ = _blocks(channels, block_hw)
     c_tiles = triton.cdiv(channels, block_c)
-    per_sm = STATS_PROGRAMS_PER_SM if barrier_free else TILED_PROGRAMS_PER_SM
-    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, stats_hw, x.device, rows_per_chunk, per_sm)
+    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, stats_hw, x.device, rows_per_chunk, STATS_PROGRAMS_PER_SM)
     f32 = {"dtype": torch.float32, "device": x.device}
     part_mean, part_m2 = (torch.empty(batch, n_chunks, channels, **f32) for _ in range(2))
     mean, rstd = (torch.empty(batch, num_groups, **f32) for _ in range(2))
@@ -594,8 +523,7 @@ def group_norm_fwd(
     round_bf16 = INTERPRETED and x.dtype == torch.bfloat16
     r = x if residual is None else residual.contiguous(memory_format=layout)
     ib = x if in_bias is None else in_bias.to(x.dtype).contiguous()  # rounded like the reference's eager add
-    stats = _group_norm_stats_kernel if barrier_free else _group_norm_stats_tiled_kernel
-    stats[(batch, n_chunks, c_tiles)](
+    _group_norm_stats_kernel[(batch, n_chunks, c_tiles)](
         x,
         r,
         ib,
@@ -612,7 +540,7 @@ def group_norm_fwd(
         ROUND_BF16=round_bf16,
         BLOCK_HW=stats_hw,
         BLOCK_C=block_c,
-        num_warps=STATS_NUM_WARPS if barrier_free and not INTERPRETED else 4,
+        num_warps=4 if INTERPRETED else STATS_NUM_WARPS,
     )
     block_g = max(BLOCK_G_MIN, triton.next_power_of_2(num_groups))
     _group_norm_finalize_kernel[(batch,)](

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from procap.fast import Captioner
-from procap.kernels.groupnorm import STATS_KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +41,6 @@ def test_every_variant_is_a_valid_captioner_configuration():
     accepted = set(inspect.signature(Captioner).parameters)
     for name, variant in tune.VARIANTS.items():
         assert set(variant.captioner) <= accepted, name
-        assert variant.stats_kernel in STATS_KERNELS, name
     assert tune.VARIANTS["all"].captioner == {}  # "all" is the Captioner's defaults, whatever they become
 
 

@@ -9,8 +9,7 @@ import torch
 
 from procap import kernels
 from procap.config import get_preset
-from procap.kernels import groupnorm
-from procap.kernels.groupnorm import STATS_KERNELS, group_norm_fwd, group_norm_ref
+from procap.kernels.groupnorm import group_norm_fwd, group_norm_ref
 from procap.model.vqgan import VQGAN
 from tests.support import DTYPES, impl_device, max_abs_err
 
@@ -106,11 +105,10 @@ def test_layouts_are_kept(channels_last):
     )
 
 
-@pytest.mark.parametrize("stats_kernel", STATS_KERNELS)
-def test_many_tiles_and_chunks_with_a_large_mean(stats_kernel):
-    # Small tiles and chunks exercise both merges (tiles or lanes in a chunk, chunks in the finalize kernel). A mean
-    # 1e4 times the spread loses every digit in E[x^2] - E[x]^2 in fp32; the Chan merges and the barrier-free
-    # kernel's per-chunk shift keep the variance. (torch 2.13's own CPU group_norm in fp32 was off by 66 here, so
+def test_many_tiles_and_chunks_with_a_large_mean():
+    # Small tiles and chunks exercise both merges (lanes in a chunk, chunks in the finalize kernel). A mean 1e4 times
+    # the spread loses every digit in E[x^2] - E[x]^2 in fp32; the Chan merges and the kernel's per-chunk shift keep
+    # the variance. (torch 2.13's own CPU group_norm in fp32 was off by 66 here, so
     # the fp64 reference is the yardstick.)
     shape = (2, 64, 13, 11)
     device = impl_device("triton")
@@ -118,22 +116,18 @@ def test_many_tiles_and_chunks_with_a_large_mean(stats_kernel):
     weight, bias = torch.randn(64, device=device), torch.randn(64, device=device)
     truth = group_norm_ref(x.double(), weight.double(), bias.double(), 32, 1e-6, True)
     for block_hw, rows_per_chunk in [(16, 16), (16, 48), (32, 200)]:
-        y = group_norm_fwd(
-            x, weight, bias, 32, 1e-6, True, block_hw=block_hw, rows_per_chunk=rows_per_chunk, stats_kernel=stats_kernel
-        )[0]
+        y = group_norm_fwd(x, weight, bias, 32, 1e-6, True, block_hw=block_hw, rows_per_chunk=rows_per_chunk)[0]
         assert max_abs_err(y, truth) < 5e-3, (block_hw, rows_per_chunk)
 
 
-@pytest.mark.parametrize("stats_kernel", STATS_KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("silu", [True, False], ids=["silu", "plain"])
 @pytest.mark.parametrize(
     "residual,return_sum", [(False, False), (False, True), (True, False)], ids=["x+b", "x+b,sum", "x+b+r"]
 )
-def test_in_bias_matches_reference(stats_kernel, dtype, silu, residual, return_sum, monkeypatch):
+def test_in_bias_matches_reference(dtype, silu, residual, return_sum):
     # The bias of a convolution run without it, added where the norm reads x: the same outputs as the reference
     # normalising (x + b) (+ r); the sum, when written, rounded exactly like the reference's two eager adds.
-    monkeypatch.setattr(groupnorm, "DEFAULT_STATS_KERNEL", stats_kernel)
     shape, groups = (2, 64, 7, 9), 32
     x, r, weight, bias = _inputs(shape, dtype, impl_device("triton"), residual=residual)
     in_bias = torch.randn(shape[1], device=x.device) * 4
