@@ -15,6 +15,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from procap import validate
 from procap.config import COMPUTE_DTYPES
@@ -81,19 +82,8 @@ def _export_trace(prof, out_dir: Path) -> Path:
     return atomic_write(out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json", prof.export_chrome_trace)
 
 
-def run(args: argparse.Namespace) -> int:
-    validate.number(args.batch_size, "--batch-size", minimum=1)
-    validate.number(args.steps, "--steps", minimum=1)
-    validate.number(args.max_len, "--max-len", minimum=2)
-    validate.device(args.device)
-    from procap.hub_files import resolve_checkpoint
-
-    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
-    from procap.batch_memory import check_checkpoint_batch
-
-    check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")
-    if not args.no_trace:
-        validate.output_dir(args.out, "--out")
+def _captioning_batch(args: argparse.Namespace, checkpoint) -> tuple[Any, Any]:
+    """The Captioner to profile and a function that captions one random batch and waits for the device."""
     import torch
 
     from procap.fast import Captioner
@@ -117,12 +107,13 @@ def run(args: argparse.Namespace) -> int:
         if captioner.device.type == "cuda":
             torch.cuda.synchronize(captioner.device)
 
-    batch()  # warm-up: cuDNN autotuning and graph capture stay out of the trace
-    if args.no_trace:
-        for _ in range(args.steps):
-            batch()
-        print(f"ran {args.steps} batches of {args.batch_size} on {captioner.device} ({captioner.dtype})")
-        return 0
+    return captioner, batch
+
+
+def _trace(args: argparse.Namespace, captioner: Any, batch: Any) -> None:
+    """``args.steps`` batches under torch.profiler: the Chrome trace written, the top ops and Nsight lines printed."""
+    import torch
+
     activities = [torch.profiler.ProfilerActivity.CPU]
     if captioner.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -137,4 +128,27 @@ def run(args: argparse.Namespace) -> int:
     for tool, line in nsight_commands(args).items():
         print(f"{tool}: {line}")
     sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    validate.number(args.batch_size, "--batch-size", minimum=1)
+    validate.number(args.steps, "--steps", minimum=1)
+    validate.number(args.max_len, "--max-len", minimum=2)
+    validate.device(args.device)
+    from procap.hub_files import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    from procap.batch_memory import check_checkpoint_batch
+
+    check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")
+    if not args.no_trace:
+        validate.output_dir(args.out, "--out")
+    captioner, batch = _captioning_batch(args, checkpoint)
+    batch()  # warm-up: cuDNN autotuning and graph capture stay out of the trace
+    if args.no_trace:
+        for _ in range(args.steps):
+            batch()
+        print(f"ran {args.steps} batches of {args.batch_size} on {captioner.device} ({captioner.dtype})")
+        return 0
+    _trace(args, captioner, batch)
     return 0
