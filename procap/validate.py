@@ -14,6 +14,9 @@ from pathlib import Path
 from procap.errors import ProCapError
 from procap.files import input_overlap
 
+# Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
+MAX_SEED = 2**32 - 1
+
 
 def input_file(path: str | os.PathLike, what: str) -> Path:
     """``path`` as a Path when it is an existing regular file (or a link to one).

@@ -186,6 +186,8 @@ CASES += [
     case("empty", f"convert {CONVERT_OK.format(src='{empty_taming}')}", "{empty_taming}"),
     case("corrupt", f"convert {CONVERT_OK.format(src='{text_taming}')}", "{text_taming}"),
     case("wrong type", f"convert {CONVERT_OK.format(src='{ckpt}')}", "{ckpt}"),
+    # a 1.4 KB file asked for 1 GiB: a one-element storage viewed as 16384 x 16384 by stride 0
+    case("corrupt", f"convert {CONVERT_OK.format(src='{stride_zero_taming}')}", "more elements than its storage"),
     case("missing", "convert --from authors {text_taming} --vocab {missing} --out {out}/m.safetensors", "--vocab"),
     case("wrong type", "convert --from authors {text_taming} --vocab {refs} --out {out}/m.safetensors", "{refs}"),
     case("unwritable", "convert --from authors {text_taming} --vocab {word2idx} --out {unwritable}", "--out"),
@@ -198,6 +200,7 @@ CASES += [
     case("wrong type", f"imagine --ckpt {{vqgan}} {PAIR} --out {{out}}/s.png", "{vqgan}"),
     case("missing", "imagine --ckpt {ckpt} {bef} {missing} --out {out}/s.png", "{missing}"),
     case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --seed -1", "--seed"),
+    case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --sample --seed {2**70}", "--seed"),
     case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --tile 2", "--tile"),
     case("unwritable", f"imagine --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.png", "--out"),
     case("existing", f"imagine --ckpt {{ckpt}} {PAIR} --out {{some_dir}}", "--out"),
@@ -214,6 +217,7 @@ CASES += [
     case("out of range", f"procedure {PROC_VQ} --frames 3 --keyframes 4", "--keyframes"),
     case("out of range", f"procedure {PROC_OK} --tile 2", "--tile"),
     case("out of range", f"procedure {PROC_OK} --seed -1", "--seed"),
+    case("out of range", f"procedure {PROC_OK} --seed {2**64}", "--seed"),
     case("wrong type", f"procedure {PROC_OK} --out {{out}}/p.txt", "--out"),
     case("unwritable", f"procedure {PROC_OK} --out {{unwritable}}.png", "--out"),
     case("existing", f"procedure {PROC_OK} --out {{some_dir}}", "--out"),
@@ -234,6 +238,7 @@ CASES += [
     case("out of range", f"evaluate {EVAL_OK} --max-pairs 0", "--max-pairs"),
     case("out of range", f"evaluate {EVAL_OK} --max-pairs -1", "--max-pairs"),
     case("out of range", f"evaluate {EVAL_OK} --batch-size 0", "--batch-size"),
+    case("out of range", f"evaluate {EVAL_OK} --beams 100000", "--beams"),
     case("out of range", f"evaluate {EVAL_OK} --device cuda:99", "--device"),
     case("wrong type", f"evaluate {EVAL_OK} --device bogus", "--device"),
     case("wrong type", "evaluate --ckpt {ckpt} --data {data} --out {out} --metrics BLEU-5", "--metrics"),
@@ -254,6 +259,8 @@ CASES += [
     case("wrong type", "caption --ckpt {ckpt} {bef}", "odd number"),
     case("wrong type", "caption --ckpt {torch_pickle} {bef} {aft}", "procap convert --from authors"),
     case("out of range", "caption --ckpt {ckpt} {bef} {aft} --beams 0", "--beams"),
+    # 100000 beams grew to 22.9 GB and were killed by the kernel without a message
+    case("out of range", "caption --ckpt {ckpt} {bef} {aft} --beams 100000", "--beams"),
     case("missing", f"caption --ckpt {{missing}} {PAIR}", "{missing}"),
     case("directory", f"caption --ckpt {{some_dir}} {PAIR}", "--ckpt"),
     case("empty", f"caption --ckpt {{empty}} {PAIR}", "{empty}"),
@@ -515,6 +522,8 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     paths["some_dir"].mkdir()
     paths["torch_pickle"] = ws / "model.chkpt"  # what the authors release: a torch.save archive, not safetensors
     torch.save({"model": {"w": torch.zeros(1)}}, paths["torch_pickle"])
+    paths["stride_zero_taming"] = ws / "stride_zero.chkpt"
+    torch.save({"model": {"w": torch.zeros(1).expand(2**14, 2**14)}, "model_cfg": {}}, paths["stride_zero_taming"])
     paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
     paths["corrupt_cache"].mkdir()
     (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")

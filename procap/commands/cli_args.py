@@ -15,6 +15,7 @@ from procap.config import LR_DECAYS, PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
+from procap.validate import MAX_SEED
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -162,7 +163,7 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
     "val_every": {"minimum": 0},
     "val_pairs": {"minimum": 1},
     "num_keyframes": {"minimum": 0},
-    "seed": {"minimum": 0, "maximum": 2**32 - 1},
+    "seed": {"minimum": 0, "maximum": MAX_SEED},
 }
 
 

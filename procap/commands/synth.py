@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.scenes, "--scenes", minimum=1)
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     validate.number(args.workers, "--workers", minimum=1)
-    validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - 1)  # NumPy refuses negative seeds
+    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
     entries = sorted(p.name for p in Path(args.out).iterdir()) if Path(args.out).is_dir() else []
     if entries and not args.overwrite:
