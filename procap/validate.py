@@ -16,6 +16,9 @@ from procap.files import input_overlap
 
 # Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
 MAX_SEED = 2**32 - 1
+# Each worker is a process holding its own copy of the data path (and a model, for prepare): far more than any
+# machine's cores only multiplies memory until the kernel kills the run.
+MAX_WORKERS = 256
 
 
 def input_file(path: str | os.PathLike, what: str) -> Path:

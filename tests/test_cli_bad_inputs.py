@@ -81,6 +81,7 @@ PREP_OK = "--dataset clevr-change --root {data} --vqgan {vqgan} --out {out} --wo
 CASES = [
     # demo: no input files; arguments and the output folder
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
+    case("out of range", "demo --workers 100000 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
     case("out of range", "demo --jobs 0 --out {out}", "--jobs"),
     case("out of range", "demo --jobs 4 --out {out}", "--jobs"),
@@ -94,6 +95,7 @@ CASES = [
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
     case("out of range", "synth --out {out} --size 8", "--size"),
     case("out of range", "synth --out {out} --workers 0", "--workers"),
+    case("out of range", "synth --out {out} --workers 100000", "--workers"),
     case("out of range", "synth --out {out} --seed -1", "--seed"),
     case("wrong type", "synth --out {out} --scenes many", "--scenes"),
     case("unwritable", "synth --out {unwritable} --scenes 2", "--out"),
@@ -127,6 +129,7 @@ CASES = [
     case("empty", "prepare --dataset clevr-change --root {empty_dir} --vqgan {vqgan} --out {out}", "splits.json"),
     case("out of range", f"prepare {PREP_OK} --limit 0", "--limit"),
     case("out of range", f"prepare {PREP_OK} --workers 0", "--workers"),
+    case("out of range", f"prepare {PREP_OK} --workers 100000", "--workers"),
     case("out of range", f"prepare {PREP_OK} --size 8", "--size"),
     case("out of range", f"prepare {PREP_OK} --frames 4", "--frames"),
     case("missing", f"prepare {PREP_OK} --similarity scores", "--scores-file"),
@@ -150,6 +153,7 @@ for _stage in ("vqgan", "pretrain", "train"):
         # more than any machine holds (a single process without --grad-accum would cut it to the items)
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
         case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
+        case("out of range", f"{_stage} {TRAIN_OK} --workers 100000", "--workers"),
         case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
         case("out of range", f"{_stage} {TRAIN_OK} --seed -1", "--seed"),

@@ -15,7 +15,7 @@ from procap.config import LR_DECAYS, PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
-from procap.validate import MAX_SEED
+from procap.validate import MAX_SEED, MAX_WORKERS
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -156,7 +156,7 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
     "warmup_frac": {"minimum": 0, "maximum": 1},
     "grad_clip": {"minimum": 0},
     "weight_decay": {"minimum": 0},
-    "workers": {"minimum": 0},
+    "workers": {"minimum": 0, "maximum": MAX_WORKERS},
     "log_every": {"minimum": 1},
     "save_every": {"minimum": 0},
     "save_minutes": {"minimum": 0},

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     validate.number(args.scenes, "--scenes", minimum=1)
     validate.number(args.size, "--size", minimum=16, maximum=4096)
-    validate.number(args.workers, "--workers", minimum=1)
+    validate.number(args.workers, "--workers", minimum=1, maximum=validate.MAX_WORKERS)
     validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
     entries = sorted(p.name for p in Path(args.out).iterdir()) if Path(args.out).is_dir() else []
