@@ -34,6 +34,9 @@ def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
         return to_tensor(image, size)
     except ValueError as exc:
         raise ProCapError(f"cannot caption a PIL image of mode {image.mode}: {exc}") from None
+    except (OSError, SyntaxError) as exc:  # Image.open decodes lazily: a truncated or corrupt file fails here
+        where = f" from {image.filename}" if getattr(image, "filename", "") else ""
+        raise ProCapError(f"the PIL image{where} could not be decoded ({exc}).") from None
 
 
 def _from_path(path: Path, size: int) -> torch.Tensor:
