@@ -8,6 +8,7 @@ in ``tests/test_cli_bad_inputs.py``.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -171,3 +172,42 @@ def test_one_metric_name_as_a_string_is_one_metric():
     pytest.importorskip("pycocoevalcap")
     results = score({"p": "the cube moved"}, {"p": ["the cube moved"]}, metrics="CIDEr")
     assert set(results) == {"CIDEr"}
+
+
+# -- valid inputs taken: any os.PathLike where a path is taken (issue 39, class G) --------------------------------
+class ForeignPath(os.PathLike):
+    """A path object that is not pathlib's, whose ``str`` is a repr naming no file (as many libraries' are)."""
+
+    def __init__(self, path) -> None:
+        self.path = os.fspath(path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<ForeignPath at {id(self):#x}>"
+
+    __str__ = __repr__
+
+
+def test_any_path_object_is_taken_wherever_a_path_is(things, tmp_path):
+    from procap.data.images import ImageCache, load_image
+    from procap.eval.metrics import read_references
+
+    image = tmp_path / "image.png"
+    Image.new("RGB", (16, 16), (30, 90, 200)).save(image)
+    checkpoint = tmp_path / "copy.safetensors"
+    save_checkpoint(ForeignPath(checkpoint), things["model"], things["vocab"])
+    model, vocab, _ = load_checkpoint(ForeignPath(checkpoint))
+    captioner = Captioner.from_checkpoint(ForeignPath(checkpoint), device="cpu")
+    assert Captioner.from_pretrained(ForeignPath(checkpoint), device="cpu").vocab == vocab
+    by_path = captioner([image], [image])
+    assert captioner([ForeignPath(image)], [ForeignPath(image)]) == by_path
+    assert [captioner.caption(ForeignPath(image), ForeignPath(image))] == by_path
+    assert torch.equal(load_image(ForeignPath(image), 16), ImageCache(16)(ForeignPath(image)))
+    vocab.save(ForeignPath(tmp_path / "vocab.json"))
+    assert Vocabulary.load(ForeignPath(tmp_path / "vocab.json")) == vocab
+    model.save_pretrained(ForeignPath(tmp_path / "pretrained"), vocab=vocab)
+    assert isinstance(ProCap.from_pretrained(ForeignPath(tmp_path / "pretrained")), ProCap)
+    (tmp_path / "refs.json").write_text('{"p1": ["the cube moved"]}', encoding="utf-8")
+    assert read_references(ForeignPath(tmp_path / "refs.json")) == {"p1": ["the cube moved"]}

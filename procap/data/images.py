@@ -149,9 +149,9 @@ class ImageCache:
         self._images: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, path: Path | str) -> torch.Tensor:
+    def __call__(self, path: str | os.PathLike) -> torch.Tensor:
         """(3, size, size) float32 in [0, 1]."""
-        key = str(path)
+        key = os.fsdecode(path)  # any path object: its str may be a repr, different for each object
         image = self._images.get(key)
         if image is None:
             image = load_image(path, self.size)
