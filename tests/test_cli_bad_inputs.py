@@ -93,6 +93,7 @@ CASES = [
     case("existing", "demo --out {file}", "--out"),
     # synth
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
+    case("out of range", "synth --out {out} --scenes 10000000000", "--scenes"),  # listed up front: all memory
     case("out of range", "synth --out {out} --size 8", "--size"),
     case("out of range", "synth --out {out} --workers 0", "--workers"),
     case("out of range", "synth --out {out} --workers 100000", "--workers"),
