@@ -11,7 +11,8 @@ Backends (``BACKENDS``):
 
 ``auto`` resolves to the fastest backend available for the device type and dtype. The decision is made
 once per ``(device type, dtype)`` and cached (like timm's ``fused_attn`` flag), and can be overridden for a
-scope with :func:`use_backend` or for the process with the ``PROCAP_ATTENTION`` environment variable.
+scope with :func:`use_backend` or for the process with the ``PROCAP_ATTENTION`` environment variable (checked
+when read: an unknown or unavailable backend there is a :class:`~procap.errors.ProCapError` naming it).
 Requesting an unavailable backend explicitly raises :class:`BackendUnavailableError` naming the backend and
 how to install it.
 
@@ -33,6 +34,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from procap.errors import ProCapError
+
 SDPA_KERNELS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
 BACKENDS = ("auto", "flash", "xformers", "sdpa", *SDPA_KERNELS, "math")
 _INSTALL_HINTS = {
@@ -51,8 +54,16 @@ _probe_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
 _reason_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(ProCapError, RuntimeError):
     """An explicitly requested attention backend cannot run on this device/dtype/installation."""
+
+
+class UnknownBackendError(ProCapError, ValueError):
+    """A backend name outside ``BACKENDS`` (a ``ValueError`` as before, and a one-sentence user error)."""
+
+
+# Forces every ``auto`` choice of the process, for runs that cannot pass an argument down.
+BACKEND_ENV = "PROCAP_ATTENTION"
 
 
 def attention_math(
@@ -139,7 +150,7 @@ def unavailable_reason(backend: str, device: torch.device | str, dtype: torch.dt
         dtype: the tensors' dtype.
     """
     if backend not in BACKENDS or backend == "auto":
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS[1:]}")
+        raise UnknownBackendError(f"unknown attention backend {backend!r}; choose one of {BACKENDS[1:]}")
     device = torch.device(device)
     key = (backend, str(device), dtype)
     if key not in _reason_cache:  # cached: explicit backends are checked on every call
@@ -160,20 +171,40 @@ def select_backend(device: torch.device | str, dtype: torch.dtype) -> str:
 
     A scope opened with :func:`use_backend` or the ``PROCAP_ATTENTION`` environment variable wins.
     """
-    forced = _override.get() or os.environ.get("PROCAP_ATTENTION") or None
-    if forced and forced != "auto":
+    forced = _override.get()
+    if forced:
         return forced
+    from_environment = os.environ.get(BACKEND_ENV) or None
+    if from_environment and from_environment != "auto":
+        _check_environment_backend(from_environment, device, dtype)
+        return from_environment
     key = (torch.device(device).type, dtype)
     if key not in _auto_cache:
         _auto_cache[key] = next(b for b in _AUTO_ORDER if unavailable_reason(b, key[0], dtype) is None)
     return _auto_cache[key]
 
 
+def _check_environment_backend(backend: str, device: torch.device | str, dtype: torch.dtype) -> None:
+    """The backend ``PROCAP_ATTENTION`` names exists and runs here; otherwise one sentence naming the variable (a
+    backend met later, deep in a forward pass, would name neither it nor the fix)."""
+    if backend not in BACKENDS:
+        raise UnknownBackendError(
+            f"environment variable {BACKEND_ENV}={backend!r} is not an attention backend; choose one of "
+            f"{', '.join(BACKENDS)} or unset it."
+        )
+    reason = unavailable_reason(backend, device, dtype)
+    if reason is not None:
+        raise BackendUnavailableError(
+            f"environment variable {BACKEND_ENV}={backend} names a backend that is unavailable here because "
+            f"{reason}; unset it or choose another."
+        )
+
+
 @contextlib.contextmanager
 def use_backend(backend: str) -> Iterator[None]:
     """Make ``backend="auto"`` calls inside the ``with`` block use ``backend`` (checked on first use)."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        raise UnknownBackendError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
     token = _override.set(None if backend == "auto" else backend)
     try:
         yield
@@ -273,7 +304,7 @@ def _run_backend(
         return _flash(q, k, v, causal)
     if backend == "xformers":
         return _xformers(q, k, v, causal, attn_mask)
-    raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    raise UnknownBackendError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
 
 
 def backend_for_mask(backend: str, attn_mask: torch.Tensor | None) -> str:
@@ -318,7 +349,7 @@ def attention(
         if backend == "flash" and not _flash_fits(q, attn_mask):
             backend = "sdpa"  # flash-attn takes no arbitrary mask / large head dims: PyTorch's kernels do
     if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        raise UnknownBackendError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
     if backend not in ("math", "sdpa"):
         _require(backend, q)
     return _run_backend(backend, q, k, v, causal, attn_mask)

@@ -26,6 +26,10 @@ FRAME_SIMILARITIES = ("vqgan", "dinov2", "scores")
 LR_DECAYS = ("none", "cosine", "linear")
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
 ABLATABLE_PARTS = ("queries", "change", "window")  # decoder-memory parts an inference-time ablation may hide
+# Beam search's memory grows with the beams (every pair decodes num_beams rows, and each step ranks num_beams x
+# vocabulary candidates): 2000 beams took 1.15 GB, 100000 were killed by the kernel. Captioners use 1 to 5; the
+# bound leaves room for exhaustive searches of small vocabularies (the tests' takes 85).
+MAX_BEAMS = 256
 
 
 @dataclass

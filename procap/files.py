@@ -188,6 +188,29 @@ def remove_empty(folders: Iterable[Path]) -> None:
             return
 
 
+_TEMP_SUFFIX = ".tmp"
+_TEMP_RANDOM = 8  # the characters tempfile.mkstemp puts between prefix and suffix
+
+
+def name_limit(folder: str | os.PathLike) -> int:
+    """The longest file name, in bytes, that ``folder``'s file system takes (255 where it does not say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def temp_prefix(name: str, folder: str | os.PathLike) -> str:
+    """``.<name>.``, with ``name`` shortened (at a character boundary) so that the temporary file's whole name
+    stays within ``folder``'s name limit: a legal 242-255-byte output name otherwise failed after the work was
+    done, at the creation of its temporary file."""
+    room = name_limit(folder) - len(b"..") - _TEMP_RANDOM - len(_TEMP_SUFFIX)
+    encoded = os.fsencode(name)
+    if len(encoded) > room:
+        name = encoded[: max(room, 0)].decode("utf-8", "ignore")
+    return f".{name}."
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Path:
     """Call ``writer(tmp_path)`` and move the result onto ``path`` only when it returned without raising.
 
@@ -211,7 +234,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Pa
     try:
         with writing(path):
             created = make_parents(path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name, path.parent), suffix=_TEMP_SUFFIX, dir=path.parent)
             os.close(fd)
             writer(tmp)
             # mkstemp creates 0600; give the file the mode a plain open() would (or keep the replaced file's mode).
@@ -244,7 +267,8 @@ def _write_through(path: Path, writer: Callable[[str], object]) -> Path:
     """:func:`atomic_write` onto a stream: ``writer`` fills a temporary file, which is then copied into ``path``."""
     import shutil
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")
+    folder = tempfile.gettempdir()
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name, folder), suffix=_TEMP_SUFFIX, dir=folder)
     os.close(fd)
     try:
         with writing(path):

@@ -118,6 +118,12 @@ def download(
         raise ProCapError(f"{what} {hub} could not be fetched ({exc}).") from None
 
 
+def as_text(value: str | os.PathLike) -> str:
+    """A path argument as text: any ``os.PathLike`` (not only pathlib's) by its ``__fspath__``, whose ``str`` may
+    be a repr that names no file."""
+    return os.fsdecode(value) if isinstance(value, (os.PathLike, bytes)) else str(value)
+
+
 def weights_in_folder(folder: Path, what: str) -> Path:
     """``folder/model.safetensors``, with one sentence when the folder holds none."""
     weights = folder / WEIGHTS_NAME
@@ -131,7 +137,8 @@ def resolve_file(value: str | Path, what: str, cache_dir: str | Path | None = No
 
     Used for inputs that are single files (the authors' ``.chkpt`` and ``word2idx`` JSON of ``procap convert``).
     """
-    hub = parse_hub_path(str(value), what)
+    value = as_text(value)
+    hub = parse_hub_path(value, what)
     if hub is None:
         return validate.input_file(value, what)
     if not hub.filename:
@@ -157,8 +164,9 @@ def resolve_checkpoint(
         cache_dir, local_files_only: passed to the Hub download.
         allow_repo_id: accept a bare ``owner/repo`` (``from_pretrained``); the CLI asks for ``hf://``.
     """
-    hub = parse_hub_path(str(value), what)
-    if hub is None and allow_repo_id and is_repo_id(str(value)):
+    value = as_text(value)
+    hub = parse_hub_path(value, what)
+    if hub is None and allow_repo_id and is_repo_id(value):
         hub = HubPath(str(value))
     if hub is not None:
         if revision and not hub.revision:

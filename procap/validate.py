@@ -14,6 +14,12 @@ from pathlib import Path
 from procap.errors import ProCapError
 from procap.files import input_overlap
 
+# Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
+MAX_SEED = 2**32 - 1
+# Each worker is a process holding its own copy of the data path (and a model, for prepare): far more than any
+# machine's cores only multiplies memory until the kernel kills the run.
+MAX_WORKERS = 256
+
 
 def input_file(path: str | os.PathLike, what: str) -> Path:
     """``path`` as a Path when it is an existing regular file (or a link to one).
@@ -125,6 +131,38 @@ def number(
         raise ProCapError(f"{flag} must be at least {minimum:g}, got {value}.")
     if maximum is not None and value > maximum:
         raise ProCapError(f"{flag} must be at most {maximum:g}, got {value}.")
+
+
+def integer(value: object, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` when it is an integer within the inclusive bounds: for arguments of the Python API, where a string
+    or a float (``max_len="20"``, ``2.5``) would otherwise reach a comparison or ``range`` as a traceback.
+
+    Raises:
+        ProCapError: naming ``name`` and what it takes.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProCapError(f"{name} must be an integer, got {value!r}.")
+    number(value, name, minimum=minimum, maximum=maximum)
+    return value
+
+
+def environment_integer(variable: str, default: int, minimum: int = 0) -> int:
+    """The integer in the environment variable ``variable`` (``default`` when unset), checked: the library reads
+    ``WORLD_SIZE`` and friends itself, so a bad value is named here rather than met as a ``ValueError``.
+
+    Raises:
+        ProCapError: naming the variable and its value.
+    """
+    raw = os.environ.get(variable)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ProCapError(f"environment variable {variable}={raw!r} must be an integer of at least {minimum}.")
+    return value
 
 
 def canonical_device(device):

@@ -27,6 +27,9 @@ from procap.errors import ProCapError
 from procap.files import atomic_write
 from procap.validate import input_file
 
+# Floating-point formats a stored weight may have: the model casts them to its own dtype on load.
+LOADABLE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 
 # ----------------------------------------------------------------------------------------------- atomic I/O
 def atomic_save_tensors(
@@ -165,7 +168,8 @@ def check_dtypes(own: dict[str, torch.Tensor], stored: dict[str, torch.Tensor], 
     """Each stored tensor must be of the model's kind of number: ``load_state_dict`` casts an integer tensor into
     float weights (and floats into integer buffers) silently, and the model then captions garbage.
 
-    Float widths may differ (an fp16 or bf16 file loads into fp32 weights).
+    Float widths may differ (an fp16 or bf16 file loads into fp32 weights); the float8 formats may not (PyTorch
+    cannot even test them for NaN, and a quantized file needs its scales, which a plain cast drops).
 
     Raises:
         ProCapError: naming the first tensor whose kind differs, with both dtypes.
@@ -178,6 +182,12 @@ def check_dtypes(own: dict[str, torch.Tensor], stored: dict[str, torch.Tensor], 
 
     for name, value in stored.items():
         mine = own.get(name)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype not in LOADABLE_FLOATS:
+            raise ProCapError(
+                f"weights in {path}: tensor {name} is {str(value.dtype).removeprefix('torch.')}, which the model "
+                f"cannot load (it takes {', '.join(str(d).removeprefix('torch.') for d in LOADABLE_FLOATS)}); "
+                "convert the file's weights to one of them."
+            )
         if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor) and kind(value) != kind(mine):
             raise ProCapError(
                 f"weights in {path}: tensor {name} is {str(value.dtype).removeprefix('torch.')} where the model "

@@ -287,3 +287,38 @@ def authors_image_paths() -> tuple[list[Path], list[Path]]:
 def authors_expected_captions() -> list[str]:
     captions = json.loads((AUTHORS_DATA / "expected" / "captions.json").read_text())["captions"]
     return [entry["caption"] for entry in captions]
+
+
+# -- memory: what a call allocated at its peak ------------------------------------------------------------------
+class PeakMemory:
+    """Growth of this process's peak resident memory over a ``with`` block, in bytes (``growth``).
+
+    Linux resets the peak (VmHWM) when "5" is written to /proc/self/clear_refs, so the block is measured alone
+    even after earlier tests peaked higher; without that file the peak since the start is compared (which can only
+    under-report, never fail a call that allocated little).
+    """
+
+    def __enter__(self):
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+        except OSError:
+            pass
+        self.start = _peak_rss()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.growth = _peak_rss() - self.start
+
+
+def _peak_rss() -> int:
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -81,6 +81,7 @@ PREP_OK = "--dataset clevr-change --root {data} --vqgan {vqgan} --out {out} --wo
 CASES = [
     # demo: no input files; arguments and the output folder
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
+    case("out of range", "demo --workers 100000 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
     case("out of range", "demo --jobs 0 --out {out}", "--jobs"),
     case("out of range", "demo --jobs 4 --out {out}", "--jobs"),
@@ -92,8 +93,10 @@ CASES = [
     case("existing", "demo --out {file}", "--out"),
     # synth
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
+    case("out of range", "synth --out {out} --scenes 10000000000", "--scenes"),  # listed up front: all memory
     case("out of range", "synth --out {out} --size 8", "--size"),
     case("out of range", "synth --out {out} --workers 0", "--workers"),
+    case("out of range", "synth --out {out} --workers 100000", "--workers"),
     case("out of range", "synth --out {out} --seed -1", "--seed"),
     case("wrong type", "synth --out {out} --scenes many", "--scenes"),
     case("unwritable", "synth --out {unwritable} --scenes 2", "--out"),
@@ -127,6 +130,7 @@ CASES = [
     case("empty", "prepare --dataset clevr-change --root {empty_dir} --vqgan {vqgan} --out {out}", "splits.json"),
     case("out of range", f"prepare {PREP_OK} --limit 0", "--limit"),
     case("out of range", f"prepare {PREP_OK} --workers 0", "--workers"),
+    case("out of range", f"prepare {PREP_OK} --workers 100000", "--workers"),
     case("out of range", f"prepare {PREP_OK} --size 8", "--size"),
     case("out of range", f"prepare {PREP_OK} --frames 4", "--frames"),
     case("missing", f"prepare {PREP_OK} --similarity scores", "--scores-file"),
@@ -150,6 +154,9 @@ for _stage in ("vqgan", "pretrain", "train"):
         # more than any machine holds (a single process without --grad-accum would cut it to the items)
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
         case("out of range", f"{_stage} {TRAIN_OK} --workers -1", "--workers"),
+        case("out of range", f"{_stage} {TRAIN_OK} --workers 100000", "--workers"),
+        # the library reads the torchrun environment itself: a bad value there was a ValueError traceback
+        case("wrong type", f"{_stage} {TRAIN_OK}", "WORLD_SIZE", WORLD_SIZE="abc", RANK="0", LOCAL_RANK="0"),
         case("out of range", f"{_stage} {TRAIN_OK} --save-every -1", "--save-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --grad-clip -1", "--grad-clip"),
         case("out of range", f"{_stage} {TRAIN_OK} --seed -1", "--seed"),
@@ -186,6 +193,8 @@ CASES += [
     case("empty", f"convert {CONVERT_OK.format(src='{empty_taming}')}", "{empty_taming}"),
     case("corrupt", f"convert {CONVERT_OK.format(src='{text_taming}')}", "{text_taming}"),
     case("wrong type", f"convert {CONVERT_OK.format(src='{ckpt}')}", "{ckpt}"),
+    # a 1.4 KB file asked for 1 GiB: a one-element storage viewed as 16384 x 16384 by stride 0
+    case("corrupt", f"convert {CONVERT_OK.format(src='{stride_zero_taming}')}", "more elements than its storage"),
     case("missing", "convert --from authors {text_taming} --vocab {missing} --out {out}/m.safetensors", "--vocab"),
     case("wrong type", "convert --from authors {text_taming} --vocab {refs} --out {out}/m.safetensors", "{refs}"),
     case("unwritable", "convert --from authors {text_taming} --vocab {word2idx} --out {unwritable}", "--out"),
@@ -198,6 +207,7 @@ CASES += [
     case("wrong type", f"imagine --ckpt {{vqgan}} {PAIR} --out {{out}}/s.png", "{vqgan}"),
     case("missing", "imagine --ckpt {ckpt} {bef} {missing} --out {out}/s.png", "{missing}"),
     case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --seed -1", "--seed"),
+    case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --sample --seed {2**70}", "--seed"),
     case("out of range", f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png --tile 2", "--tile"),
     case("unwritable", f"imagine --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.png", "--out"),
     case("existing", f"imagine --ckpt {{ckpt}} {PAIR} --out {{some_dir}}", "--out"),
@@ -214,6 +224,7 @@ CASES += [
     case("out of range", f"procedure {PROC_VQ} --frames 3 --keyframes 4", "--keyframes"),
     case("out of range", f"procedure {PROC_OK} --tile 2", "--tile"),
     case("out of range", f"procedure {PROC_OK} --seed -1", "--seed"),
+    case("out of range", f"procedure {PROC_OK} --seed {2**64}", "--seed"),
     case("wrong type", f"procedure {PROC_OK} --out {{out}}/p.txt", "--out"),
     case("unwritable", f"procedure {PROC_OK} --out {{unwritable}}.png", "--out"),
     case("existing", f"procedure {PROC_OK} --out {{some_dir}}", "--out"),
@@ -234,6 +245,7 @@ CASES += [
     case("out of range", f"evaluate {EVAL_OK} --max-pairs 0", "--max-pairs"),
     case("out of range", f"evaluate {EVAL_OK} --max-pairs -1", "--max-pairs"),
     case("out of range", f"evaluate {EVAL_OK} --batch-size 0", "--batch-size"),
+    case("out of range", f"evaluate {EVAL_OK} --beams 100000", "--beams"),
     case("out of range", f"evaluate {EVAL_OK} --device cuda:99", "--device"),
     case("wrong type", f"evaluate {EVAL_OK} --device bogus", "--device"),
     case("wrong type", "evaluate --ckpt {ckpt} --data {data} --out {out} --metrics BLEU-5", "--metrics"),
@@ -254,6 +266,8 @@ CASES += [
     case("wrong type", "caption --ckpt {ckpt} {bef}", "odd number"),
     case("wrong type", "caption --ckpt {torch_pickle} {bef} {aft}", "procap convert --from authors"),
     case("out of range", "caption --ckpt {ckpt} {bef} {aft} --beams 0", "--beams"),
+    # 100000 beams grew to 22.9 GB and were killed by the kernel without a message
+    case("out of range", "caption --ckpt {ckpt} {bef} {aft} --beams 100000", "--beams"),
     case("missing", f"caption --ckpt {{missing}} {PAIR}", "{missing}"),
     case("directory", f"caption --ckpt {{some_dir}} {PAIR}", "--ckpt"),
     case("empty", f"caption --ckpt {{empty}} {PAIR}", "{empty}"),
@@ -267,6 +281,9 @@ CASES += [
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device bogus", "--device"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --dtype fp8", "--dtype"),
+    case("wrong type", f"caption --ckpt {{float8_ckpt}} {PAIR}", "float8_e4m3fn"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device cpu", "PROCAP_ATTENTION", PROCAP_ATTENTION="bogus"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device cpu", "PROCAP_ATTENTION", PROCAP_ATTENTION="flash"),
     # score
     case("missing", "score --pred {missing} --refs {refs}", "{missing}"),
     case("directory", "score --pred {some_dir} --refs {refs}", "is a directory"),
@@ -454,9 +471,16 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
         int_ckpt,
         metadata=_metadata(ckpt),
     )
+    float8_ckpt = ws / "float8.safetensors"  # PyTorch cannot test float8 for NaN: a NotImplementedError traceback
+    save_file(
+        {k: v.to(torch.float8_e4m3fn) if v.is_floating_point() else v for k, v in load_file(ckpt).items()},
+        float8_ckpt,
+        metadata=_metadata(ckpt),
+    )
     return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
         "nan_ckpt": nan_ckpt,
         "int_ckpt": int_ckpt,
+        "float8_ckpt": float8_ckpt,
     }
 
 
@@ -515,6 +539,8 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     paths["some_dir"].mkdir()
     paths["torch_pickle"] = ws / "model.chkpt"  # what the authors release: a torch.save archive, not safetensors
     torch.save({"model": {"w": torch.zeros(1)}}, paths["torch_pickle"])
+    paths["stride_zero_taming"] = ws / "stride_zero.chkpt"
+    torch.save({"model": {"w": torch.zeros(1).expand(2**14, 2**14)}, "model_cfg": {}}, paths["stride_zero_taming"])
     paths["corrupt_cache"] = ws / "corrupt_cache"  # a procedure cache whose HDF5 file is text
     paths["corrupt_cache"].mkdir()
     (paths["corrupt_cache"] / "sc_videos.h5").write_text("not HDF5\n", encoding="utf-8")

@@ -177,3 +177,29 @@ def test_score_out_to_a_pipe(tmp_path, capsys):
     assert main([*argv, "--out", str(fifo)]) == 0
     reader.join(10)
     assert "Bleu_4" in json.loads(got[0]) and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+# -- names at the file system's limit -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["a" * 250 + ".json", "é" * 125 + ".txt", "b" * 242], ids=["255", "254 utf-8", "242"])
+def test_a_legal_name_up_to_the_limit_is_written(tmp_path, name):
+    """Temporary names were the output's plus 14 bytes: a legal 242-255-byte name failed after the work was done."""
+    from procap.files import name_limit, temp_prefix
+
+    assert len(name.encode()) <= name_limit(tmp_path)
+    target = tmp_path / name
+    atomic_write_text(target, "content")
+    assert target.read_text() == "content"
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left beside it
+    prefix = temp_prefix(name, tmp_path)
+    assert len(prefix.encode()) + 8 + len(".tmp") <= name_limit(tmp_path)
+    prefix.encode("utf-8")  # cut at a character boundary: still valid text
+
+
+def test_a_checkpoint_under_a_255_byte_name_is_written(tmp_path):
+    import torch
+
+    from procap.weights import atomic_save_tensors, read_tensors
+
+    target = tmp_path / ("c" * 243 + ".safetensors")
+    atomic_save_tensors(target, {"w": torch.ones(2)})
+    assert torch.equal(read_tensors(target)[0]["w"], torch.ones(2))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from procap import validate
-from procap.config import COMPUTE_DTYPES
+from procap.config import COMPUTE_DTYPES, MAX_BEAMS
 from procap.errors import ProCapError
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_beam_arguments(parser: argparse.ArgumentParser) -> None:
     """``--beams`` and ``--length-penalty`` (shared with ``procap evaluate``)."""
-    parser.add_argument("--beams", type=int, default=1, help="beam search with N beams (default 1: greedy)")
+    parser.add_argument(
+        "--beams", type=int, default=1, help=f"beam search with N beams, 1 to {MAX_BEAMS} (default 1: greedy)"
+    )
     parser.add_argument(
         "--length-penalty",
         type=float,
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
-    validate.number(args.beams, "--beams", minimum=1)
+    validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
     from procap.hub_files import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")

@@ -15,6 +15,7 @@ from procap.config import LR_DECAYS, PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig
+from procap.validate import MAX_SEED, MAX_WORKERS
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -155,14 +156,14 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
     "warmup_frac": {"minimum": 0, "maximum": 1},
     "grad_clip": {"minimum": 0},
     "weight_decay": {"minimum": 0},
-    "workers": {"minimum": 0},
+    "workers": {"minimum": 0, "maximum": MAX_WORKERS},
     "log_every": {"minimum": 1},
     "save_every": {"minimum": 0},
     "save_minutes": {"minimum": 0},
     "val_every": {"minimum": 0},
     "val_pairs": {"minimum": 1},
     "num_keyframes": {"minimum": 0},
-    "seed": {"minimum": 0, "maximum": 2**32 - 1},
+    "seed": {"minimum": 0, "maximum": MAX_SEED},
 }
 
 

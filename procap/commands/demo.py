@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from procap.viz.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1)
-    validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - args.seeds)  # seeds seed .. seed + seeds - 1
-    validate.number(args.workers, "--workers", minimum=0)
+    # the runs use seeds seed .. seed + seeds - 1
+    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED + 1 - args.seeds)
+    validate.number(args.workers, "--workers", minimum=0, maximum=validate.MAX_WORKERS)
     validate.number(args.jobs, "--jobs", minimum=1, maximum=len(MODELS))
     validate.device(args.device)
     validate.output_dir(args.out, "--out")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from procap.config import ABLATABLE_PARTS
+from procap.config import ABLATABLE_PARTS, MAX_BEAMS
 
 HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per change type on CLEVR-Change)."
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--metrics: {exc}") from None
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
-    validate.number(args.beams, "--beams", minimum=1)
+    validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
     device = validate.device(args.device)
     from procap.hub_files import parse_hub_path, resolve_checkpoint
 

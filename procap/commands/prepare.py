@@ -77,7 +77,7 @@ def check_args(args: argparse.Namespace) -> None:
     from procap import validate
     from procap.errors import ProCapError
 
-    validate.number(args.workers, "--workers", minimum=1)
+    validate.number(args.workers, "--workers", minimum=1, maximum=validate.MAX_WORKERS)
     validate.number(args.limit, "--limit", minimum=1)
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     validate.input_dir(args.root, "--root")

@@ -27,12 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from procap import validate
-    from procap.data.synthetic import generate
+    from procap.data.synthetic import MAX_SCENES, MAX_SIZE, generate
 
-    validate.number(args.scenes, "--scenes", minimum=1)
-    validate.number(args.size, "--size", minimum=16, maximum=4096)
-    validate.number(args.workers, "--workers", minimum=1)
-    validate.number(args.seed, "--seed", minimum=0, maximum=2**32 - 1)  # NumPy refuses negative seeds
+    validate.number(args.scenes, "--scenes", minimum=1, maximum=MAX_SCENES)
+    validate.number(args.size, "--size", minimum=16, maximum=MAX_SIZE)
+    validate.number(args.workers, "--workers", minimum=1, maximum=validate.MAX_WORKERS)
+    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
     entries = sorted(p.name for p in Path(args.out).iterdir()) if Path(args.out).is_dir() else []
     if entries and not args.overwrite:

@@ -12,11 +12,20 @@ allowed, and every other allowed name maps to an inert stand-in class of ours th
 state. Nothing is imported by name and no pickled callable ever runs. Anything not on the list is refused with
 one sentence (:class:`UnsafeCheckpointError`), and so is a ``BUILD`` whose target is not a stand-in instance (it
 could otherwise set attributes on our own functions or classes).
+
+Every size the archive states is bounded before memory is taken for it, so a small file cannot make the reader
+allocate much more than the file holds: the entries together may expand to at most :data:`MAX_EXPANSION` times the
+archive's size (``torch.save`` stores entries uncompressed; a deflated zip bomb declares far more), a tensor may hold no more
+elements than its storage (only overlapping strides, such as stride 0, could), and the tensors rebuilt from the
+storages may take at most :data:`MAX_REBUILT_PER_STORED` times the bytes of the storages read (tied weights
+rebuild one storage twice).
 """
 
 from __future__ import annotations
 
 import collections
+import math
+import os
 import pickle
 import zipfile
 from collections.abc import Callable, Mapping
@@ -30,6 +39,13 @@ from procap.errors import ProCapError
 
 class UnsafeCheckpointError(ProCapError):
     """The archive's pickle names a global outside the allowlist (or misuses an allowed one)."""
+
+
+# The entries' uncompressed size over the archive's size: about 1 for torch.save's stored entries; a re-zipped
+# checkpoint of float weights deflates by far less than this.
+MAX_EXPANSION = 16
+# Bytes of rebuilt tensors over bytes of storages read: a storage is rebuilt once per tensor viewing it.
+MAX_REBUILT_PER_STORED = 4
 
 
 # --------------------------------------------------------------------------------------------------- stand-ins
@@ -122,10 +138,29 @@ class _StorageType:
 
 
 class _Storage:
-    """A storage of the archive: ``data`` is a 1-D tensor over its bytes, read once."""
+    """A storage of the archive: ``data`` is a 1-D tensor over its bytes, read once; ``budget`` is shared by every
+    storage of one archive and pays for the tensors rebuilt from them."""
 
-    def __init__(self, data: torch.Tensor) -> None:
-        self.data = data
+    def __init__(self, data: torch.Tensor, budget: _RebuildBudget) -> None:
+        self.data, self.budget = data, budget
+
+
+class _RebuildBudget:
+    """Bytes the tensors rebuilt from one archive may still take (:data:`MAX_REBUILT_PER_STORED` per byte read)."""
+
+    def __init__(self, source: str) -> None:
+        self.source, self.left = source, 0
+
+    def earn(self, stored_bytes: int) -> None:
+        self.left += MAX_REBUILT_PER_STORED * stored_bytes
+
+    def spend(self, rebuilt_bytes: int) -> None:
+        if rebuilt_bytes > self.left:
+            raise UnsafeCheckpointError(
+                f"{self.source} rebuilds more tensor data than {MAX_REBUILT_PER_STORED} times its storages hold; "
+                "the file is malformed"
+            )
+        self.left -= rebuilt_bytes
 
 
 def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_ignored: Any) -> torch.Tensor:
@@ -146,6 +181,12 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_ignored
     extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else offset
     if offset < 0 or extent > storage.data.numel():
         raise UnsafeCheckpointError("a tensor in the archive reaches past the end of its storage")
+    numel = math.prod(size)
+    if numel > storage.data.numel():  # overlapping strides (stride 0): a small storage would fill a large tensor
+        raise UnsafeCheckpointError(
+            f"a tensor in the archive of size {size} has more elements than its storage ({storage.data.numel()})"
+        )
+    storage.budget.spend(numel * storage.data.element_size())
     out = torch.empty(size, dtype=storage.data.dtype)
     if out.numel():
         out.copy_(storage.data.as_strided(size, stride, offset))
@@ -279,6 +320,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its 
         super().__init__(file)
         self.allowed, self.storage, self.source, self.torchscript = allowed, storage, source, torchscript
         self._storages: dict[str, _Storage] = {}
+        self._budget = _RebuildBudget(source)
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.allowed:
@@ -306,7 +348,8 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its 
             if len(raw) % item or (isinstance(numel, int) and dtype != torch.uint8 and len(raw) // item < numel):
                 raise UnsafeCheckpointError(f"{self.source}: storage {key} is shorter than its declared size")
             data = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-            self._storages[key] = _Storage(data)
+            self._budget.earn(len(raw))
+            self._storages[key] = _Storage(data, self._budget)
         return self._storages[key]
 
     def _load_build(self) -> None:
@@ -343,6 +386,23 @@ def _archive_root(names: list[str], path: Path) -> str:
     return roots[0]
 
 
+def _check_expansion(archive: zipfile.ZipFile, path: Path, what: str) -> None:
+    """Refuse, before anything is decompressed, entries that declare more bytes than the archive can hold.
+
+    zipfile stops each entry at its declared size, so the declared sizes bound what reading the archive allocates.
+    """
+    ceiling = MAX_EXPANSION * os.path.getsize(path)
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        if total > ceiling:
+            raise ProCapError(
+                f"{what} {path} declares {total:,} bytes of content in {os.path.getsize(path):,} bytes of file "
+                f"(entry {info.filename}), more than {MAX_EXPANSION} times its size; the file is malformed "
+                "or a zip bomb"
+            )
+
+
 def load_archive(
     path: str | Path, allowed: Mapping[tuple[str, str], Any], torchscript: bool = False, what: str = "checkpoint"
 ) -> Any:
@@ -372,6 +432,7 @@ def load_archive(
     with zipfile.ZipFile(path) as archive:
         root = _archive_root(archive.namelist(), path)
         names = set(archive.namelist())
+        _check_expansion(archive, path, what)
         if f"{root}/byteorder" in names and archive.read(f"{root}/byteorder").strip() != b"little":
             raise ProCapError(f"{what} {path} was written on a big-endian machine, which the safe loader does not read")
 

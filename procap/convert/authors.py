@@ -41,7 +41,7 @@ from procap.convert.clip import CLIP_BLOCK_KEYS, clip_heads, encoder_layer_tenso
 from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
-from procap.weights import load_weights
+from procap.weights import check_shapes, load_weights
 
 IG = "intermediate_generator."
 VAE = IG + "vae.model."
@@ -381,6 +381,8 @@ def convert_authors_checkpoint(path: str | Path, vocab_path: str | Path) -> tupl
     ckpt = read_authors_checkpoint(path)
     config = authors_config(ckpt, len(vocab))
     tensors = convert_state_dict(ckpt, config)
+    with torch.device("meta"):  # the sizes came from the file: compare them before the model takes memory
+        check_shapes(ProCap(config).state_dict(), tensors, path)
     model = ProCap(config)
     load_weights(model, tensors, path)
     ignored = sorted(k for k in ckpt.state if _IGNORED.match(k))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from procap.errors import ProCapError
 from procap.validate import input_file
@@ -22,6 +22,7 @@ MAX_PIXELS_ENV = "PROCAP_MAX_IMAGE_PIXELS"
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _PILLOW_DEFAULT_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 _PILLOW_LIMIT_LOCK = threading.Lock()
+EXIF_ORIENTATION = 0x0112  # the EXIF tag saying how the stored pixels are turned to be shown upright
 
 
 def max_image_pixels() -> int:
@@ -63,8 +64,17 @@ def require_pixels(width: int, height: int, what: str = "image") -> None:
         raise ProCapError(f"the {what} is {width} x {height} pixels; an image to caption needs at least one pixel.")
 
 
+def upright(image: Image.Image) -> Image.Image:
+    """``image`` as it is shown: rotated and mirrored by its EXIF orientation tag (a phone stores the sensor's
+    pixels and says in the tag how to turn them), unchanged when the tag is absent or 1 (already upright)."""
+    if image.getexif().get(EXIF_ORIENTATION, 1) == 1:
+        return image
+    return ImageOps.exif_transpose(image)
+
+
 def to_tensor(image: Image.Image, size: int) -> torch.Tensor:
-    """PIL image -> (3, size, size) float32 in [0, 1]: RGB, bicubic resize (skipped when already that size).
+    """PIL image -> (3, size, size) float32 in [0, 1]: upright (:func:`upright`), RGB, bicubic resize (skipped when
+    already that size).
 
     16-bit images are scaled by their bit depth first.
 
@@ -73,7 +83,7 @@ def to_tensor(image: Image.Image, size: int) -> torch.Tensor:
         ProCapError: an image without pixels.
     """
     require_pixels(image.width, image.height)
-    image = _to_8bit(image).convert("RGB")
+    image = _to_8bit(upright(image)).convert("RGB")
     if image.size != (size, size):
         image = image.resize((size, size), Image.BICUBIC)
     array = np.asarray(image, dtype=np.uint8)
@@ -139,9 +149,9 @@ class ImageCache:
         self._images: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, path: Path | str) -> torch.Tensor:
+    def __call__(self, path: str | os.PathLike) -> torch.Tensor:
         """(3, size, size) float32 in [0, 1]."""
-        key = str(path)
+        key = os.fsdecode(path)  # any path object: its str may be a repr, different for each object
         image = self._images.get(key)
         if image is None:
             image = load_image(path, self.size)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from procap import validate
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
@@ -91,6 +92,8 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
     ),
 }
 CAPTIONS_PER_IMAGE = 5
+MAX_SCENES = 999_999  # the image names hold six digits; 25 times CLEVR-Change's 39,803 scenes
+MAX_SIZE = 4096  # image side in pixels
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 
 
@@ -370,8 +373,11 @@ def generate(
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
     """
-    if scenes < 1 or size < 16:
-        raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
+    # Bounded before anything is allocated: the scene indices are listed up front (10**10 scenes took all memory).
+    validate.integer(scenes, "scenes", minimum=1, maximum=MAX_SCENES)
+    validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
+    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED)
+    validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
 
     root = Path(out_dir)
     remove_benchmark(root)

@@ -226,8 +226,13 @@ def score(
     """
     if not predictions:
         raise ProCapError("there are no predictions to score.")
+    if isinstance(metrics, str):  # one name, not its letters
+        metrics = [metrics]
+    names = metric_names(metrics if metrics is not None else METRICS)
+    if not names:  # an empty list scored nothing and returned {}: a result with no numbers in it
+        raise ProCapError(f"metrics names no metric; give at least one of {', '.join(METRICS)}, or None for all.")
     references = _check_inputs(predictions, references)
-    scorers = _scorers(metrics if metrics is not None else METRICS)
+    scorers = _scorers(names)
     # The tokenizer ignores empty hypotheses badly; a lone space keeps the id present.
     # One tokenizer run for hypotheses and references (each Java start costs about a second).
     both = _tokenize(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from procap import validate
 from procap.attention import BACKENDS
 from procap.checkpoint import load_checkpoint
 from procap.errors import ProCapError
@@ -49,13 +50,13 @@ from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
 from procap.hub import load_pretrained
 from procap.model.decoding import DecodingStrategy, decoding_strategy
-from procap.validate import canonical_device
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
     from procap.model.procap import ProCap
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float64: exact comparisons
 
 
 def _raise_for_bad_pixels(stats: list) -> None:
@@ -69,10 +70,27 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _checked_device(device: torch.device | str | None) -> torch.device:
+    """``device`` parsed and present on this machine (CUDA when available for None), else one sentence naming it."""
+    return default_device() if device is None else validate.device(device, "device")
+
+
+def _check_batch_sizes(batch_sizes: Any) -> None:
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
+        raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {batch_sizes!r}")
+    for size in batch_sizes:
+        validate.integer(size, "each of batch_sizes", minimum=1)
+
+
 def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device, configure_as: str | None) -> torch.dtype:
     if dtype is None:
         return default_dtype(device, configure_as)
     if isinstance(dtype, torch.dtype):
+        if dtype not in COMPUTE_DTYPES:  # an integer model would caption garbage; float8 has no kernels
+            raise ProCapError(
+                f"dtype {dtype} cannot run the Captioner; choose one of "
+                f"{', '.join(str(d).removeprefix('torch.') for d in COMPUTE_DTYPES)}."
+            )
         return dtype
     names = {
         "fp32": torch.float32,
@@ -82,7 +100,7 @@ def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device, configur
         "fp16": torch.float16,
         "float16": torch.float16,
     }
-    if dtype not in names:
+    if not isinstance(dtype, str) or dtype not in names:
         raise ProCapError(f"unknown dtype {dtype!r}; choose one of {', '.join(names)}")
     return names[dtype]
 
@@ -164,16 +182,16 @@ class Captioner:
         configure_as: str | None = None,
     ) -> None:
         self.strategy = strategy or decoding_strategy(num_beams, length_penalty)
-        self.device = canonical_device(device) if device is not None else default_device()
+        self.device = _checked_device(device)
         configured_type(self.device, configure_as)  # an unknown configure_as is refused before any work
         self.configure_as = configure_as
         self.dtype = _parse_dtype(dtype, self.device, configure_as)
         config = model.config
         max_len = config.max_caption_len if max_len is None else max_len
+        validate.integer(max_len, "max_len")
         if not 2 <= max_len <= config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {config.max_caption_len}], got {max_len}")
-        if not batch_sizes or min(batch_sizes) < 1:
-            raise ProCapError(f"batch_sizes must be positive integers, got {tuple(batch_sizes)}")
+        _check_batch_sizes(batch_sizes)
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
         if attention_backend not in BACKENDS:
@@ -198,6 +216,7 @@ class Captioner:
         **kwargs: Any,
     ) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
+        _checked_device(device)  # before the file is read
         model, vocab, _ = load_checkpoint(path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
@@ -216,6 +235,7 @@ class Captioner:
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
         (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only)."""
+        _checked_device(device)  # before anything is read or downloaded
         model, vocab, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
@@ -306,8 +326,10 @@ class Captioner:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Captioner:
         """Move to another device/dtype; the per-bucket states and CUDA graphs are dropped."""
-        self.device = canonical_device(device) if device is not None else self.device
-        self.dtype = _parse_dtype(dtype, self.device, self.configure_as) if dtype is not None else self.dtype
+        # Both checked before either is set: a refused argument leaves the Captioner as it was.
+        new_device = _checked_device(device) if device is not None else self.device
+        new_dtype = _parse_dtype(dtype, new_device, self.configure_as) if dtype is not None else self.dtype
+        self.device, self.dtype = new_device, new_dtype
         for hook in self._hooks:
             hook.remove()
         if self._requested[0] and self.device.type != "cuda" and self.configure_as != "cuda":

@@ -12,6 +12,7 @@ give identical tensors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from procap.data import load_image
 from procap.data.images import require_pixels, to_tensor
 from procap.errors import ProCapError
 
-ImageLike = str | Path | Image.Image | np.ndarray | torch.Tensor
+ImageLike = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 
 
 def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
@@ -34,6 +35,9 @@ def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
         return to_tensor(image, size)
     except ValueError as exc:
         raise ProCapError(f"cannot caption a PIL image of mode {image.mode}: {exc}") from None
+    except (OSError, SyntaxError) as exc:  # Image.open decodes lazily: a truncated or corrupt file fails here
+        where = f" from {image.filename}" if getattr(image, "filename", "") else ""
+        raise ProCapError(f"the PIL image{where} could not be decoded ({exc}).") from None
 
 
 def _from_path(path: Path, size: int) -> torch.Tensor:
@@ -141,7 +145,7 @@ def to_image_tensor(image: ImageLike, size: int) -> torch.Tensor:
             (H, W, 3) / (3, H, W), or a float tensor (3, H, W) in [0, 1].
         size: the model's ``config.image_size``.
     """
-    if isinstance(image, (str, Path)):
+    if isinstance(image, (str, os.PathLike)):  # any path object, not only pathlib's
         return _from_path(Path(image), size)
     if isinstance(image, Image.Image):
         return _from_pil(image, size)
@@ -161,7 +165,7 @@ def to_image_batch(images: Any, size: int) -> torch.Tensor:
             return to_unit_float(images.detach(), "image tensors").float().cpu()
         if images.dtype != torch.uint8:  # uint8 batches of other sizes or HWC go image by image below
             raise ProCapError(f"a batched image tensor must be (B, 3, {size}, {size}), got {tuple(images.shape)}")
-    if isinstance(images, (str, Path, Image.Image)) or (hasattr(images, "ndim") and images.ndim == 3):
+    if isinstance(images, (str, os.PathLike, Image.Image)) or (hasattr(images, "ndim") and images.ndim == 3):
         images = [images]  # a single image where a batch was expected
     images = list(images) if isinstance(images, Sequence) or hasattr(images, "__iter__") else [images]
     if not images:

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import torch
 
+from procap.config import MAX_BEAMS
 from procap.errors import ProCapError
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID
 
 
 def check_beam_arguments(num_beams: int, length_penalty: float) -> None:
-    """One sentence for a beam count below 1 or a non-finite length penalty."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ProCapError(f"num_beams must be an integer >= 1, got {num_beams!r}.")
+    """One sentence for a beam count outside 1..MAX_BEAMS or a non-finite length penalty."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+        raise ProCapError(f"num_beams must be an integer >= 1 and <= {MAX_BEAMS}, got {num_beams!r}.")
     if not isinstance(length_penalty, (int, float)) or not torch.isfinite(torch.tensor(float(length_penalty))):
         raise ProCapError(f"length_penalty must be a finite number, got {length_penalty!r}.")
 

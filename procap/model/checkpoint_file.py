@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from procap import validate
 from procap.config import ProCapConfig, config_from_dict
 from procap.data import Vocabulary
 from procap.errors import ProCapError
@@ -121,6 +122,8 @@ def read_checkpoint(
         ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
     """
     path = Path(path)
+    if map_location is not None:  # before the file is read: a bad device was a traceback after the load
+        map_location = validate.device(map_location, "map_location")
     _, raw = read_header(path)
     metadata = _decode_metadata(path, raw)
     try:

@@ -447,11 +447,12 @@ class ProCap(PretrainedMixin, nn.Module):
             variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed;
             with beams both variants stop each caption at EOS.
         """
+        strategy = strategy or decoding_strategy(num_beams, length_penalty)  # refused before the images are encoded
         was_training = self.training
         self.eval()
         try:
             memory = self.memory(before, after, frames)
-            return self.generate_from_memory(memory, max_len, num_beams, length_penalty, strategy)
+            return self.generate_from_memory(memory, max_len, strategy=strategy)
         finally:
             self.train(was_training)
 

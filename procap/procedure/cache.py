@@ -36,6 +36,7 @@ from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
 from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
 from procap.procedure.similarity import ScoreFileSimilarity
+from procap.validate import environment_integer
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"
@@ -430,7 +431,7 @@ class CachedProcedures:
             workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
             # RANK is in the environment of every torchrun process and its workers; without it streams would repeat
             # across ranks.
-            rank = int(os.environ.get("RANK", "0"))
+            rank = environment_integer("RANK", 0)
             self._generator = torch.Generator().manual_seed(self.seed + rank * workers + worker)
             self._gen_pid = os.getpid()
         return self._generator

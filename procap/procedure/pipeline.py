@@ -71,7 +71,8 @@ class PrepareOptions:
         """The fields a resumed run must share with the run that started the cache.
 
         Model and score files are recorded by content (sha256) as well as by name: a VQGAN retrained under the
-        same file name would otherwise mix two tokenizers' codes in one cache.
+        same file name would otherwise mix two tokenizers' codes in one cache. Where both runs recorded the content,
+        it decides and the name is only a record (:func:`_content_decides`).
         """
         key: dict[str, Any] = {
             "dataset": self.dataset,
@@ -250,6 +251,13 @@ def _score_and_code(
     return [(s_bef[i], s_aft[i], codes[i]) for i in range(p)]
 
 
+def _content_decides(key: str, existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether ``key`` is the file name of a content file whose content both runs recorded: then its sha256 entry
+    decides, and the same file under another name (copied, renamed, another folder's copy) resumes the cache."""
+    digest = f"{key}_sha256"
+    return key in CONTENT_FILES and existing.get(digest) is not None and wanted.get(digest) is not None
+
+
 def _check_manifest(opts: PrepareOptions) -> None:
     """Create the manifest, or check that a resumed run uses the same settings."""
     out = Path(opts.out)
@@ -263,7 +271,7 @@ def _check_manifest(opts: PrepareOptions) -> None:
         return
     if existing.get("format") != CACHE_FORMAT:
         raise ProCapError(f"{out / MANIFEST} is not a procap procedure-cache manifest.")
-    changed = [k for k, v in wanted.items() if existing.get(k) != v]
+    changed = [k for k, v in wanted.items() if existing.get(k) != v and not _content_decides(k, existing, wanted)]
     if changed:
         k = changed[0]
         if k.endswith("_sha256"):

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from procap.errors import ProCapError
 from procap.train.state import state_paths
+from procap.validate import environment_integer
 
 # Offset between the RNG seeds of consecutive ranks: rank 0 keeps the single-process seed.
 RANK_SEED_STRIDE = 1_000_003
@@ -49,17 +50,20 @@ class DistContext:
 
 def launched_by_torchrun() -> bool:
     """True when the environment names a multi-process job (``torchrun`` sets ``WORLD_SIZE`` and ``RANK``)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    return environment_integer("WORLD_SIZE", 1, minimum=1) > 1 and "RANK" in os.environ
 
 
 def env_context() -> DistContext:
     """Rank, world size and local rank from the ``torchrun`` environment (single process without it)."""
     if not launched_by_torchrun():
         return DistContext()
-    try:
-        return DistContext(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]))
-    except (KeyError, ValueError) as exc:
-        raise ProCapError(f"torchrun environment is incomplete or invalid ({exc}); launch with torchrun") from None
+    if "LOCAL_RANK" not in os.environ:
+        raise ProCapError("torchrun environment is incomplete (LOCAL_RANK is not set); launch with torchrun")
+    world = environment_integer("WORLD_SIZE", 1, minimum=1)
+    rank, local_rank = environment_integer("RANK", 0), environment_integer("LOCAL_RANK", 0)
+    if rank >= world:
+        raise ProCapError(f"environment variable RANK={rank} must be below WORLD_SIZE={world}; launch with torchrun")
+    return DistContext(rank, world, local_rank)
 
 
 def setup(device: torch.device, timeout_minutes: float = 30.0) -> tuple[DistContext, torch.device]:

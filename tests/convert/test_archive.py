@@ -12,7 +12,7 @@ import torch
 from procap.cli import main
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, UnsafeCheckpointError, load_archive
 from procap.errors import ProCapError
-from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB
+from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB, PeakMemory
 
 
 class _Payload:
@@ -153,3 +153,70 @@ def test_pickle_with_allowed_names_still_cannot_call_out(tmp_path):
     _zip_with_pickle(path, data)
     obj = load_archive(path, AUTHORS_GLOBALS)
     assert isinstance(obj, AttrDict) and obj == {"a": 1}
+
+
+# -- sizes are bounded by the file before memory is taken -----------------------------------------------------------
+SMALL_ALLOCATION = 64 * 2**20  # what a refused read may take at its peak: far below what the file asks for
+
+
+def _stride_zero_checkpoint(path):
+    """A ~1.4 KB authors'-shaped file whose one-element storage is a 16384 x 16384 tensor (1 GiB) by stride 0."""
+    torch.save({"model": {"w": torch.zeros(1).expand(2**14, 2**14)}, "model_cfg": {}}, path)
+
+
+def _zip_bomb_checkpoint(path):
+    """A torch.save archive whose storage entry is re-written deflated: 256 MiB of zeros in about 250 KB of file."""
+    torch.save({"model": {"w": torch.zeros(4)}}, path)
+    with zipfile.ZipFile(path) as archive:
+        files = {info.filename: archive.read(info) for info in archive.infolist()}
+    storage = next(name for name in files if "/data/" in name and not name.endswith("serialization_id"))
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            if name != storage:
+                archive.writestr(name, data)
+                continue
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(info, "w", force_zip64=True) as stream:
+                for _ in range(256):
+                    stream.write(bytes(2**20))
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (_stride_zero_checkpoint, "more elements than its storage"),
+        (_zip_bomb_checkpoint, "more than 16 times its size"),
+    ],
+    ids=["stride-0 tensor", "zip bomb"],
+)
+def test_a_small_file_cannot_make_the_reader_allocate_much(tmp_path, build, message):
+    path = tmp_path / "model.chkpt"
+    build(path)
+    assert path.stat().st_size < 2**20
+    with PeakMemory() as peak, pytest.raises(ProCapError, match=message):
+        load_archive(path, AUTHORS_GLOBALS, what="authors' checkpoint")
+    assert peak.growth < SMALL_ALLOCATION, f"the refused read took {peak.growth / 2**20:.0f} MiB at its peak"
+
+
+def test_tensors_rebuilt_from_one_storage_are_bounded_by_it(tmp_path):
+    # Tied weights (two tensors over one storage) load; a thousand views of one storage are refused.
+    shared = torch.arange(6.0)
+    path = tmp_path / "tied.pt"
+    torch.save({"a": shared, "b": shared.view(2, 3)}, path)
+    loaded = load_archive(path, AUTHORS_GLOBALS)
+    assert torch.equal(loaded["a"], shared) and torch.equal(loaded["b"], shared.view(2, 3))
+    torch.save({f"v{i}": shared.view(6) for i in range(1000)}, path)
+    with pytest.raises(ProCapError, match="rebuilds more tensor data"):
+        load_archive(path, AUTHORS_GLOBALS)
+
+
+def test_convert_refuses_a_stride_zero_checkpoint_in_one_sentence(tmp_path, capsys):
+    path = tmp_path / "model.chkpt"
+    _stride_zero_checkpoint(path)
+    out = tmp_path / "m.safetensors"
+    with PeakMemory() as peak:
+        code = main(["convert", "--from", "authors", str(path), "--vocab", str(AUTHORS_VOCAB), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("procap: error:") and "\n" not in err and "more elements" in err
+    assert peak.growth < SMALL_ALLOCATION and not out.exists()

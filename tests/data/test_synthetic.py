@@ -103,3 +103,16 @@ def test_render_intermediate_rejects_bad_input(tmp_path):
         render_intermediate(tmp_path, 0, 1.5)
     with pytest.raises(ProCapError, match="scene 3"):
         render_intermediate(tmp_path, 3, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "name"),
+    [({"scenes": 10**10}, "scenes"), ({"scenes": "4"}, "scenes"), ({"size": 10**6}, "size"), ({"seed": 2**70}, "seed")],
+)
+def test_generate_bounds_its_multipliers_before_allocating(tmp_path, arguments, name):
+    """The scene indices are listed before any image is drawn: 10**10 scenes took all memory."""
+    from tests.support import PeakMemory
+
+    with PeakMemory() as peak, pytest.raises(ProCapError, match=f"^{name} must be"):
+        generate(tmp_path / "synth", **{"scenes": 2, "size": 32, "progress": False, **arguments})
+    assert peak.growth < 64 * 2**20 and not (tmp_path / "synth").exists()

@@ -11,7 +11,7 @@ from procap.errors import ProCapError
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.procap import ProCap
-from tests.support import small_config
+from tests.support import PeakMemory, small_config
 
 VOCAB = 12  # 8 specials + 4 words: 5 tokens can be produced (the words and EOS)
 MAX_LEN = 4  # BOS + 3 decoded tokens: 1 + 4 + 16 + 64 = 85 possible captions
@@ -125,6 +125,27 @@ def test_strategies_are_one_object_each():
         BeamSearch(0)
     with pytest.raises(ProCapError, match="length_penalty must be a finite number"):
         decoding_strategy(2, float("nan"))
+
+
+def test_the_beam_count_is_bounded_before_any_work():
+    """100000 beams grew to 22.9 GB before the kernel killed the process: the range is checked first."""
+    from procap.config import MAX_BEAMS
+    from procap.model.decoding import BeamSearch, decoding_strategy
+
+    assert decoding_strategy(MAX_BEAMS) == BeamSearch(MAX_BEAMS)
+    model = ProCap(small_config()).eval()
+    before, after = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    for refused in (
+        lambda: decoding_strategy(MAX_BEAMS + 1),
+        lambda: BeamSearch(100_000),
+        lambda: model.generate(before, after, num_beams=100_000),
+    ):
+        with (
+            PeakMemory() as peak,
+            pytest.raises(ProCapError, match=f"num_beams must be an integer >= 1 and <= {MAX_BEAMS}"),
+        ):
+            refused()
+        assert peak.growth < 64 * 2**20
 
 
 def test_a_strategy_is_the_same_rule_in_both_forms(model):

@@ -244,6 +244,24 @@ def test_resume_with_an_input_file_of_other_content_under_the_same_name_is_refus
     assert first["vqgan"] == second["vqgan"] and first["vqgan_sha256"] != second["vqgan_sha256"]
 
 
+def test_resume_with_the_same_input_file_under_another_name_is_accepted(tmp_path, clevr_pairs):
+    """The content decides, not the name: a score file (or VQGAN) copied or renamed resumes its cache, and a file of
+    other content under a new name is still refused."""
+    import shutil
+
+    opts = prepare_options(tmp_path, clevr_pairs[:2])
+    assert prepare(opts, clevr_pairs[:1], interpolator=CrossFade())["written"] == 1
+    renamed = tmp_path / "elsewhere" / "scores renamed.json"
+    renamed.parent.mkdir()
+    shutil.copyfile(opts.scores_file, renamed)
+    resumed = prepare_options(tmp_path, clevr_pairs[:2], scores_file=str(renamed))
+    assert prepare(resumed, clevr_pairs[:2], interpolator=CrossFade()) == {"written": 1, "skipped": 1, "total": 2}
+    other = tmp_path / "other.json"
+    other.write_text(Path(opts.scores_file).read_text().replace("1.0", "0.9"))
+    with pytest.raises(ProCapError, match="--scores-file file of other content"):
+        prepare(prepare_options(tmp_path, clevr_pairs[:2], scores_file=str(other)), clevr_pairs[:2], CrossFade())
+
+
 def test_a_full_disk_stops_prepare_with_one_sentence_before_hdf5_fails(tmp_path, clevr_pairs, monkeypatch):
     """HDF5 cannot recover from ENOSPC (its exit handler may crash), so each pair's space is checked first;
     the finished pairs stay and a rerun completes the cache."""

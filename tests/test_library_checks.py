@@ -1,0 +1,213 @@
+"""The library checks its own inputs: every bad argument, environment variable or lower-level failure reaches a
+Python caller as one :class:`ProCapError` sentence naming what was wrong, as the CLI prints it (issue 39, class C).
+
+One table; each case is a call and the word its sentence must name. The same inputs through the command line are
+in ``tests/test_cli_bad_inputs.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from procap.attention import select_backend
+from procap.checkpoint import load_checkpoint, save_checkpoint
+from procap.data import Vocabulary
+from procap.errors import ProCapError
+from procap.eval.metrics import score
+from procap.fast import Captioner
+from procap.model.procap import ProCap
+from procap.train.distributed import env_context, launched_by_torchrun
+from tests.support import small_config
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class Bad:
+    """A call that must raise one ProCapError sentence holding ``needle``; ``env`` is set around it."""
+
+    name: str
+    call: Callable[[dict[str, Any]], Any]
+    needle: str
+    env: tuple[tuple[str, str], ...] = ()
+    needs_no_cuda: bool = False
+
+
+@pytest.fixture(scope="module")
+def things(tmp_path_factory) -> dict[str, Any]:
+    """A small checkpoint, the same weights stored as float8, its model and vocabulary, a truncated PNG."""
+    root = tmp_path_factory.mktemp("library_checks")
+    vocab = Vocabulary.build(["the cube moved", "a sphere appeared"], 1)
+    torch.manual_seed(0)
+    model = ProCap(small_config(vocab_size=len(vocab))).eval()
+    ckpt = root / "model.safetensors"
+    save_checkpoint(ckpt, model, vocab)
+    with safe_open(str(ckpt), framework="pt") as handle:
+        metadata = handle.metadata()
+    float8 = root / "float8.safetensors"
+    tensors = load_file(ckpt)
+    save_file(
+        {k: v.to(torch.float8_e4m3fn) if v.is_floating_point() else v for k, v in tensors.items()},
+        float8,
+        metadata=metadata,
+    )
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(png, format="PNG")
+    truncated = root / "truncated.png"
+    truncated.write_bytes(png.getvalue()[: len(png.getvalue()) // 2])
+    return {"ckpt": ckpt, "float8": float8, "model": model, "vocab": vocab, "truncated": truncated}
+
+
+def _captioner(t: dict[str, Any], **kwargs: Any) -> Captioner:
+    return Captioner(t["model"], t["vocab"], device="cpu", **kwargs)
+
+
+def _caption_lazy_truncated_image(t: dict[str, Any]) -> Any:
+    captioner = _captioner(t)
+    image = Image.open(t["truncated"])  # opened lazily: the pixels are decoded by the Captioner
+    return captioner([image], [image])
+
+
+def _attention_call(t: dict[str, Any]) -> Any:
+    before = torch.rand(1, 3, 16, 16)
+    return t["model"].generate(before, before)
+
+
+CASES = [
+    Bad("device without CUDA", lambda t: Captioner.from_checkpoint(t["ckpt"], device="cuda"), "device", (), True),
+    Bad("unknown device", lambda t: Captioner.from_checkpoint(t["ckpt"], device="bogus"), "device"),
+    Bad("Captioner.to without CUDA", lambda t: _captioner(t).to("cuda"), "device", (), True),
+    Bad("integer dtype", lambda t: _captioner(t, dtype=torch.int64), "dtype"),
+    Bad("float8 dtype", lambda t: _captioner(t, dtype=torch.float8_e4m3fn), "dtype"),
+    Bad("dtype of another type", lambda t: _captioner(t, dtype=5), "dtype"),
+    Bad("string max_len", lambda t: _captioner(t, max_len="5"), "max_len"),
+    Bad("float max_len", lambda t: _captioner(t, max_len=4.5), "max_len"),
+    Bad("string batch size", lambda t: _captioner(t, batch_sizes=["8"]), "batch_sizes"),
+    Bad("batch sizes as a number", lambda t: _captioner(t, batch_sizes=8), "batch_sizes"),
+    Bad("map_location", lambda t: load_checkpoint(t["ckpt"], map_location="bogus"), "map_location"),
+    Bad(
+        "map_location without CUDA", lambda t: load_checkpoint(t["ckpt"], map_location="cuda"), "map_location", (), True
+    ),
+    Bad("float8 checkpoint", lambda t: load_checkpoint(t["float8"]), "float8_e4m3fn"),
+    Bad("float8 checkpoint in the Captioner", lambda t: Captioner.from_checkpoint(t["float8"]), "float8_e4m3fn"),
+    Bad("lazily opened truncated image", _caption_lazy_truncated_image, "truncated.png"),
+    Bad("no metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=[]), "metrics"),
+    Bad("unknown metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=["bleu", "nope"]), "nope"),
+    Bad(
+        "unknown attention backend",
+        lambda t: select_backend("cpu", torch.float32),
+        "PROCAP_ATTENTION",
+        (("PROCAP_ATTENTION", "bogus"),),
+    ),
+    Bad(
+        "flash attention on a CPU",
+        lambda t: select_backend("cpu", torch.float32),
+        "PROCAP_ATTENTION",
+        (("PROCAP_ATTENTION", "flash"),),
+    ),
+    Bad("flash attention reached by a model", _attention_call, "PROCAP_ATTENTION", (("PROCAP_ATTENTION", "flash"),)),
+    Bad("world size not a number", lambda t: launched_by_torchrun(), "WORLD_SIZE", (("WORLD_SIZE", "abc"),)),
+    Bad("world size zero", lambda t: launched_by_torchrun(), "WORLD_SIZE", (("WORLD_SIZE", "0"),)),
+    Bad(
+        "rank not a number", lambda t: env_context(), "RANK", (("WORLD_SIZE", "2"), ("RANK", "x"), ("LOCAL_RANK", "0"))
+    ),
+    Bad(
+        "rank beyond the world",
+        lambda t: env_context(),
+        "RANK",
+        (("WORLD_SIZE", "2"), ("RANK", "2"), ("LOCAL_RANK", "0")),
+    ),
+    Bad("local rank missing", lambda t: env_context(), "LOCAL_RANK", (("WORLD_SIZE", "2"), ("RANK", "0"))),
+]
+
+
+@pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])
+def test_bad_library_input_is_one_procap_error(bad: Bad, things, monkeypatch):
+    if bad.needs_no_cuda and not NO_CUDA:
+        pytest.skip("this machine has CUDA: the call is valid here")
+    for variable in ("PROCAP_ATTENTION", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in bad.env:
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(ProCapError) as caught:
+        bad.call(things)
+    message = str(caught.value)
+    assert bad.needle in message, message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_refused_move_leaves_the_captioner_as_it_was(things):
+    captioner = _captioner(things)
+    with pytest.raises(ProCapError, match="dtype"):
+        captioner.to("cpu", dtype=torch.int32)
+    assert captioner.device == torch.device("cpu") and captioner.dtype == torch.float32
+    assert captioner.caption(torch.rand(3, 16, 16), torch.rand(3, 16, 16)) is not None
+
+
+def test_valid_environment_values_still_work(monkeypatch):
+    monkeypatch.setenv("PROCAP_ATTENTION", "math")
+    assert select_backend("cpu", torch.float32) == "math"
+    monkeypatch.setenv("PROCAP_ATTENTION", "auto")
+    assert select_backend("cpu", torch.float32) != "auto"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not launched_by_torchrun()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    context = env_context()
+    assert (context.rank, context.world, context.local_rank) == (1, 2, 1)
+
+
+def test_one_metric_name_as_a_string_is_one_metric():
+    pytest.importorskip("pycocoevalcap")
+    results = score({"p": "the cube moved"}, {"p": ["the cube moved"]}, metrics="CIDEr")
+    assert set(results) == {"CIDEr"}
+
+
+# -- valid inputs taken: any os.PathLike where a path is taken (issue 39, class G) --------------------------------
+class ForeignPath(os.PathLike):
+    """A path object that is not pathlib's, whose ``str`` is a repr naming no file (as many libraries' are)."""
+
+    def __init__(self, path) -> None:
+        self.path = os.fspath(path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<ForeignPath at {id(self):#x}>"
+
+    __str__ = __repr__
+
+
+def test_any_path_object_is_taken_wherever_a_path_is(things, tmp_path):
+    from procap.data.images import ImageCache, load_image
+    from procap.eval.metrics import read_references
+
+    image = tmp_path / "image.png"
+    Image.new("RGB", (16, 16), (30, 90, 200)).save(image)
+    checkpoint = tmp_path / "copy.safetensors"
+    save_checkpoint(ForeignPath(checkpoint), things["model"], things["vocab"])
+    model, vocab, _ = load_checkpoint(ForeignPath(checkpoint))
+    captioner = Captioner.from_checkpoint(ForeignPath(checkpoint), device="cpu")
+    assert Captioner.from_pretrained(ForeignPath(checkpoint), device="cpu").vocab == vocab
+    by_path = captioner([image], [image])
+    assert captioner([ForeignPath(image)], [ForeignPath(image)]) == by_path
+    assert [captioner.caption(ForeignPath(image), ForeignPath(image))] == by_path
+    assert torch.equal(load_image(ForeignPath(image), 16), ImageCache(16)(ForeignPath(image)))
+    vocab.save(ForeignPath(tmp_path / "vocab.json"))
+    assert Vocabulary.load(ForeignPath(tmp_path / "vocab.json")) == vocab
+    model.save_pretrained(ForeignPath(tmp_path / "pretrained"), vocab=vocab)
+    assert isinstance(ProCap.from_pretrained(ForeignPath(tmp_path / "pretrained")), ProCap)
+    (tmp_path / "refs.json").write_text('{"p1": ["the cube moved"]}', encoding="utf-8")
+    assert read_references(ForeignPath(tmp_path / "refs.json")) == {"p1": ["the cube moved"]}
