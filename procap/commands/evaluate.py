@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS
 
 HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per change type on CLEVR-Change)."
@@ -57,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
         "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )
+    add_hub_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1)
     device = validate.device(args.device)
-    from procap.hub_files import parse_hub_path, resolve_checkpoint
+    from procap.hub_files import parse_hub_path
 
-    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    checkpoint = checkpoint_file(args)
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
