@@ -7,7 +7,10 @@ import argparse
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS
 
-HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per change type on CLEVR-Change)."
+HELP = (
+    "Evaluate a checkpoint on a split: BLEU-1..4/METEOR/ROUGE-L/CIDEr/SPICE "
+    "(per change type on CLEVR-Change, change / no change on LEVIR-CC)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         nargs="+",
-        help="subset of BLEU-4 METEOR ROUGE-L CIDEr, any spelling (default: all; METEOR is skipped with a note "
-        "when Java is missing)",
+        help="subset of BLEU-1 BLEU-2 BLEU-3 BLEU-4 METEOR ROUGE-L CIDEr SPICE, any spelling (default: all; METEOR "
+        "and SPICE are skipped with a one-line note when Java, or SPICE's CoreNLP jars, are missing)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
-    from procap.eval.metrics import metric_names
+    from procap.eval.metrics import metric_names, unavailable_metrics
     from procap.eval.split import evaluate_model
     from procap.files import atomic_write_json
 
@@ -76,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         metrics = metric_names(args.metrics) if args.metrics else None
     except ProCapError as exc:
         raise ProCapError(f"--metrics: {exc}") from None
+    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
+        for name, why in unavailable_metrics(metrics).items():
+            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1)
