@@ -40,10 +40,19 @@ def test_the_core_is_lean_and_every_extra_of_the_table_exists():
 
 
 def test_version_flag(capsys):
-    with pytest.raises(SystemExit) as done:
-        main(["--version"])
-    assert done.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("procap 0.")
+
+
+def test_the_version_is_answered_without_importing_torch():
+    # Building the parser imports every command and torch with them (2.5-3 s); --version must not pay for that.
+    probe = "import sys; from procap.cli import main; main(['--version']); print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('procap.commands')))"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    version, imported = done.stdout.strip().splitlines()
+    assert version.startswith("procap 0.") and imported == "[]"
 
 
 def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys, tmp_path):
