@@ -23,7 +23,6 @@ def test_the_licence_file_is_the_mit_licence_pyproject_declares():
     text = (ROOT / "LICENSE").read_text()
     assert PROJECT["license"] == {"text": "MIT"}
     assert text.startswith("MIT License\n\nCopyright (c) 2026 ProCap contributors\n")
-    assert "License :: OSI Approved :: MIT License" in PROJECT["classifiers"]
 
 
 def test_the_citation_file_names_this_software_and_the_paper():
