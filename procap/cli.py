@@ -128,8 +128,14 @@ def _os_failure(exc: Exception, args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["--version"]:
+        # Answered before the parser is built: building it imports every command module, and through them torch
+        # (2.5-3 s), for one line that needs none of it.
+        print(version_line())
+        return 0
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

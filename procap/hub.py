@@ -25,10 +25,23 @@ def load_pretrained(
     cache_dir: str | Path | None = None,
     local_files_only: bool = False,
     map_location: str | torch.device = "cpu",
+    *,
+    token: str | bool | None = None,
+    force_download: bool = False,
 ) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
     """``(model, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``.
 
     The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
-    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else.
+    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else. ``token``
+    and ``force_download`` go to the Hub download.
     """
-    return read_pretrained(ProCap, name_or_path, revision, cache_dir, local_files_only, map_location)
+    return read_pretrained(
+        ProCap,
+        name_or_path,
+        revision,
+        cache_dir,
+        local_files_only,
+        map_location,
+        token=token,
+        force_download=force_download,
+    )

@@ -24,13 +24,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from procap import validate
 from procap.errors import ProCapError
-from procap.extras import require
+from procap.extras import DISTRIBUTION, require
 
 HF_PREFIX = "hf://"
+MIN_HUB_VERSION = (0, 25)  # pyproject's [hub] extra says the same
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.json"
@@ -69,9 +71,44 @@ def parse_hub_path(value: str, what: str = "path") -> HubPath | None:
     return HubPath(match["repo"], match["revision"], match["file"])
 
 
+def is_repo_id_shape(value: str) -> bool:
+    """``owner/name`` as the Hub spells repo and dataset ids, whether or not a local path of that name exists."""
+    return bool(_REPO_ID.match(str(value)))
+
+
 def is_repo_id(value: str) -> bool:
     """``owner/repo`` that is not an existing local path (a relative folder ``runs/x`` that exists stays local)."""
-    return bool(_REPO_ID.match(str(value))) and not Path(value).exists()
+    return is_repo_id_shape(value) and not Path(value).exists()
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: ``"0.24.7"`` -> ``(0, 24, 7)``, ``"1.0.0rc1"`` -> ``(1, 0)``."""
+    numbers = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits[0]))
+        if digits[0] != part:
+            break
+    return tuple(numbers)
+
+
+def hub_client(purpose: str) -> tuple[ModuleType, ModuleType]:
+    """``huggingface_hub`` and its ``errors`` module, or one sentence naming the ``[hub]`` extra.
+
+    Before 0.25 there is no ``huggingface_hub.errors``, and the error classes this module catches would not exist
+    (every Hub failure used to surface as an AttributeError), so an older release is named as such.
+    """
+    hf = require("huggingface_hub", purpose)
+    installed = str(getattr(hf, "__version__", "0"))
+    if _version_tuple(installed) < MIN_HUB_VERSION:
+        wanted = ".".join(map(str, MIN_HUB_VERSION))
+        raise ProCapError(
+            f"{purpose} needs huggingface_hub >= {wanted} (installed: {installed}), from the [hub] extra: "
+            f"pip install -U '{DISTRIBUTION}[hub]'."
+        )
+    return hf, require("huggingface_hub.errors", purpose)  # a lazy submodule: not an attribute until imported
 
 
 def hub_offline() -> bool:
@@ -84,20 +121,32 @@ def download(
     what: str = "checkpoint",
     cache_dir: str | Path | None = None,
     local_files_only: bool = False,
+    *,
+    token: str | bool | None = None,
+    force_download: bool = False,
 ) -> Path:
     """The local path of a Hub file, or of a snapshot folder of a repo's pretrained files, from the cache or
     downloaded into it.
+
+    ``token`` reads a private or gated repo (default: the login's, or ``HF_TOKEN``); ``force_download`` fetches the
+    files again even when the cache holds them (a cache damaged by hand). Offline, the cache is all there is, so
+    ``force_download`` is refused rather than ignored.
 
     Raises:
         ProCapError: ``huggingface_hub`` missing (names the ``[hub]`` extra), the repo, revision or file not found,
             not cached while offline, or the download failed.
     """
-    hf = require("huggingface_hub", f"{what} {hub}")
-    errors = require("huggingface_hub.errors", f"{what} {hub}")  # a lazy submodule: not an attribute until imported
+    hf, errors = hub_client(f"{what} {hub}")
     offline = local_files_only or hub_offline()
+    if force_download and offline:
+        raise ProCapError(
+            f"{what} {hub}: force_download asks for a fresh download, but downloads are off "
+            f"(HF_HUB_OFFLINE=1 or local_files_only)."
+        )
     # Read at each call (huggingface_hub reads it once, at import), so a cache named later still counts.
     cache_dir = cache_dir or os.environ.get("HF_HUB_CACHE") or None
     common: dict[str, Any] = {"revision": hub.revision, "cache_dir": cache_dir, "local_files_only": offline}
+    common |= {"token": token, "force_download": force_download}
     try:
         if hub.filename:
             return Path(hf.hf_hub_download(hub.repo_id, hub.filename, **common))
@@ -153,6 +202,9 @@ def resolve_checkpoint(
     cache_dir: str | Path | None = None,
     local_files_only: bool = False,
     allow_repo_id: bool = False,
+    *,
+    token: str | bool | None = None,
+    force_download: bool = False,
 ) -> Path:
     """The local ``.safetensors`` file behind a checkpoint argument (see the module docstring for the forms).
 
@@ -161,8 +213,9 @@ def resolve_checkpoint(
             ``owner/repo``.
         what: how messages name the argument.
         revision: Hub revision when ``value`` names none.
-        cache_dir, local_files_only: passed to the Hub download.
-        allow_repo_id: accept a bare ``owner/repo`` (``from_pretrained``); the CLI asks for ``hf://``.
+        cache_dir, local_files_only, token, force_download: passed to the Hub download (:func:`download`).
+        allow_repo_id: accept a bare ``owner/repo`` (``from_pretrained``); the CLI asks for ``hf://`` and says so
+            when given a bare repo id that is no local path.
     """
     value = as_text(value)
     hub = parse_hub_path(value, what)
@@ -171,7 +224,7 @@ def resolve_checkpoint(
     if hub is not None:
         if revision and not hub.revision:
             hub = HubPath(hub.repo_id, revision, hub.filename)
-        local = download(hub, what, cache_dir, local_files_only)
+        local = download(hub, what, cache_dir, local_files_only, token=token, force_download=force_download)
         return weights_in_folder(local, what) if local.is_dir() else local
     path = Path(value)
     if path.is_dir():
@@ -180,7 +233,16 @@ def resolve_checkpoint(
         raise ProCapError(
             f"{what} {value} is neither an existing file or folder nor a Hugging Face repo id (owner/repo)."
         )
+    _hint_hub_prefix(value, what)
     return validate.input_file(path, what)
+
+
+def _hint_hub_prefix(value: str | Path, what: str) -> None:
+    """A missing ``owner/repo``-shaped path may be meant for the Hub: say how to write that.
+
+    The command line does not guess: a ``runs/best`` not written yet would otherwise become a network request."""
+    if is_repo_id(str(value)):
+        raise ProCapError(f"{what} {value} does not exist here; if it names a Hugging Face repo, write hf://{value}.")
 
 
 def push_folder(
@@ -207,8 +269,7 @@ def push_folder(
     """
     if not _REPO_ID.match(repo_id):
         raise ProCapError(f"push_to_hub: {repo_id!r} is not a Hugging Face repo id (owner/name).")
-    hf = require("huggingface_hub", "push_to_hub")
-    errors = require("huggingface_hub.errors", "push_to_hub")
+    hf, errors = hub_client("push_to_hub")
     api = hf.HfApi(token=token)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write(Path(tmp))

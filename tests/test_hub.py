@@ -83,7 +83,8 @@ def test_save_pretrained_writes_the_hub_files_and_loads_back(pretrained):
     assert json.loads((folder / "vocab.json").read_text()) == vocab.to_dict()
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nlicense: mit\nlibrary_name: procap")
-    assert "- clevr-change" in card and "| CIDEr | 123.4 |" in card and "Captioner.from_pretrained" in card
+    assert "CLEVR-Change (procap's loader `clevr-change`)" in card
+    assert "| CIDEr | 123.4 |" in card and "Captioner.from_pretrained" in card
 
     loaded = ProCap.from_pretrained(folder)
     assert loaded.vocab == vocab
@@ -224,7 +225,7 @@ def test_push_to_hub_uploads_the_pretrained_files(pretrained, monkeypatch):
     assert url.endswith("/commit/1")
     assert calls["create"] == (REPO, True, True) and calls["token"] == "t0k"
     assert calls["files"] == ["README.md", "config.json", "model.safetensors", "vocab.json"]
-    assert f"procap caption --ckpt hf://{REPO}" in calls["card"] and "- spot-the-diff" in calls["card"]
+    assert f"procap caption --ckpt hf://{REPO}" in calls["card"] and "`spot-the-diff`" in calls["card"]
     calls.clear()
     with pytest.raises(ProCapError, match="not a Hugging Face repo id"):
         model.push_to_hub("no-owner", vocab)
@@ -246,3 +247,113 @@ def test_hub_paths_parse_and_malformed_ones_are_refused():
     assert parse_hub_path("runs/best.safetensors") is None
     with pytest.raises(ProCapError, match="hf://owner/repo"):
         parse_hub_path("hf://just-a-name", "--ckpt")
+
+
+def test_the_card_reads_back_through_huggingface_hubs_model_card(pretrained, tmp_path):
+    from huggingface_hub import ModelCard
+
+    model, vocab, folder = pretrained
+    card = ModelCard.load(folder / "README.md")
+    assert (card.data.license, card.data.library_name, card.data.pipeline_tag) == ("mit", "procap", "image-to-text")
+    # A procap loader name is no Hub dataset id, so the Hub's datasets field stays empty; an owner/name id fills it.
+    assert card.data.datasets is None
+    hub_dataset = model.save_pretrained(tmp_path / "hub-data", vocab, dataset="someone/levir-cc-copy")
+    assert ModelCard.load(hub_dataset / "README.md").data.datasets == ["someone/levir-cc-copy"]
+    assert "@inproceedings{" in card.text and "Imagine How To Change" in card.text
+    assert "pypi.org" not in card.content
+
+
+def test_the_card_names_the_latent_grid_not_the_token_grid(tmp_path):
+    from procap.config import get_preset
+    from procap.model.pretrained import model_card
+
+    config = get_preset("tiny")
+    with torch.device("meta"):  # the card reads sizes only
+        model = ProCap(config)
+    card = model_card(model, 100, {"license": "mit"})
+    side, tokens = config.latent_size, config.grid_size
+    assert side == 16 and f"64 px, 16 x 16 VQGAN latents, merged 4 x 4 into {tokens} x {tokens} encoder tokens" in card
+
+
+def test_the_authors_converted_weights_keep_their_licence(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from procap.convert import convert_authors_checkpoint
+
+    model, vocab, info = convert_authors_checkpoint(
+        AUTHORS_FIXTURE / "model.chkpt", AUTHORS_FIXTURE / "clevr_word2idx.json"
+    )
+    model.pretrained_info = info
+    folder = model.save_pretrained(tmp_path / "authors", vocab)
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.license == "other" and card.data.license_link == "https://huggingface.co/BlueberryOreo/ProCap"
+    assert "remain\ntheirs and come under their terms" in card.text and "MIT" in card.text
+    # Loaded again and saved once more, the weights are still the authors'.
+    again = ProCap.from_pretrained(folder).save_pretrained(tmp_path / "again")
+    assert ModelCard.load(again / "README.md").data.license == "other"
+
+
+def test_token_and_force_download_reach_the_hub_client(pretrained, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from procap.fast import Captioner
+
+    _, _, folder = pretrained
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+
+    def fake_snapshot(repo_id, **options):  # stands in for the network: hands back the local folder
+        calls.append((repo_id, options["token"], options["force_download"]))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    ProCap.from_pretrained(REPO, token="secret", force_download=True)
+    Captioner.from_pretrained(f"hf://{REPO}", token="secret", device="cpu", dtype="fp32")
+    assert calls == [(REPO, "secret", True), (REPO, "secret", False)]
+
+
+def test_force_download_while_offline_is_refused(offline_hub):
+    with pytest.raises(ProCapError, match="force_download asks for a fresh download, but downloads are off"):
+        ProCap.from_pretrained(REPO, force_download=True)
+
+
+def test_cli_hub_flags_and_the_hf_prefix_hint(pretrained, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    _, _, folder = pretrained
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+
+    def fake_snapshot(repo_id, **options):
+        calls.append((repo_id, options["token"], options["force_download"]))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    paths = []
+    for name, image in zip(("before.png", "after.png"), images(1)):
+        paths.append(tmp_path / name)
+        Image.fromarray((image[0].permute(1, 2, 0) * 255).round().byte().numpy()).save(paths[-1])
+    argv = ["caption", "--ckpt", f"hf://{REPO}", "--hf-token", "secret", "--force-download", *map(str, paths)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert calls == [(REPO, "secret", True)]
+    capsys.readouterr()
+    # A bare owner/repo on the command line is a local path; when none exists, the message says how to reach the Hub.
+    assert main(["caption", "--ckpt", REPO, *map(str, paths)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"write hf://{REPO}" in err[0]
+    assert calls == [(REPO, "secret", True)]  # and nothing was fetched
+
+
+def test_a_huggingface_hub_older_than_the_extra_asks_is_named(offline_hub, monkeypatch):
+    import huggingface_hub
+
+    from procap.hub_files import MIN_HUB_VERSION
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml without a package")
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    wanted = ".".join(map(str, MIN_HUB_VERSION))
+    assert extras["optional-dependencies"]["hub"] == [f"huggingface_hub>={wanted}"]
+    monkeypatch.setattr(huggingface_hub, "__version__", "0.24.7")
+    with pytest.raises(ProCapError, match=r"needs huggingface_hub >= 0\.25 \(installed: 0\.24\.7\)"):
+        ProCap.from_pretrained(REPO)

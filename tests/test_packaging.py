@@ -40,10 +40,19 @@ def test_the_core_is_lean_and_every_extra_of_the_table_exists():
 
 
 def test_version_flag(capsys):
-    with pytest.raises(SystemExit) as done:
-        main(["--version"])
-    assert done.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("procap 0.")
+
+
+def test_the_version_is_answered_without_importing_torch():
+    # Building the parser imports every command and torch with them (2.5-3 s); --version must not pay for that.
+    probe = "import sys; from procap.cli import main; main(['--version']); print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('procap.commands')))"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    version, imported = done.stdout.strip().splitlines()
+    assert version.startswith("procap 0.") and imported == "[]"
 
 
 def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, capsys, tmp_path):
@@ -100,7 +109,7 @@ if sys.argv[1] == "without":
     from procap.data import Vocabulary
     from procap.fast import Captioner
     from procap.model.procap import ProCap
-    from tests.fast.conftest import VOCAB_SIZE, tiny_config
+    from tests.conftest import VOCAB_SIZE, tiny_config
 
     torch.manual_seed(0)
     vocab = Vocabulary.build([" ".join(f"word{i}" for i in range(VOCAB_SIZE - 8))])

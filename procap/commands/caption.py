@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from procap import validate
+from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import COMPUTE_DTYPES, MAX_BEAMS
 from procap.errors import ProCapError
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
     add_beam_arguments(parser)
+    add_hub_arguments(parser)
 
 
 def add_beam_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
-    from procap.hub_files import resolve_checkpoint
 
-    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    checkpoint = checkpoint_file(args)
     from procap.batch_memory import check_checkpoint_batch
 
     # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)

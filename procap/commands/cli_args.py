@@ -97,6 +97,17 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         help="also track the run with TensorBoard (<out>/tensorboard) or Weights & Biases (WANDB_MODE=offline "
         "works without an account); repeat for both. log.jsonl is always written",
     )
+    o.add_argument(
+        "--wandb-project",
+        metavar="NAME",
+        help="the Weights & Biases project of --logger wandb (default: WANDB_PROJECT, else procap)",
+    )
+    o.add_argument(
+        "--wandb-name",
+        metavar="NAME",
+        help="the Weights & Biases run name of --logger wandb (default: WANDB_NAME, else the stage: vqgan, stage1, "
+        "stage2)",
+    )
     if stage == "pretrain":
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
         o.add_argument(

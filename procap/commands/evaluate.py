@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS, MAX_BEAMS
 
-HELP = "Evaluate a checkpoint on a split: BLEU-4/METEOR/ROUGE-L/CIDEr (per change type on CLEVR-Change)."
+HELP = (
+    "Evaluate a checkpoint on a split: BLEU-1..4/METEOR/ROUGE-L/CIDEr/SPICE "
+    "(per change type on CLEVR-Change, change / no change on LEVIR-CC)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         nargs="+",
-        help="subset of BLEU-4 METEOR ROUGE-L CIDEr, any spelling (default: all; METEOR is skipped with a note "
-        "when Java is missing)",
+        help="subset of BLEU-1 BLEU-2 BLEU-3 BLEU-4 METEOR ROUGE-L CIDEr SPICE, any spelling (default: all; METEOR "
+        "and SPICE are skipped with a one-line note when Java, or SPICE's CoreNLP jars, are missing)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
@@ -57,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
         "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )
+    add_hub_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from procap.checkpoint import load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
-    from procap.eval.metrics import metric_names
+    from procap.eval.metrics import metric_names, unavailable_metrics
     from procap.eval.split import evaluate_model
     from procap.files import atomic_write_json
 
@@ -74,13 +79,16 @@ def run(args: argparse.Namespace) -> int:
         metrics = metric_names(args.metrics) if args.metrics else None
     except ProCapError as exc:
         raise ProCapError(f"--metrics: {exc}") from None
+    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
+        for name, why in unavailable_metrics(metrics).items():
+            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
     device = validate.device(args.device)
-    from procap.hub_files import parse_hub_path, resolve_checkpoint
+    from procap.hub_files import parse_hub_path
 
-    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    checkpoint = checkpoint_file(args)
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.errors import ProCapError
 
 HELP = "Decode the procedure a checkpoint's encoder imagines between two images into a before | frames | after strip."
@@ -23,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")
+    add_hub_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,9 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
     from procap import validate
-    from procap.hub_files import resolve_checkpoint
 
-    checkpoint = resolve_checkpoint(args.ckpt, "checkpoint file")
+    checkpoint = checkpoint_file(args, "checkpoint file")
     for image in (args.before, args.after):
         validate.input_file(image, "image file")
     validate.output_file(out, "--out")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from procap import validate
+from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import COMPUTE_DTYPES
 
 HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --no-trace: launch the pipeline kernel by kernel instead of replaying its CUDA graph "
         "(the torch.profiler trace always does)",
     )
+    add_hub_arguments(parser)
 
 
 def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
@@ -135,9 +137,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.steps, "--steps", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.device(args.device)
-    from procap.hub_files import resolve_checkpoint
-
-    checkpoint = resolve_checkpoint(args.ckpt, "--ckpt")
+    checkpoint = checkpoint_file(args)
     from procap.batch_memory import check_checkpoint_batch
 
     check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")

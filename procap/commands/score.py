@@ -1,4 +1,4 @@
-"""`procap score`: BLEU-4 / METEOR / ROUGE-L / CIDEr of predictions against references.
+"""`procap score`: BLEU-1..4 / METEOR / ROUGE-L / CIDEr (and SPICE on request) of predictions against references.
 
 References come from a ``{id: [captions]}`` file (``--refs``; ``procap evaluate`` writes one as
 ``references.json``) or straight from a dataset split
@@ -14,7 +14,7 @@ import json
 from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
 
-HELP = "Score predicted captions against references (BLEU-4, METEOR, ROUGE-L, CIDEr)."
+HELP = "Score predicted captions against references (BLEU-1..4, METEOR, ROUGE-L, CIDEr; SPICE on request)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default="bleu,meteor,rouge,cider",
-        help="comma-separated subset of BLEU-4,METEOR,ROUGE-L,CIDEr, any spelling (METEOR needs Java)",
+        help="comma-separated subset of BLEU-1..BLEU-4,METEOR,ROUGE-L,CIDEr,SPICE, any spelling; any BLEU brings all "
+        "four orders (default: bleu,meteor,rouge,cider; METEOR and SPICE need Java, SPICE also its CoreNLP jars)",
     )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 

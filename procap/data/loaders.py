@@ -196,7 +196,9 @@ def load_levir_cc(root: str | os.PathLike, split: str) -> list[ChangePair]:
 
     The captions file is Karpathy-style: ``{"images": [{"filepath": split folder, "filename", "split",
     "sentences": [{"tokens", "raw"}, ...], "changeflag": 0 | 1}, ...]}``; A holds the before images, B the after
-    ones. Pairs are read in file order; the pair id is the file name (``train_000001.png``).
+    ones. As RSICC's preprocessing does, a pair's split is its entry's ``split`` field (not the folder it sits in),
+    and ``changeflag`` becomes the pair's ``change_type``: ``"change"`` or ``"no_change"``, the groups of the
+    evaluation's breakdown. Pairs are read in file order; the pair id is the file name (``train_000001.png``).
     """
     root = _require_dir(Path(root), "LEVIR-CC root")
     path = root / "LevirCCcaptions.json"
@@ -216,5 +218,15 @@ def load_levir_cc(root: str | os.PathLike, split: str) -> list[ChangePair]:
         folder = images / str(entry.get("filepath") or split)
         captions = [c for c in (_levir_sentence(s, path, name) for s in entry["sentences"]) if c]
         if captions:
-            pairs.append(ChangePair(name, folder / "A" / name, folder / "B" / name, captions, None))
+            change = _levir_change(entry.get("changeflag"), path, name)
+            pairs.append(ChangePair(name, folder / "A" / name, folder / "B" / name, captions, change))
     return pairs
+
+
+def _levir_change(flag: object, path: Path, name: object) -> str | None:
+    """``"change"`` / ``"no_change"`` from a LEVIR-CC ``changeflag`` (1 / 0), None for an entry without one."""
+    if flag is None:
+        return None
+    if isinstance(flag, bool) or flag not in (0, 1):
+        raise ProCapError(f"LEVIR-CC captions file {path} gives {name!r} the changeflag {flag!r}; it must be 0 or 1.")
+    return "change" if flag == 1 else "no_change"

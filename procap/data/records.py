@@ -22,7 +22,8 @@ class ChangePair:
         before_path: the before image.
         after_path: the after image.
         captions: reference captions (raw text; tokenisation happens in `Vocabulary`).
-        change_type: color/material/add/drop/move or "no_change" for CLEVR-Change, else None.
+        change_type: color/material/add/drop/move or "no_change" for CLEVR-Change, "change" / "no_change" for
+            LEVIR-CC (its ``changeflag``), else None.
     """
 
     id: str

@@ -1,18 +1,26 @@
-"""Caption metrics: BLEU-4, METEOR, ROUGE-L, CIDEr-D through pycocoevalcap, with CLEVR-Change breakdowns.
+"""Caption metrics: BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and SPICE through pycocoevalcap, with CLEVR-Change
+breakdowns.
 
-The PTB tokenizer and METEOR of pycocoevalcap run Java. Without Java, tokenization falls back to
-``procap.data.tokenize`` (same lower-casing and punctuation stripping) and asking for METEOR raises one
-sentence naming the fix.
+The PTB tokenizer, METEOR and SPICE of pycocoevalcap run Java. Without Java, tokenization falls back to
+``procap.data.tokenize`` (same lower-casing and punctuation stripping), the default metric set leaves METEOR and
+SPICE out with a one-line note (:func:`available_metrics`), and asking for either raises one sentence naming the fix.
+SPICE also needs the Stanford CoreNLP 3.6.0 jars in pycocoevalcap's ``spice/lib`` (pycocoevalcap fetches them on its
+first SPICE run; procap never downloads them itself, so a machine without them skips SPICE the same way).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import math
 import os
 import shutil
+import subprocess
+import tempfile
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from procap.data.records import read_json
@@ -22,15 +30,23 @@ from procap.extras import require
 from procap.files import atomic_write_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
-# (BLEU-4, bleu, Bleu_4, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, ...) resolves through metric_name().
+# (BLEU-4, bleu, Bleu_4, BLEU-1, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, SPICE, ...) resolves through
+# metric_name(). The LEVIR-CC tables report all four BLEU orders; the CLEVR-Change tables add SPICE.
 METRIC_TABLE: dict[str, tuple[str, str]] = {
+    "BLEU-1": ("bleu", "Bleu_1"),
+    "BLEU-2": ("bleu", "Bleu_2"),
+    "BLEU-3": ("bleu", "Bleu_3"),
     "BLEU-4": ("bleu", "Bleu_4"),
     "METEOR": ("meteor", "METEOR"),
     "ROUGE-L": ("rouge", "ROUGE_L"),
     "CIDEr": ("cider", "CIDEr"),
+    "SPICE": ("spice", "SPICE"),
 }
 METRICS = tuple(METRIC_TABLE)
-_SPELLINGS = {"bleu": "BLEU-4", "bleu4": "BLEU-4", "meteor": "METEOR", "rouge": "ROUGE-L", "rougel": "ROUGE-L"}
+NEEDS_JAVA = ("METEOR", "SPICE")
+# A bare "bleu" stays BLEU-4, the one every paper quotes when it names a single BLEU.
+_SPELLINGS = {"bleu": "BLEU-4", "meteor": "METEOR", "rouge": "ROUGE-L", "rougel": "ROUGE-L", "spice": "SPICE"}
+_SPELLINGS |= {f"bleu{n}": f"BLEU-{n}" for n in range(1, 5)}
 _SPELLINGS |= {"cider": "CIDEr", "ciderd": "CIDEr"}
 
 
@@ -38,15 +54,12 @@ def metric_name(name: str) -> str:
     """The :data:`METRIC_TABLE` name of any common spelling (case, ``-``, ``_`` and spaces ignored).
 
     Raises:
-        ProCapError: the name is not one of BLEU-4, METEOR, ROUGE-L, CIDEr in any spelling.
+        ProCapError: the name is none of the table's in any spelling.
     """
     key = "".join(ch for ch in str(name).lower() if ch not in "-_ ")
     if key not in _SPELLINGS:
         raise ProCapError(f"unknown metric {name!r}; choose from: {', '.join(METRIC_TABLE)}.")
     return _SPELLINGS[key]
-
-
-_RESULT_KEYS = dict(METRIC_TABLE.values())  # scorer -> result key
 
 
 def metric_names(names: Iterable[str]) -> list[str]:
@@ -56,6 +69,53 @@ def metric_names(names: Iterable[str]) -> list[str]:
 
 def java_available() -> bool:
     return shutil.which("java") is not None
+
+
+def _spice_folder() -> Path | None:
+    """pycocoevalcap's ``spice`` folder (the jar and its ``lib``), None without pycocoevalcap."""
+    try:
+        from pycocoevalcap import spice
+    except ImportError:
+        return None
+    return Path(spice.__file__).parent
+
+
+def spice_missing() -> str | None:
+    """Why SPICE cannot run here, in a few words; None when it can."""
+    if not java_available():
+        return "it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
+    folder = _spice_folder()
+    if folder is None:
+        return "it needs pycocoevalcap, from the [eval] extra"
+    corenlp = folder / "lib" / "stanford-corenlp-3.6.0.jar"
+    if not (folder / "spice-1.0.jar").is_file() or not corenlp.is_file():
+        return f"it needs Stanford CoreNLP 3.6.0 in {corenlp.parent} (pycocoevalcap's Spice() fetches it once, online)"
+    return None
+
+
+def unavailable_metrics(names: Iterable[str]) -> dict[str, str]:
+    """Each metric of ``names`` this machine cannot compute, with why in a few words."""
+    names = metric_names(names)
+    reasons = {}
+    if "METEOR" in names and not java_available():
+        reasons["METEOR"] = "it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
+    if "SPICE" in names and (why := spice_missing()):
+        reasons["SPICE"] = why
+    return reasons
+
+
+def available_metrics(wanted: Iterable[str] = METRICS) -> tuple[tuple[str, ...], str | None]:
+    """The metrics of ``wanted`` this machine can compute, and a one-line note naming those left out and why
+    (METEOR without Java; SPICE without Java or its CoreNLP jars); the note is None when none is left out."""
+    names = metric_names(wanted)
+    reasons = unavailable_metrics(names)
+    if not reasons:
+        return tuple(names), None
+    if len(set(reasons.values())) == 1:
+        note = f"{' and '.join(reasons)} skipped: {next(iter(reasons.values()))}"
+    else:
+        note = "; ".join(f"{name} skipped: {why}" for name, why in reasons.items())
+    return tuple(n for n in names if n not in reasons), note
 
 
 def reference_list(key: str, value: Any, source: str = "references") -> list[str]:
@@ -112,10 +172,6 @@ def _ptb_tokenize(sentences: list[str]) -> list[str]:
     Runs the same jar and options as ``pycocoevalcap.tokenizer.ptbtokenizer`` (so scores match published ones),
     with the input in a private temporary folder rather than inside site-packages.
     """
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
     from pycocoevalcap.tokenizer import ptbtokenizer
 
     jar = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
@@ -164,6 +220,47 @@ def _tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
     return {k: [" ".join(tokenize(normalize_caption(c))) for c in v] for k, v in texts.items()}
 
 
+class _Spice:
+    """SPICE as pycocoevalcap's ``Spice`` computes it (the same jar, options and averaging), with its input and output
+    in a private temporary folder rather than inside site-packages, and no download: :func:`spice_missing` is
+    checked first."""
+
+    def compute_score(self, gts: dict[str, list[str]], res: dict[str, list[str]]) -> tuple[float, list[float]]:
+        folder = _spice_folder()
+        keys = sorted(gts)
+        entries = [{"image_id": key, "test": res[key][0], "refs": gts[key]} for key in keys]
+        with tempfile.TemporaryDirectory(prefix="procap-spice-") as tmp:
+            source, result = Path(tmp) / "input.json", Path(tmp) / "output.json"
+            source.write_text(json.dumps(entries), encoding="utf-8")
+            command = [
+                "java",
+                "-jar",
+                "-Xmx8G",
+                "spice-1.0.jar",
+                str(source),
+                "-out",
+                str(result),
+                "-subset",
+                "-silent",
+            ]
+            done = subprocess.run(command, cwd=folder, capture_output=True, check=False)
+            if done.returncode != 0:
+                tail = done.stderr.decode(errors="replace")[-200:]
+                raise ProCapError(f"SPICE (java) exited with code {done.returncode}: {tail}")
+            scores = {str(item["image_id"]): item["scores"]["All"]["f"] for item in json.loads(result.read_text())}
+        values = [_as_float(scores.get(key)) for key in keys]
+        finite = [v for v in values if not math.isnan(v)]
+        return (sum(finite) / len(finite) if finite else math.nan), values
+
+
+def _as_float(value: Any) -> float:
+    """SPICE writes ``NaN`` (or null) for a caption without a scene graph; such a caption counts as not scored."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
     require("pycocoevalcap", "caption metrics")  # the [eval] extra: one sentence when it is missing
     from pycocoevalcap.bleu.bleu import Bleu
@@ -171,7 +268,8 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
     from pycocoevalcap.rouge.rouge import Rouge
 
     scorers = []
-    for metric in (METRIC_TABLE[name][0] for name in metric_names(metrics)):
+    # BLEU-1..4 come from one scorer: each scorer once, in the table's order of first use.
+    for metric in dict.fromkeys(METRIC_TABLE[name][0] for name in metric_names(metrics)):
         if metric == "bleu":
             scorers.append((metric, Bleu(4)))
         elif metric == "rouge":
@@ -187,7 +285,15 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
             from pycocoevalcap.meteor.meteor import Meteor
 
             scorers.append((metric, Meteor()))
+        elif metric == "spice":
+            why = spice_missing()
+            if why:
+                raise ProCapError(f"SPICE cannot run here: {why}; leave SPICE out of --metrics.")
+            scorers.append((metric, _Spice()))
     return scorers
+
+
+_RESULT_KEYS = {"meteor": "METEOR", "rouge": "ROUGE_L", "cider": "CIDEr", "spice": "SPICE"}  # one-number scorers
 
 
 def _score_tokenized(
@@ -217,18 +323,21 @@ def score(
         predictions: id -> predicted caption.
         references: id -> reference captions (ids not in ``predictions`` are ignored); :func:`reference_list`
             says what is accepted.
-        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (:func:`metric_name`); all by default.
-        change_types: id -> change type (CLEVR-Change; ``"no_change"`` for distractors). When given, the result
-            also holds ``"by_type"``: one score dict per type and for ``change`` / ``no_change`` / ``total``.
+        metrics: any spellings of the :data:`METRIC_TABLE` names (:func:`metric_name`); by default all that this
+            machine can compute (:func:`available_metrics`).
+        change_types: id -> change type (CLEVR-Change; ``"no_change"`` for distractors), or ``"change"`` /
+            ``"no_change"`` alone (LEVIR-CC's ``changeflag``). When given, the result also holds ``"by_type"``: one
+            score dict per type and for ``change`` / ``no_change`` / ``total``.
 
     Returns:
-        ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}`` (those asked for), plus ``"by_type"``.
+        ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE"}`` (BLEU's four orders whenever one is asked
+        for, the others as asked), plus ``"by_type"``.
     """
     if not predictions:
         raise ProCapError("there are no predictions to score.")
     if isinstance(metrics, str):  # one name, not its letters
         metrics = [metrics]
-    names = metric_names(metrics if metrics is not None else METRICS)
+    names = metric_names(metrics) if metrics is not None else list(available_metrics()[0])
     if not names:  # an empty list scored nothing and returned {}: a result with no numbers in it
         raise ProCapError(f"metrics names no metric; give at least one of {', '.join(METRICS)}, or None for all.")
     references = _check_inputs(predictions, references)
@@ -250,7 +359,7 @@ def score(
             kind = change_types.get(key)
             if kind is None:
                 continue
-            if kind != "no_change":
+            if kind not in ("change", "no_change"):  # a named type (CLEVR-Change); LEVIR-CC has only the two groups
                 groups.setdefault(kind, []).append(key)
             groups.setdefault("no_change" if kind == "no_change" else "change", []).append(key)
         results["by_type"] = {
@@ -306,7 +415,7 @@ def read_references(path: str | os.PathLike) -> dict[str, list[str]]:
 
 def format_table(results: dict[str, Any]) -> str:
     """A small text table of the main metrics (and the per-type rows when present)."""
-    columns = [c for c in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr") if c in results]
+    columns = [key for _, key in METRIC_TABLE.values() if key in results]
     rows = [("all", results)] + list(results.get("by_type", {}).items())
     lines = [f"{'':<12}" + "".join(f"{c:>10}" for c in columns)]
     for name, values in rows:

@@ -11,7 +11,7 @@ import torch
 
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy
-from procap.eval.metrics import METRIC_TABLE, METRICS, java_available, metric_names, score, write_results
+from procap.eval.metrics import METRIC_TABLE, METRICS, available_metrics, metric_names, score, write_results
 from procap.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -79,18 +79,19 @@ def caption_pairs(
 def score_captions(
     predictions: dict[str, str],
     pairs: Sequence[Any],
-    metrics: Sequence[str] = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr"),
+    metrics: Sequence[str] = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"),
     by_type: bool = False,
 ) -> dict[str, Any]:
     """Score ``predictions`` (id -> text) against the pairs' references with ``procap.eval.metrics.score``.
 
     Args:
-        metrics: any spellings of BLEU-4, METEOR, ROUGE-L, CIDEr (``procap.eval.metrics.metric_name``).
+        metrics: any spellings of the names of ``procap.eval.metrics.METRIC_TABLE`` (BLEU-1..4, METEOR, ROUGE-L,
+            CIDEr, SPICE; ``procap.eval.metrics.metric_name``).
         by_type: return ``{group: {metric: value}}`` for total / change / no_change / each change type
             (CLEVR-Change) instead of one ``{metric: value}``.
 
     Returns:
-        Scores x100 (as in the papers) keyed by the table's names (``BLEU-4``, ``METEOR``, ``ROUGE-L``, ``CIDEr``).
+        Scores x100 (as in the papers) keyed by the table's names (``BLEU-1`` ... ``CIDEr``, ``SPICE``).
     """
     names = metric_names(metrics)
 
@@ -106,25 +107,26 @@ def score_captions(
     return {name: display(values) for name, values in groups.items() if isinstance(values, dict)}
 
 
-def default_metrics() -> tuple[tuple[str, ...], str | None]:
-    """All four metrics, or all but METEOR with a note saying why when Java is missing."""
-    if java_available():
-        return ALL_METRICS, None
-    note = "METEOR skipped: it needs Java (install a JRE, e.g. `apt-get install default-jre-headless`)"
-    return tuple(m for m in ALL_METRICS if m != "METEOR"), note
+def default_metrics(wanted: Sequence[str] = ALL_METRICS) -> tuple[tuple[str, ...], str | None]:
+    """The metrics of ``wanted`` (all by default) this machine can compute, and a one-line note naming those it
+    skips and why (METEOR and SPICE need Java; SPICE also its CoreNLP jars): ``procap.eval.metrics.available_metrics``.
+    """
+    return available_metrics(wanted)
 
 
 def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequence[str]) -> dict[str, dict]:
-    """CLEVR-Change style scores: ``total``, ``change`` (all semantic changes), ``no_change`` and each type.
+    """CLEVR-Change style scores: ``total``, ``change`` (all semantic changes), ``no_change`` and each type (LEVIR-CC:
+    ``total``, ``change``, ``no_change`` from its ``changeflag``).
 
     Each group is scored on its own pairs (CIDEr's document frequencies come from the group), as in the
     change-captioning papers; every group also records its number of pairs.
     """
     counts: dict[str, int] = {"total": len(pairs)}
     for pair in pairs:
-        counts[pair.change_type] = counts.get(pair.change_type, 0) + 1
-        if pair.change_type != "no_change":
-            counts["change"] = counts.get("change", 0) + 1
+        if pair.change_type not in ("change", "no_change"):  # a named type; LEVIR-CC's pairs are only the two
+            counts[pair.change_type] = counts.get(pair.change_type, 0) + 1
+        group = "no_change" if pair.change_type == "no_change" else "change"
+        counts[group] = counts.get(group, 0) + 1
     groups = score_captions(predictions, pairs, metrics, by_type=True)
     return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
 

@@ -231,12 +231,18 @@ class Captioner:
         dtype: torch.dtype | str | None = None,
         max_len: int | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        *,
+        token: str | bool | None = None,
+        force_download: bool = False,
         **kwargs: Any,
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
-        (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only)."""
+        (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only;
+        ``token`` for a private or gated repo, ``force_download`` to fetch again what the cache holds)."""
         _checked_device(device)  # before anything is read or downloaded
-        model, vocab, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
+        model, vocab, _ = load_pretrained(
+            name_or_path, revision, cache_dir, local_files_only, token=token, force_download=force_download
+        )
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
     @classmethod

@@ -24,17 +24,35 @@ from torch import nn
 
 from procap import validate
 from procap.config import ProCapConfig
-from procap.data import Vocabulary
+from procap.data import DATASETS, Vocabulary
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION
 from procap.files import atomic_write_json, atomic_write_text
-from procap.hub_files import CARD_NAME, CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, push_folder, resolve_checkpoint
+from procap.hub_files import (
+    CARD_NAME,
+    CONFIG_NAME,
+    VOCAB_NAME,
+    WEIGHTS_NAME,
+    is_repo_id_shape,
+    push_folder,
+    resolve_checkpoint,
+)
 from procap.model.checkpoint_file import ModelT, read_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+; annotations only, so no runtime dependency
 
-_PYPI_PAGE = f"https://pypi.org/project/{DISTRIBUTION}/"
+PAPER_TITLE = "Imagine How To Change: Explicit Procedure Modeling for Change Captioning"
+PAPER_VENUE = "ICLR 2026"
+# The README's citation block is this text (tests/test_project_files.py keeps them equal). No author field: the
+# authors' names appear nowhere in this repository, and a guessed list would be worse than none.
+PAPER_BIBTEX = """@inproceedings{procap2026imagine,
+  title     = {Imagine How To Change: Explicit Procedure Modeling for Change Captioning},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2026}
+}"""
+# Where the paper's authors publish their checkpoints (the repo `procap convert` reads from).
+AUTHORS_HUB_URL = "https://huggingface.co/BlueberryOreo/ProCap"
 # config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
 _CONFIG_TAGS = {"library_name": "procap", "model_type": "procap", "architectures": ["ProCap"]}
 
@@ -46,7 +64,7 @@ def write_pretrained(
     *,
     dataset: str | None = None,
     metrics: dict[str, float] | None = None,
-    license: str = "mit",
+    license: str | None = None,
     repo_id: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
@@ -58,7 +76,8 @@ def write_pretrained(
         vocab: its :class:`procap.data.Vocabulary` (default: ``model.vocab``, set by ``from_pretrained``).
         dataset: the training data, for the model card (e.g. ``"clevr-change"``).
         metrics: measured scores for the card, e.g. ``{"CIDEr": 112.3}`` (default: those recorded with the model).
-        license: the card's licence field (an SPDX-style id).
+        license: the card's licence field (a Hub licence id); default ``mit`` for weights trained with procap and
+            ``other`` for the authors' converted weights (:func:`card_license`).
         repo_id: the Hub repo the folder is meant for; the card's examples name it.
         extra: more JSON facts kept in the weights' metadata.
 
@@ -75,8 +94,9 @@ def write_pretrained(
         **(extra or {}),
         "dataset": dataset if dataset is not None else recorded.get("dataset"),
         "metrics": metrics if metrics is not None else recorded.get("metrics", {}),
-        "license": license,
+        "license": license or recorded.get("license"),
     }
+    info["license"] = card_license(model, info)
     save_checkpoint(directory / WEIGHTS_NAME, model, vocab, info)
     atomic_write_json(directory / CONFIG_NAME, {**_CONFIG_TAGS, **model.config.to_dict()})
     vocab.save(directory / VOCAB_NAME)
@@ -84,33 +104,69 @@ def write_pretrained(
     return directory
 
 
+def converted_from_authors(model: nn.Module, info: dict[str, Any]) -> bool:
+    """True for weights the paper's authors trained (``procap convert --from authors``), whatever saved them since."""
+    return model.config.variant == "authors" or info.get("converted_from") == "authors"
+
+
+def card_license(model: nn.Module, info: dict[str, Any]) -> str:
+    """The card's licence id: the one asked for, else MIT for weights trained with procap and ``other`` for the
+    authors' converted weights, whose terms are theirs to set and are not procap's."""
+    if info.get("license"):
+        return str(info["license"])
+    return "other" if converted_from_authors(model, info) else "mit"
+
+
+def _training_data(dataset: str | None) -> str:
+    """The card's line on the training data: the benchmark's usual name when procap knows the dataset."""
+    if not dataset:
+        return "Not recorded."
+    spec = DATASETS.get(dataset)
+    return f"{spec.title} (procap's loader `{dataset}`)." if spec else f"{dataset}."
+
+
 def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
-    """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence."""
+    """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence,
+    citation.
+
+    The front matter holds only what the Hub's fields mean: ``datasets`` lists a dataset only when it is a Hub
+    dataset id (``owner/name``), since procap's loader names (``clevr-change``) are not; a licence of ``other``
+    (the authors' converted weights) comes with the ``license_name`` and ``license_link`` the Hub asks for.
+    ``tests/test_hub.py`` reads the card back through ``huggingface_hub.ModelCard``.
+    """
     c = model.config
     total = sum(p.numel() for p in model.parameters())
     vqgan = sum(p.numel() for p in model.vqgan.parameters())
     dataset = info.get("dataset")
     metrics = {k: v for k, v in (info.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    license_id = card_license(model, info)
+    authors_weights = converted_from_authors(model, info)
     where = f"hf://{repo_id}" if repo_id else "path/to/this/folder"
     source = repo_id or "path/to/this/folder"
-    front = ["---", f"license: {info.get('license', 'mit')}", "library_name: procap", "pipeline_tag: image-to-text"]
-    front += ["tags:", "- change-captioning", "- procap"]
-    if dataset:
+    front = ["---", f"license: {license_id}"]
+    if license_id == "other" and authors_weights:
+        front += ["license_name: procap-authors-weights", f"license_link: {AUTHORS_HUB_URL}"]
+    front += ["library_name: procap", "pipeline_tag: image-to-text", "tags:", "- change-captioning", "- procap"]
+    if dataset and is_repo_id_shape(str(dataset)):
         front += ["datasets:", f"- {dataset}"]
     front.append("---")
+    latents = f"{c.latent_size} x {c.latent_size} VQGAN latents"
+    if c.token_merge > 1:
+        latents += f", merged {c.token_merge} x {c.token_merge} into {c.grid_size} x {c.grid_size} encoder tokens"
     lines = [
         *front,
         "",
         f"# ProCap change captioner ({c.name} preset, {c.variant} variant)",
         "",
         'Describes in words what changed between two images ("the small red cube moved"): the implicit',
-        f"procedure captioner of *Imagine How To Change* (ICLR 2026), trained with [procap]({_PYPI_PAGE}).",
+        f"procedure captioner of *{PAPER_TITLE}* ({PAPER_VENUE}), saved with the `{DISTRIBUTION}` library",
+        "(`import procap`).",
         "",
         "## Architecture",
         "",
         "| part | size |",
         "| --- | --- |",
-        f"| images | {c.image_size} px, {c.grid_size} x {c.grid_size} VQGAN latents |",
+        f"| images | {c.image_size} px, {latents} |",
         f"| procedure queries | k = {c.num_keyframes} frames between before and after |",
         f"| procedure encoder | {c.enc_layers} layers x {c.enc_dim} |",
         f"| caption decoder | {c.dec_layers} layers x {c.dec_dim}, captions up to {c.max_caption_len} tokens |",
@@ -119,7 +175,7 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         "",
         "## Training data",
         "",
-        f"{dataset if dataset else 'Not recorded.'}",
+        _training_data(dataset),
         "",
         "## Measured scores",
         "",
@@ -147,7 +203,24 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         "",
         "## Licence",
         "",
-        f"{info.get('license', 'mit')}",
+    ]
+    if authors_weights:
+        lines += [
+            "These weights were trained by the paper's authors and converted to this format by procap; they remain",
+            f"theirs and come under their terms (their checkpoints: {AUTHORS_HUB_URL}), not under procap's MIT",
+            f"licence, which covers the procap code only. Licence field: `{license_id}`.",
+        ]
+    else:
+        lines.append(f"`{license_id}`.")
+    lines += [
+        "",
+        "## Citation",
+        "",
+        "The method is the paper's; its authors are not named in procap's sources, so the entry gives title and venue:",
+        "",
+        "```bibtex",
+        PAPER_BIBTEX,
+        "```",
         "",
     ]
     return "\n".join(lines)
@@ -160,14 +233,25 @@ def read_pretrained(
     cache_dir: str | Path | None = None,
     local_files_only: bool = False,
     map_location: str | torch.device = "cpu",
+    *,
+    token: str | bool | None = None,
+    force_download: bool = False,
 ) -> tuple[ModelT, Vocabulary, dict[str, Any]]:
     """``(model, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``.
 
     The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
-    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else.
+    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else. ``token``
+    and ``force_download`` go to the Hub download (:func:`procap.hub_files.download`).
     """
     weights = resolve_checkpoint(
-        name_or_path, "pretrained model", revision, cache_dir, local_files_only, allow_repo_id=True
+        name_or_path,
+        "pretrained model",
+        revision,
+        cache_dir,
+        local_files_only,
+        allow_repo_id=True,
+        token=token,
+        force_download=force_download,
     )
     model, vocab, metadata = read_checkpoint(model_class, weights, map_location)
     _check_config_copy(weights.parent / CONFIG_NAME, model.config.to_dict())
@@ -216,12 +300,26 @@ class PretrainedMixin(nn.Module):
         cache_dir: str | Path | None = None,
         local_files_only: bool = False,
         map_location: str | torch.device = "cpu",
+        *,
+        token: str | bool | None = None,
+        force_download: bool = False,
     ) -> Self:
         """A model from a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``.
 
-        Returns the model in eval mode, with its vocabulary as ``model.vocab``.
+        ``token`` reads a private or gated repo (default: the saved login or ``HF_TOKEN``); ``force_download``
+        fetches the files again even when the Hub cache has them. Returns the model in eval mode, with its
+        vocabulary as ``model.vocab``.
         """
-        model, _, _ = read_pretrained(cls, name_or_path, revision, cache_dir, local_files_only, map_location)
+        model, _, _ = read_pretrained(
+            cls,
+            name_or_path,
+            revision,
+            cache_dir,
+            local_files_only,
+            map_location,
+            token=token,
+            force_download=force_download,
+        )
         return model
 
     def push_to_hub(

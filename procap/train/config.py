@@ -78,6 +78,9 @@ class TrainConfig:
     cache_images: bool = True
     cache_features: bool = False  # memo the frozen VQGAN per image (small datasets; VQGAN.memoize)
     loggers: tuple[str, ...] = ()  # run trackers besides log.jsonl: "tensorboard", "wandb" (procap/train/tracking.py)
+    # The wandb run's project and name; None leaves them to WANDB_PROJECT / WANDB_NAME, then "procap" and the stage.
+    wandb_project: str | None = None
+    wandb_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_DEFAULTS:

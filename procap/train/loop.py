@@ -391,7 +391,9 @@ class Trainer:
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
                         print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
-                    self.trackers = RunTrackers(self.cfg.loggers, self.out, self.name, config)
+                    self.trackers = RunTrackers(
+                        self.cfg.loggers, self.out, self.name, config, self.cfg.wandb_project, self.cfg.wandb_name
+                    )
                 try:
                     state = self._fit(stop)
                 finally:

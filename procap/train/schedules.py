@@ -52,8 +52,10 @@ class StepSchedule:
         self.step_count += 1
         self.apply()
 
-    def lrs(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
+    def lrs(self) -> dict[str, float]:
+        """Each parameter group's lr under its name (``encoder``, ``decoder``...), so logs and trackers say which
+        group a value belongs to; a group without a name is ``group<i>``."""
+        return {str(group.get("name", f"group{i}")): group["lr"] for i, group in enumerate(self.optimizer.param_groups)}
 
     def state_dict(self) -> dict[str, int]:
         return {"step": self.step_count}

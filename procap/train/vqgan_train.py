@@ -126,7 +126,8 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     keeper = CodebookKeeper(vqgan, initialised=cfg.resume)  # a resumed codebook is already initialised
 
     def make_optimizer(total: int) -> tuple[torch.optim.Optimizer, StepSchedule]:
-        opt = torch.optim.Adam(vqgan.parameters(), lr=0.0, betas=(0.5, 0.9), foreach=False)  # taming's betas
+        groups = [{"params": list(vqgan.parameters()), "name": "vqgan"}]  # the name labels its lr in the logs
+        opt = torch.optim.Adam(groups, lr=0.0, betas=(0.5, 0.9), foreach=False)  # taming's betas
         warm = min(cfg.warmup_steps, total)
         return opt, StepSchedule(opt, [lambda s: warmup_lr(s, cfg.lr_start, cfg.lr, warm, total, cfg.decay)])
 

@@ -85,3 +85,41 @@ def test_a_malformed_captions_file_is_one_sentence(tmp_path):
     (tmp_path / "LevirCCcaptions.json").write_text(json.dumps({"images": [{"split": "train", "filename": 3}]}))
     with pytest.raises(ProCapError, match="without a filename string"):
         load_split("levir-cc", tmp_path, "train")
+
+
+def test_the_split_comes_from_each_entrys_split_field_not_its_folder(tmp_path):
+    # RSICC's preprocessing reads `split`; `filepath` only says where the images lie.
+    root = make_levir(tmp_path, {"train": 3, "test": 1})
+    data = json.loads((root / "LevirCCcaptions.json").read_text())
+    data["images"][2]["split"] = "val"
+    (root / "LevirCCcaptions.json").write_text(json.dumps(data))
+    assert [p.id for p in load_split("levir-cc", root, "train")] == ["train_000000.png", "train_000001.png"]
+    (moved,) = load_split("levir-cc", root, "val")
+    assert moved.id == "train_000002.png" and moved.before_path == root / "images" / "train" / "A" / moved.id
+
+
+def test_changeflag_gives_the_change_and_no_change_groups(tmp_path):
+    from procap.eval.split import breakdown
+
+    pytest.importorskip("pycocoevalcap", reason="the [eval] extra (pycocoevalcap) is not installed")
+    root = make_levir(tmp_path, {"test": 5})
+    pairs = load_split("levir-cc", root, "test")
+    assert [p.change_type for p in pairs] == ["change", "no_change", "change", "no_change", "change"]
+    predictions = {p.id: p.captions[0] for p in pairs}
+    groups = breakdown(predictions, pairs, ["BLEU-4", "CIDEr"])
+    assert sorted(groups) == ["change", "no_change", "total"]
+    assert [groups[g]["pairs"] for g in ("total", "change", "no_change")] == [5, 3, 2]
+    assert all(set(values) == {"BLEU-4", "CIDEr", "pairs"} for values in groups.values())
+
+
+def test_an_entry_without_changeflag_has_no_group_and_a_bad_one_is_refused(tmp_path):
+    root = make_levir(tmp_path, {"train": 2})
+    data = json.loads((root / "LevirCCcaptions.json").read_text())
+    del data["images"][0]["changeflag"]
+    data["images"][1]["changeflag"] = 2
+    (root / "LevirCCcaptions.json").write_text(json.dumps(data))
+    with pytest.raises(ProCapError, match="changeflag 2; it must be 0 or 1"):
+        load_split("levir-cc", root, "train")
+    data["images"][1]["changeflag"] = 0
+    (root / "LevirCCcaptions.json").write_text(json.dumps(data))
+    assert [p.change_type for p in load_split("levir-cc", root, "train")] == [None, "no_change"]

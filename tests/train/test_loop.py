@@ -208,6 +208,7 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
     path = vt.train_vqgan(cfg, pairs=train_pairs)
     losses = [r["l1"] for r in JsonlLog(tmp_path / "log.jsonl").records()]
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
+    assert list(JsonlLog(tmp_path / "log.jsonl").records()[0]["lr"]) == ["vqgan"]  # the group's name labels its lr
     vqgan = vt.load_vqgan(path)
     assert vqgan.config.resolution == 16
 

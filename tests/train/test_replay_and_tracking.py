@@ -113,14 +113,62 @@ def test_tensorboard_and_wandb_receive_the_logged_scalars(tmp_path, small_model,
     events.Reload()
     losses = [event.value for event in events.Scalars("stage1/loss")]
     assert losses == pytest.approx(_losses(out), rel=1e-6) and len(losses) == 2
+    logged_lrs = [r["lr"]["all"] for r in JsonlLog(out / "log.jsonl").records() if "lr" in r]
+    assert [event.value for event in events.Scalars("stage1/lr/all")] == pytest.approx(logged_lrs)
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
 def test_scalars_flatten_and_validation_is_one_console_line():
-    record = {"step": 3, "lr": [1e-4, 2e-5], "val": {"CIDEr": 12.5}, "note": "x", "nan": float("nan"), "ok": True}
-    assert scalars(record) == {"step": 3.0, "lr/0": 1e-4, "lr/1": 2e-5, "val/CIDEr": 12.5}
+    record = {
+        "step": 3,
+        "lr": {"encoder": 1e-4, "decoder": 2e-5},
+        "val": {"CIDEr": 12.5},
+        "note": "x",
+        "nan": float("nan"),
+    }
+    assert scalars({**record, "ok": True}) == {"step": 3.0, "lr/encoder": 1e-4, "lr/decoder": 2e-5, "val/CIDEr": 12.5}
+    assert scalars({"losses": [0.5, 0.25]}) == {"losses/0": 0.5, "losses/1": 0.25}
     line = validation_line("stage2", 40, {"CIDEr": 112.3, "acc_change": 0.981, "distinct": 0.5})
     assert line == "stage2 step 40 validation: CIDEr 112.30, acc_change 98.1%, distinct 50.0%"
     named = validation_line("stage2", 40, {"CIDEr": 112.3}, run="static")
     assert named == "stage2 step 40 validation (static): CIDEr 112.30"
+
+
+def test_the_wandb_project_and_run_name_come_from_flags_then_the_environment(tmp_path, monkeypatch, clevr_root):
+    import sys
+    import types
+
+    from procap.train.tracking import RunTrackers, wandb_identity
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.delenv("WANDB_NAME", raising=False)
+    assert wandb_identity("stage2") == ("procap", "stage2")
+    monkeypatch.setenv("WANDB_PROJECT", "levir-runs")
+    monkeypatch.setenv("WANDB_NAME", "k2-seed0")
+    assert wandb_identity("stage2") == ("levir-runs", "k2-seed0")
+    assert wandb_identity("stage2", "flag-project", "flag-name") == ("flag-project", "flag-name")
+
+    started = []
+    fake = types.ModuleType("wandb")  # stands in for wandb: records what a run would be started with
+    fake.init = lambda **options: started.append(options) or types.SimpleNamespace(finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    RunTrackers(("wandb",), tmp_path, "stage2", {}).close()
+    RunTrackers(("wandb",), tmp_path, "stage2", {}, project="p", run_name="n").close()
+    assert [(s["project"], s["name"]) for s in started] == [("levir-runs", "k2-seed0"), ("p", "n")]
+
+    args = _parse(
+        "train",
+        "--data",
+        str(clevr_root),
+        "--out",
+        str(tmp_path / "run"),
+        "--preset",
+        "tiny",
+        "--wandb-project",
+        "p",
+        "--wandb-name",
+        "n",
+    )
+    config = config_from_args("train", args)
+    assert (config.wandb_project, config.wandb_name) == ("p", "n")

@@ -12,7 +12,7 @@ from procap.train.schedules import is_decoder_param, stage1_optimizer, stage2_op
 
 def _lrs_at(schedule, step: int) -> list[float]:
     schedule.load_state_dict({"step": step})
-    return schedule.lrs()
+    return list(schedule.lrs().values())
 
 
 def test_warmup_shape():
@@ -93,3 +93,10 @@ def test_bad_config_values():
         TrainConfig(stage="finetune")
     with pytest.raises(ValueError):
         TrainConfig(decay="step")
+
+
+def test_each_parameter_group_logs_its_lr_under_its_name(model):
+    stage1 = TrainConfig(stage="pretrain").resolved()
+    stage2 = TrainConfig(stage="train").resolved()
+    assert list(stage1_optimizer(model, stage1, 10)[1].lrs()) == ["all"]
+    assert list(stage2_optimizer(model, stage2, 10)[1].lrs()) == ["encoder", "decoder"]

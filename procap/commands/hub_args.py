@@ -1,0 +1,32 @@
+"""The Hub flags of every command that takes ``--ckpt`` (``caption``, ``evaluate``, ``imagine``, ``profile``), and
+the one call that turns ``--ckpt`` into a local checkpoint file with them. Imports nothing heavy: ``--help`` stays
+fast."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--hf-token`` and ``--force-download``, applied when ``--ckpt`` is ``hf://owner/repo[@revision]``."""
+    group = parser.add_argument_group("Hugging Face Hub (when --ckpt is hf://owner/repo[@revision])")
+    group.add_argument(
+        "--hf-token",
+        default=None,
+        metavar="TOKEN",
+        help="access token for a private or gated repo (default: the saved login or HF_TOKEN)",
+    )
+    group.add_argument(
+        "--force-download",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="fetch the files again even when the Hub cache holds them (default: no)",
+    )
+
+
+def checkpoint_file(args: argparse.Namespace, what: str = "--ckpt") -> Path:
+    """The local ``.safetensors`` file behind ``args.ckpt``, downloaded with the Hub flags when it is ``hf://``."""
+    from procap.hub_files import resolve_checkpoint
+
+    return resolve_checkpoint(args.ckpt, what, token=args.hf_token, force_download=args.force_download)
