@@ -320,6 +320,19 @@ CASES += [
     ),
 ]
 
+# One JSON (and YAML) reader: a key given twice, or two names for one thing, is refused wherever it is read.
+CASES += [
+    case(
+        "corrupt", f"train {TRAIN_OK} --config {{config_dup_steps}}", "{config_dup_steps} names the key 'steps' twice"
+    ),
+    case("corrupt", f"pretrain {TRAIN_OK} --config {{config_dup_yaml}}", "{config_dup_yaml} names the key 'lr' twice"),
+    case("corrupt", "vocab --dataset clevr-change --root {two_names_clevr} --out {out}/v.json", "names scene 1 twice"),
+    case("corrupt", f"evaluate {EVAL_OK} --data {{two_types_clevr}}", "type_mapping.json lists scene"),
+    case("corrupt", "score --pred {pred} --refs {refs} --types {types_total}", "{types_total}"),
+    case("corrupt", "score --pred {pred} --refs {refs} --types {types_change}", "summary group"),
+    case("corrupt", f"caption --ckpt {{dup_meta_ckpt}} {PAIR}", "names the key 'stage' twice"),
+]
+
 # Outputs that would destroy an input, and outputs the operating system refuses mid-run.
 CASES += [
     case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {pred}", "--pred"),
@@ -415,9 +428,22 @@ def _datasets(ws: Path) -> dict[str, Path]:
     splits["train"].append(splits["train"][0])
     splits["test"].append(splits["test"][0])
     (dup_split / "splits.json").write_text(json.dumps(splits), encoding="utf-8")
+    two_names = ws / "two_names_clevr"  # scene 1 under its full name and its short one: one caption list was lost
+    shutil.copytree(ws / "data", two_names)
+    captions = json.loads((two_names / "change_captions.json").read_text(encoding="utf-8"))
+    captions["000001.png"] = ["the scene was described twice"]
+    (two_names / "change_captions.json").write_text(json.dumps(captions), encoding="utf-8")
+    two_types = ws / "two_types_clevr"  # a scene under two change types: the later one won
+    shutil.copytree(ws / "data", two_types)
+    mapping = json.loads((two_types / "type_mapping.json").read_text(encoding="utf-8"))
+    kinds = [kind for kind, names in mapping.items() if names]
+    mapping[kinds[1]].append(mapping[kinds[0]][0])
+    (two_types / "type_mapping.json").write_text(json.dumps(mapping), encoding="utf-8")
     return {name: ws / name for name in ("data", "empty_dir", "corrupt_clevr", "typed_ier")} | {
         "typed_spot": ws / "typed_spot",
         "dup_split_clevr": dup_split,
+        "two_names_clevr": two_names,
+        "two_types_clevr": two_types,
     }
 
 
@@ -454,9 +480,12 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
         int_ckpt,
         metadata=_metadata(ckpt),
     )
+    # metadata naming a key twice: json.loads kept the last value
+    dup_meta = _rewrite_metadata(ckpt, ws / "dup_meta.safetensors", extra='{"stage": "stage2", "stage": "stage1"}')
     return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
         "nan_ckpt": nan_ckpt,
         "int_ckpt": int_ckpt,
+        "dup_meta_ckpt": dup_meta,
     }
 
 
@@ -490,6 +519,10 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "config_list_lr": json.dumps({"lr": [1, 2]}),
         "config_number_data": json.dumps({"data": 5}),
         "config_yes_amp": json.dumps({"amp": "yes"}),
+        "config_dup_steps": '{"steps": 1, "steps": 5}',  # the last value won silently
+        "config_dup_yaml": "lr: 0.1\nlr: 0.001\n",
+        "types_total": json.dumps({"p1": "total"}),  # counted twice in the total, whose score it replaced
+        "types_change": json.dumps({"p1": "change"}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "other_types": json.dumps({"q9": "color"}),  # types for other ids: p1 was in no group of the breakdown
         "word2idx": json.dumps(
@@ -502,7 +535,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         ),
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
-    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors"}
+    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors", "config_dup_yaml": ".yaml"}
     suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
     for name, text in texts.items():
         paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"

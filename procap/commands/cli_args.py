@@ -211,27 +211,18 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     """The TrainConfig fields stored in a run's config file (JSON, or YAML with the ``[train]`` extra).
 
     Raises:
-        ProCapError: unreadable file, not a mapping, another stage's config, or keys that are no TrainConfig field.
+        ProCapError: unreadable file, a key given twice, not a mapping, another stage's config, or keys that are
+            no TrainConfig field.
     """
-    import json
-
     from procap import validate
+    from procap.json_files import parse_json, parse_yaml
 
     path = validate.input_file(path, "--config file")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    source = f"--config file {path}"
     if path.suffix.lower() in (".yaml", ".yml"):
-        from procap.extras import require
-
-        yaml = require("yaml", "--config FILE.yaml")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ProCapError(f"--config file {path} is not readable YAML ({' '.join(str(exc).split())}).") from None
+        data = parse_yaml(path.read_text(encoding="utf-8", errors="replace"), source)
     else:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ProCapError(f"--config file {path} is not readable JSON ({exc}).") from None
+        data = parse_json(path.read_bytes(), source)
     if not isinstance(data, dict):
         raise ProCapError(f"--config file {path} does not hold a mapping of option names to values.")
     data = {k: v for k, v in data.items() if k not in RUN_FACTS}

@@ -68,9 +68,9 @@ def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pr
 
 def run(args: argparse.Namespace) -> int:
     from procap import validate
-    from procap.data.records import read_json
-    from procap.eval.metrics import format_table, metric_names, read_predictions, score
+    from procap.eval.metrics import check_type_names, format_table, metric_names, read_predictions, score
     from procap.files import atomic_write_json
+    from procap.json_files import read_json
 
     try:
         metrics = metric_names(m.strip() for m in args.metrics.split(",") if m.strip())
@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         types = read_json(args.types, "change-type file")
         if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
             raise ProCapError(f"change-type file {args.types} must be an object from id to change type.")
+        try:
+            check_type_names(types, predictions)
+        except ProCapError as exc:
+            raise ProCapError(f"change-type file {args.types}: {exc}") from None
     _check_ids(predictions, references, args.pred, source)
     if args.types:  # an id without a type was counted in the total and in no group of the breakdown, silently
         untyped = [key for key in predictions if key not in types]

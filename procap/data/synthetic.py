@@ -17,7 +17,6 @@ only the object changes, which is what makes the ground-truth intermediate state
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -32,6 +31,7 @@ from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, make_parents, remove_empty, writing
+from procap.json_files import read_json
 
 CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
 # Key order of the real type_mapping.json (a permutation of CHANGE_TYPES), so our files read like theirs.
@@ -268,7 +268,7 @@ def _read_scenes(root: Path) -> dict[str, Any]:
     key = (str(path.resolve()), path.stat().st_mtime)
     if key not in _SCENES_CACHE:
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path, "synthetic scenes file")
             data["by_index"] = {s["index"]: s for s in data["scenes"]}
         except (ValueError, KeyError, TypeError) as exc:
             raise ProCapError(f"{path} is not a valid scenes.json file ({exc}).") from None

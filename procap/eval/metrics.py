@@ -15,11 +15,11 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from procap.data.records import read_json
 from procap.data.vocab import tokenize
 from procap.errors import ProCapError
 from procap.extras import require
 from procap.files import atomic_write_json
+from procap.json_files import read_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
 # (BLEU-4, bleu, Bleu_4, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, ...) resolves through metric_name().
@@ -240,6 +240,7 @@ def score(
     gts = {k: both[f"r{k}"] for k in predictions}
     results: dict[str, Any] = _score_tokenized(gts, res, scorers)
     if change_types is not None:
+        check_type_names(change_types, predictions)
         groups: dict[str, list[str]] = {"total": list(predictions)}
         for key in predictions:
             kind = change_types.get(key)
@@ -256,6 +257,24 @@ def score(
             for name, keys in sorted(groups.items())
         }
     return results
+
+
+# Groups of the breakdown that summarise the change types; a type of one of these names would be merged into it.
+SUMMARY_GROUPS = ("total", "change")
+
+
+def check_type_names(change_types: dict[str, str | None], predictions: dict[str, str]) -> None:
+    """Refuse a change type that is no string or names a summary group (an id of type ``total`` counted twice
+    in the total, and its own group's score replaced the total's)."""
+    for key in predictions:
+        kind = change_types.get(key)
+        if kind is not None and not isinstance(kind, str):
+            raise ProCapError(f"the change type of id {key!r} is {type(kind).__name__}, not a string.")
+        if kind in SUMMARY_GROUPS:
+            raise ProCapError(
+                f"id {key!r} has the change type {kind!r}, which is the name of a summary group of the breakdown "
+                f"({', '.join(SUMMARY_GROUPS)}); rename the type."
+            )
 
 
 def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
+from procap.json_files import parse_json
 from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
@@ -81,7 +82,8 @@ class JsonlLog:
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [parse_json(line, f"line {n} of log {self.path}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
 @dataclass

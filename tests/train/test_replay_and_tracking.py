@@ -73,7 +73,7 @@ def test_a_yaml_config_gives_the_same_options(tmp_path, clevr_root):
     [
         ('{"stage": "train", "steps": 3}', "is a `procap train` config, not `procap pretrain`"),
         ('{"steps": 3, "learning_speed": 2}', "no training option: learning_speed"),
-        ("{not json", "is not readable JSON"),
+        ("{not json", "is not valid JSON"),
         ("[1, 2]", "does not hold a mapping"),
     ],
 )
