@@ -347,6 +347,24 @@ CASES += [
     case("output is input", f"train {TRAIN_OK} --out {{data}}/run", "--data"),
     case("output is input", f"train {TRAIN_OK} --out {{run}} --init {{run}}/best.safetensors", "--init"),
     case("output is input", f"evaluate {EVAL_OK} --out {{data}}/eval", "--data"),
+    # a run folder belongs to one run: a finished or foreign one is refused without --resume or --overwrite
+    case("existing", f"pretrain {TRAIN_OK} --out {{stage1_run}}", "finished `procap pretrain` run; pass --resume"),
+    case("existing", f"vqgan {TRAIN_OK} --out {{stage1_run}}", "a `procap vqgan` run may not write into"),
+    case(
+        "existing",
+        f"train {TRAIN_OK} --init {{stage1_run}}/stage1.safetensors --out {{stage1_run}}",
+        "a `procap train` run may not write into",
+    ),
+    case("existing", f"train {TRAIN_OK} --out {{stage1_run}} --resume", "not a `procap train` run to continue"),
+    case("existing", f"pretrain {TRAIN_OK} --out {{run}}", "the files of a procap run"),
+    case(
+        "output is input",
+        f"train {TRAIN_OK} --init {{stage1_run}}/stage1.safetensors --out {{stage1_run}} --overwrite",
+        "which this run reads",
+    ),
+    case("wrong type", f"pretrain {TRAIN_OK} --out {{stage1_run}} --resume --overwrite", "not both"),
+    # an --out from a --config file gets the rules of the command line (relative to the file: data/run)
+    case("output is input", "train --config {config_out_in_data}", "lies inside --data"),
     case("output is input", f"imagine --ckpt {{ckpt}} {PAIR} --out {{bef}}", "BEFORE"),
     case("output is input", f"procedure {PROC_OK} --out {{some_dir}}/p.png", "--cache"),
     case("output is input", "convert --from authors {text_taming} --vocab {word2idx} --out {word2idx}", "--vocab"),
@@ -570,6 +588,18 @@ def _stale_cache(ws: Path, data: Path, vqgan: Path) -> dict[str, Path]:
     return {"changed_data": changed, "stale_cache": cache}
 
 
+def _stage1_run(ws: Path, ckpt: Path) -> dict[str, Path]:
+    """The folder of a finished `procap pretrain` run, as the run leaves it."""
+    run = ws / "stage1_run"
+    run.mkdir()
+    for name in ("stage1.safetensors", "last.safetensors"):
+        (run / name).write_bytes(ckpt.read_bytes())
+    (run / "stage1_config.json").write_text(json.dumps({"stage": "pretrain", "preset": "tiny"}), encoding="utf-8")
+    (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n", encoding="utf-8")
+    (run / "run.json").write_text(json.dumps({"kind": "pretrain", "state": "finished"}), encoding="utf-8")
+    return {"stage1_run": run}
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, str]:
     ws = tmp_path_factory.mktemp("bad_inputs")
@@ -586,6 +616,10 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
     (places["clevr_like"] / "images").mkdir(parents=True)
     places |= _stale_cache(ws, places["data"], places["vqgan"])
+    places |= _stage1_run(ws, places["ckpt"])
+    places["config_out_in_data"] = ws / "config_out_in_data.json"  # paths relative to the file's folder
+    options = {"data": "data", "out": "data/run", "preset": "tiny", "steps": 1, "batch_size": 2}
+    places["config_out_in_data"].write_text(json.dumps(options), encoding="utf-8")
     places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
     places["run"].mkdir()
     (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())

@@ -154,6 +154,7 @@ def stage_configs(
         "log_every": 10,
         "decay": "cosine",
         "cache_features": True,
+        "overwrite": True,  # the demo's folder is the demo's: a rerun replaces its runs (each swapped in when done)
     }
     vq_path = str(out / "vqgan" / "vqgan.safetensors")
     vqgan = TrainConfig(

@@ -329,27 +329,18 @@ def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, li
     return results
 
 
-def remove_benchmark(root: Path, partial: bool = False) -> None:
-    """Delete the synthetic benchmark in ``root`` (the :data:`LAYOUT` entries only; other files stay).
+def check_replaceable(root: Path) -> None:
+    """Refuse a ``root`` that holds layout entries but no ``scenes.json``.
 
-    Args:
-        root: the benchmark's folder.
-        partial: the benchmark is one this process was writing (it has no ``scenes.json`` yet).
-
-    Raises:
-        ProCapError: ``root`` holds layout entries but no ``scenes.json``: not a benchmark this module wrote
-            (a real CLEVR-Change root, say), so nothing is deleted.
+    Such a folder is not a benchmark this module wrote (a real CLEVR-Change root, say), so nothing in it may be
+    replaced.
     """
-    import shutil
-
     present = [root / name for name in LAYOUT if (root / name).exists()]
-    if present and not partial and not (root / "scenes.json").is_file():
+    if present and not (root / "scenes.json").is_file():
         raise ProCapError(
             f"{root} holds {present[0].name} but no scenes.json, so it is not a synthetic benchmark to replace; "
             "choose another folder."
         )
-    for entry in present:
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def generate(
@@ -359,8 +350,9 @@ def generate(
 
     Args:
         out_dir: target directory (created). A synthetic benchmark already there is replaced whole, so no image
-            of a larger earlier one is left behind; files outside the layout are left alone. When the run fails
-            or is interrupted, the partial benchmark is removed.
+            of a larger earlier one is left behind; files outside the layout are left alone. The new benchmark is
+            written beside the old one (in a hidden folder inside `out_dir`) and moved into place only when
+            complete, so a failed or interrupted run leaves the old benchmark as it was (and no partial one).
         scenes: number of scenes; each gives a change pair and a distractor pair.
         size: image side in pixels.
         seed: everything (objects, changes, captions, splits) is a function of the seed.
@@ -370,20 +362,47 @@ def generate(
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
     """
+    import shutil
+    import tempfile
+
     if scenes < 1 or size < 16:
         raise ProCapError(f"need at least 1 scene and an image size of at least 16 px, got {scenes} and {size}.")
 
     root = Path(out_dir)
-    remove_benchmark(root)
+    check_replaceable(root)
     created: list[Path] = []
+    staging = None
     try:
         with writing(root):
             created = make_parents(root / "scenes.json")
-        return _write_benchmark(root, scenes, size, seed, workers, progress)
+            staging = Path(tempfile.mkdtemp(prefix=".synth-new-", dir=root))
+        splits = _write_benchmark(staging, scenes, size, seed, workers, progress)
+        with writing(root):
+            _swap_in(staging, root)
+        return splits
     except BaseException:
-        remove_benchmark(root, partial=True)  # no half-written benchmark is left to be mistaken for a whole one
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # no half-written benchmark is left behind
         remove_empty(created)
         raise
+
+
+def _swap_in(staging: Path, root: Path) -> None:
+    """Move the complete benchmark in ``staging`` into ``root``, replacing the old one entry by entry.
+
+    ``scenes.json`` goes last: until it is replaced, the old one still marks ``root`` as a benchmark (a leftover
+    of an interrupted swap is then replaced whole by the next ``synth --overwrite``).
+    """
+    import shutil
+
+    trash = staging / ".replaced"
+    trash.mkdir()
+    for name in LAYOUT:
+        old = root / name
+        if old.exists() or old.is_symlink():
+            os.rename(old, trash / name)
+        os.rename(staging / name, old)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool) -> dict:
