@@ -365,6 +365,12 @@ CASES += [
     case("wrong type", f"pretrain {TRAIN_OK} --out {{stage1_run}} --resume --overwrite", "not both"),
     # an --out from a --config file gets the rules of the command line (relative to the file: data/run)
     case("output is input", "train --config {config_out_in_data}", "lies inside --data"),
+    # what a file says about itself is checked where it is used: a stage-1 checkpoint cannot caption
+    case("wrong type", f"caption --ckpt {{stage1_run}}/stage1.safetensors {PAIR}", "records stage 'stage1'"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{stage1_run}}/stage1.safetensors", "records stage 'stage1'"),
+    case("wrong type", "profile --ckpt {stage1_run}/stage1.safetensors --out {out}", "records stage 'stage1'"),
+    # predictions of one id of two are no score of the whole
+    case("empty", "score --pred {pred} --refs {refs_two}", "covers 1 of the 2 ids of reference file {refs_two}"),
     case("output is input", f"imagine --ckpt {{ckpt}} {PAIR} --out {{bef}}", "BEFORE"),
     case("output is input", f"procedure {PROC_OK} --out {{some_dir}}/p.png", "--cache"),
     case("output is input", "convert --from authors {text_taming} --vocab {word2idx} --out {word2idx}", "--vocab"),
@@ -532,7 +538,8 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "refs": json.dumps({"p1": ["the cube moved"]}),
         "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
-        "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
+        "blank_refs": json.dumps({"p1": ["", " "]}),
+        "refs_two": json.dumps({"p1": ["the cube moved"], "p2": ["the sphere is gone"]}),  # scored against nothing
         "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
         "config_list_lr": json.dumps({"lr": [1, 2]}),
         "config_number_data": json.dumps({"data": 5}),
@@ -593,7 +600,7 @@ def _stage1_run(ws: Path, ckpt: Path) -> dict[str, Path]:
     run = ws / "stage1_run"
     run.mkdir()
     for name in ("stage1.safetensors", "last.safetensors"):
-        (run / name).write_bytes(ckpt.read_bytes())
+        _rewrite_metadata(ckpt, run / name, extra=json.dumps({"stage": "stage1", "step": 1}))
     (run / "stage1_config.json").write_text(json.dumps({"stage": "pretrain", "preset": "tiny"}), encoding="utf-8")
     (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n", encoding="utf-8")
     (run / "run.json").write_text(json.dumps({"kind": "pretrain", "state": "finished"}), encoding="utf-8")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
@@ -36,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics",
         default="bleu,meteor,rouge,cider",
         help="comma-separated subset of BLEU-4,METEOR,ROUGE-L,CIDEr, any spelling (METEOR needs Java)",
+    )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="score predictions that cover only some ids of the references (refused by default: the scores of a "
+        "part are not those of the split); the report states the coverage either way",
     )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 
@@ -98,7 +105,15 @@ def run(args: argparse.Namespace) -> int:
                 f"change-type file {args.types} has no change type for id {untyped[0]!r} ({len(untyped)} of the "
                 f"{len(predictions)} predicted ids); give every predicted id a type."
             )
-    results = score(predictions, references, metrics, types)
+    coverage = {"scored": len(predictions), "references": len(references), "source": source}
+    if len(predictions) < len(references) and not args.allow_partial:
+        raise ProCapError(
+            f"prediction file {args.pred} covers {len(predictions)} of the {len(references)} ids of {source}, and "
+            "scores of a part are not those of the whole; predict every id, or pass --allow-partial to score these."
+        )
+    results = {**score(predictions, references, metrics, types), "coverage": coverage}
+    if len(predictions) < len(references):
+        print(f"scored {len(predictions)} of the {len(references)} ids of {source} (--allow-partial)", file=sys.stderr)
     print(format_table(results))
     if args.out:
         atomic_write_json(args.out, results, indent=2)

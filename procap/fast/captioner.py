@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from procap.attention import BACKENDS
-from procap.checkpoint import load_checkpoint
+from procap.checkpoint import check_can_caption, load_checkpoint
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
@@ -198,7 +198,8 @@ class Captioner:
         **kwargs: Any,
     ) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
-        model, vocab, _ = load_checkpoint(path)
+        model, vocab, metadata = load_checkpoint(path)
+        check_can_caption(metadata, path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
     @classmethod
@@ -216,7 +217,8 @@ class Captioner:
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
         (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only)."""
-        model, vocab, _ = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
+        model, vocab, metadata = load_pretrained(name_or_path, revision, cache_dir, local_files_only)
+        check_can_caption(metadata, name_or_path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
     @classmethod
