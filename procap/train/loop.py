@@ -326,7 +326,8 @@ class Trainer:
         self.log.write(record)
         self.trackers.write(record)
         self.state.history.append(record)
-        print(validation_line(self.name, self.state.step, metrics, self.out.name), flush=True)
+        run_name = Path(self.cfg.out).name  # not self.out's: a replacing run writes in a folder of another name
+        print(validation_line(self.name, self.state.step, metrics, run_name), flush=True)
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step
