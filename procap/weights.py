@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from procap.errors import ProCapError
 from procap.files import atomic_write
+from procap.json_files import parse_json
 from procap.validate import input_file
 
 # Floating-point formats a stored weight may have: the model casts them to its own dtype on load.
@@ -226,10 +227,7 @@ def check_file_fits(path: Path | str, build: Any, what: str = "weights") -> None
         what: how messages name the file.
     """
     shapes, raw = read_header(path, what)
-    try:
-        aliases = json.loads(raw.get("aliases", "{}"))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProCapError(f"{what} file {path} has malformed JSON metadata ({exc})") from None
+    aliases = parse_json(raw.get("aliases", "{}"), f"the aliases metadata of {what} file {path}")
     with torch.device("meta"):
         try:
             module = build()
@@ -241,8 +239,5 @@ def check_file_fits(path: Path | str, build: Any, what: str = "weights") -> None
 def load_module_state(path: Path | str, what: str = "weights") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Counterpart of :func:`save_module`: ``(state_dict, metadata)`` with aliases restored and JSON decoded."""
     tensors, raw = read_tensors(path, what)
-    try:
-        meta = {key: json.loads(value) for key, value in raw.items()}
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProCapError(f"{what} file {path} has malformed JSON metadata ({exc})") from None
+    meta = {key: parse_json(value, f"the {key} metadata of {what} file {path}") for key, value in raw.items()}
     return restore_aliases(tensors, meta.pop("aliases", {}), path), meta

@@ -337,6 +337,19 @@ CASES += [
     ),
 ]
 
+# One JSON (and YAML) reader: a key given twice, or two names for one thing, is refused wherever it is read.
+CASES += [
+    case(
+        "corrupt", f"train {TRAIN_OK} --config {{config_dup_steps}}", "{config_dup_steps} names the key 'steps' twice"
+    ),
+    case("corrupt", f"pretrain {TRAIN_OK} --config {{config_dup_yaml}}", "{config_dup_yaml} names the key 'lr' twice"),
+    case("corrupt", "vocab --dataset clevr-change --root {two_names_clevr} --out {out}/v.json", "names scene 1 twice"),
+    case("corrupt", f"evaluate {EVAL_OK} --data {{two_types_clevr}}", "type_mapping.json lists scene"),
+    case("corrupt", "score --pred {pred} --refs {refs} --types {types_total}", "{types_total}"),
+    case("corrupt", "score --pred {pred} --refs {refs} --types {types_total}", "group of every pair"),
+    case("corrupt", f"caption --ckpt {{dup_meta_ckpt}} {PAIR}", "names the key 'stage' twice"),
+]
+
 # Outputs that would destroy an input, and outputs the operating system refuses mid-run.
 CASES += [
     case("output is input", "score --pred {pred} --refs {refs} --metrics bleu --out {pred}", "--pred"),
@@ -351,6 +364,30 @@ CASES += [
     case("output is input", f"train {TRAIN_OK} --out {{data}}/run", "--data"),
     case("output is input", f"train {TRAIN_OK} --out {{run}} --init {{run}}/best.safetensors", "--init"),
     case("output is input", f"evaluate {EVAL_OK} --out {{data}}/eval", "--data"),
+    # a run folder belongs to one run: a finished or foreign one is refused without --resume or --overwrite
+    case("existing", f"pretrain {TRAIN_OK} --out {{stage1_run}}", "finished `procap pretrain` run; pass --resume"),
+    case("existing", f"vqgan {TRAIN_OK} --out {{stage1_run}}", "a `procap vqgan` run may not write into"),
+    case(
+        "existing",
+        f"train {TRAIN_OK} --init {{stage1_run}}/stage1.safetensors --out {{stage1_run}}",
+        "a `procap train` run may not write into",
+    ),
+    case("existing", f"train {TRAIN_OK} --out {{stage1_run}} --resume", "not a `procap train` run to continue"),
+    case("existing", f"pretrain {TRAIN_OK} --out {{run}}", "the files of a procap run"),
+    case(
+        "output is input",
+        f"train {TRAIN_OK} --init {{stage1_run}}/stage1.safetensors --out {{stage1_run}} --overwrite",
+        "which this run reads",
+    ),
+    case("wrong type", f"pretrain {TRAIN_OK} --out {{stage1_run}} --resume --overwrite", "not both"),
+    # an --out from a --config file gets the rules of the command line (relative to the file: data/run)
+    case("output is input", "train --config {config_out_in_data}", "lies inside --data"),
+    # what a file says about itself is checked where it is used: a stage-1 checkpoint cannot caption
+    case("wrong type", f"caption --ckpt {{stage1_run}}/stage1.safetensors {PAIR}", "records stage 'stage1'"),
+    case("wrong type", f"evaluate {EVAL_OK} --ckpt {{stage1_run}}/stage1.safetensors", "records stage 'stage1'"),
+    case("wrong type", "profile --ckpt {stage1_run}/stage1.safetensors --out {out}", "records stage 'stage1'"),
+    # predictions of one id of two are no score of the whole
+    case("empty", "score --pred {pred} --refs {refs_two}", "covers 1 of the 2 ids of reference file {refs_two}"),
     case("output is input", f"imagine --ckpt {{ckpt}} {PAIR} --out {{bef}}", "BEFORE"),
     case("output is input", f"procedure {PROC_OK} --out {{some_dir}}/p.png", "--cache"),
     case("output is input", "convert --from authors {text_taming} --vocab {word2idx} --out {word2idx}", "--vocab"),
@@ -432,9 +469,22 @@ def _datasets(ws: Path) -> dict[str, Path]:
     splits["train"].append(splits["train"][0])
     splits["test"].append(splits["test"][0])
     (dup_split / "splits.json").write_text(json.dumps(splits), encoding="utf-8")
+    two_names = ws / "two_names_clevr"  # scene 1 under its full name and its short one: one caption list was lost
+    shutil.copytree(ws / "data", two_names)
+    captions = json.loads((two_names / "change_captions.json").read_text(encoding="utf-8"))
+    captions["000001.png"] = ["the scene was described twice"]
+    (two_names / "change_captions.json").write_text(json.dumps(captions), encoding="utf-8")
+    two_types = ws / "two_types_clevr"  # a scene under two change types: the later one won
+    shutil.copytree(ws / "data", two_types)
+    mapping = json.loads((two_types / "type_mapping.json").read_text(encoding="utf-8"))
+    kinds = [kind for kind, names in mapping.items() if names]
+    mapping[kinds[1]].append(mapping[kinds[0]][0])
+    (two_types / "type_mapping.json").write_text(json.dumps(mapping), encoding="utf-8")
     return {name: ws / name for name in ("data", "empty_dir", "corrupt_clevr", "typed_ier")} | {
         "typed_spot": ws / "typed_spot",
         "dup_split_clevr": dup_split,
+        "two_names_clevr": two_names,
+        "two_types_clevr": two_types,
     }
 
 
@@ -477,10 +527,13 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
         float8_ckpt,
         metadata=_metadata(ckpt),
     )
+    # metadata naming a key twice: json.loads kept the last value
+    dup_meta = _rewrite_metadata(ckpt, ws / "dup_meta.safetensors", extra='{"stage": "stage2", "stage": "stage1"}')
     return {"ckpt": ckpt, "vqgan": vqgan, "huge_ckpt": huge, "vocab_ckpt": bad_vocab, "huge_vqgan": huge_vqgan} | {
         "nan_ckpt": nan_ckpt,
         "int_ckpt": int_ckpt,
         "float8_ckpt": float8_ckpt,
+        "dup_meta_ckpt": dup_meta,
     }
 
 
@@ -509,11 +562,16 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "refs": json.dumps({"p1": ["the cube moved"]}),
         "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
-        "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
+        "blank_refs": json.dumps({"p1": ["", " "]}),
+        "refs_two": json.dumps({"p1": ["the cube moved"], "p2": ["the sphere is gone"]}),  # scored against nothing
         "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
         "config_list_lr": json.dumps({"lr": [1, 2]}),
         "config_number_data": json.dumps({"data": 5}),
         "config_yes_amp": json.dumps({"amp": "yes"}),
+        "config_dup_steps": '{"steps": 1, "steps": 5}',  # the last value won silently
+        "config_dup_yaml": "lr: 0.1\nlr: 0.001\n",
+        "types_total": json.dumps({"p1": "total"}),  # counted twice in the total, whose score it replaced
+        "types_total": json.dumps({"p1": "total"}),
         "other_refs": json.dumps({"q9": ["the cube moved"]}),
         "other_types": json.dumps({"q9": "color"}),  # types for other ids: p1 was in no group of the breakdown
         "word2idx": json.dumps(
@@ -526,7 +584,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         ),
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
-    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors"}
+    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors", "config_dup_yaml": ".yaml"}
     suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
     for name, text in texts.items():
         paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"
@@ -563,6 +621,18 @@ def _stale_cache(ws: Path, data: Path, vqgan: Path) -> dict[str, Path]:
     return {"changed_data": changed, "stale_cache": cache}
 
 
+def _stage1_run(ws: Path, ckpt: Path) -> dict[str, Path]:
+    """The folder of a finished `procap pretrain` run, as the run leaves it."""
+    run = ws / "stage1_run"
+    run.mkdir()
+    for name in ("stage1.safetensors", "last.safetensors"):
+        _rewrite_metadata(ckpt, run / name, extra=json.dumps({"stage": "stage1", "step": 1}))
+    (run / "stage1_config.json").write_text(json.dumps({"stage": "pretrain", "preset": "tiny"}), encoding="utf-8")
+    (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n", encoding="utf-8")
+    (run / "run.json").write_text(json.dumps({"kind": "pretrain", "state": "finished"}), encoding="utf-8")
+    return {"stage1_run": run}
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, str]:
     ws = tmp_path_factory.mktemp("bad_inputs")
@@ -579,6 +649,10 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["clevr_like"] = ws / "clevr_like"  # a real CLEVR-Change root is no synthetic benchmark to replace
     (places["clevr_like"] / "images").mkdir(parents=True)
     places |= _stale_cache(ws, places["data"], places["vqgan"])
+    places |= _stage1_run(ws, places["ckpt"])
+    places["config_out_in_data"] = ws / "config_out_in_data.json"  # paths relative to the file's folder
+    options = {"data": "data", "out": "data/run", "preset": "tiny", "steps": 1, "batch_size": 2}
+    places["config_out_in_data"].write_text(json.dumps(options), encoding="utf-8")
     places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
     places["run"].mkdir()
     (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     o.add_argument("--no-amp", dest="amp", action="store_false", default=None, help="disable bf16 autocast on CUDA")
     o.add_argument("--resume", action="store_true", default=None, help="continue from <out>/last.safetensors")
+    o.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace the run already in --out (the new run is trained beside it and takes its place when it "
+        "finishes; without --overwrite or --resume a folder holding a run is refused)",
+    )
     o.add_argument(
         "--log-every", type=int, help="log every N steps (default 10; runs under 20 x N steps log more often)"
     )
@@ -194,6 +202,8 @@ def check_args(args: argparse.Namespace) -> None:
 
         parse_init_encoder(args.init_encoder)  # a bad value fails before any data is read
     validate.output_dir(args.out, "--out")
+    if getattr(args, "resume", None) and getattr(args, "overwrite", None):
+        raise ProCapError("give either --resume (continue the run in --out) or --overwrite (replace it), not both.")
     if getattr(args, "resume", None) and not (Path(args.out) / "last.safetensors").is_file():
         raise ProCapError(f"--resume: {args.out} holds no last.safetensors to continue from.")
     for flag in ("init", "vqgan"):
@@ -219,31 +229,29 @@ def check_init_preset(init: str, preset: str) -> None:
         )
 
 
+# TrainConfig fields naming files or folders; in a config file a relative one is relative to the file's folder.
+CONFIG_PATHS = ("data", "out", "init", "vqgan", "procedures", "init_encoder")
+
+
 def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     """The TrainConfig fields stored in a run's config file (JSON, or YAML with the ``[train]`` extra).
 
-    Raises:
-        ProCapError: unreadable file, not a mapping, another stage's config, or keys that are no TrainConfig field.
-    """
-    import json
+    A relative path in the file (``data``, ``out``, ``init``, ...) is taken relative to the file's folder, so a
+    replay from another working folder reads the same dataset and writes the same run folder.
 
+    Raises:
+        ProCapError: unreadable file, a key given twice, not a mapping, another stage's config, or keys that are
+            no TrainConfig field.
+    """
     from procap import validate
+    from procap.json_files import parse_json, parse_yaml
 
     path = validate.input_file(path, "--config file")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    source = f"--config file {path}"
     if path.suffix.lower() in (".yaml", ".yml"):
-        from procap.extras import require
-
-        yaml = require("yaml", "--config FILE.yaml")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ProCapError(f"--config file {path} is not readable YAML ({' '.join(str(exc).split())}).") from None
+        data = parse_yaml(path.read_text(encoding="utf-8", errors="replace"), source)
     else:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ProCapError(f"--config file {path} is not readable JSON ({exc}).") from None
+        data = parse_json(path.read_bytes(), source)
     if not isinstance(data, dict):
         raise ProCapError(f"--config file {path} does not hold a mapping of option names to values.")
     data = {k: v for k, v in data.items() if k not in RUN_FACTS}
@@ -259,7 +267,20 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
         wanted = _config_value_kind(types[key], value)
         if wanted is not None:
             raise ProCapError(f"--config file {path}: {key} must be {wanted}, got {value!r}.")
+    for key in CONFIG_PATHS:
+        if isinstance(data.get(key), str):
+            data[key] = _relative_to_config(data[key], path.parent, key)
     return data
+
+
+def _relative_to_config(value: str, folder: Path, key: str) -> str:
+    """``value`` of the config key ``key`` with a relative path joined to the config file's ``folder``."""
+    if key == "procedures" and value == "crossfade":
+        return value
+    prefix, sep, rest = value.partition(":") if key == "init_encoder" else ("", "", value)
+    if not rest or os.path.isabs(os.path.expanduser(rest)):
+        return value
+    return f"{prefix}{sep}{os.path.join(folder, rest)}"
 
 
 def _config_value_kind(annotation: str, value: Any) -> str | None:
@@ -313,7 +334,9 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
     from procap.batch_memory import check_training_batch
+    from procap.train.run_folder import check_run_folder
 
+    check_run_folder(config)  # --out from the command line or a --config file: the same rules, before any work
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
     if note:
         print(note, file=sys.stderr, flush=True)

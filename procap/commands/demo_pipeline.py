@@ -21,7 +21,6 @@ initialisation and batch order. Budgets depart from the paper where a CPU run ne
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from typing import Any
 import torch
 
 from procap.data.images import ImageCache
+from procap.errors import ProCapError
+from procap.json_files import read_json
 from procap.train.config import TrainConfig
 
 PRESET = "tiny"
@@ -127,10 +128,10 @@ def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool) -> None
     spec = root / "scenes.json"
     if spec.is_file():
         try:
-            meta = json.loads(spec.read_text(encoding="utf-8"))
+            meta = read_json(spec, "synthetic scenes file")
             if len(meta["scenes"]) == scenes and meta["size"] == IMAGE_SIZE and meta["seed"] == seed:
                 return
-        except (ValueError, KeyError, TypeError):
+        except (ProCapError, KeyError, TypeError):  # not the same benchmark: it is written again
             pass
     generate(root, scenes, size=IMAGE_SIZE, seed=seed, workers=2, progress=progress)
 
@@ -155,6 +156,7 @@ def stage_configs(
         "log_every": 10,
         "decay": "cosine",
         "cache_features": True,
+        "overwrite": True,  # the demo's folder is the demo's: a rerun replaces its runs (each swapped in when done)
     }
     vq_path = str(out / "vqgan" / "vqgan.safetensors")
     vqgan = TrainConfig(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS, MAX_BEAMS
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from procap import validate
-    from procap.checkpoint import load_checkpoint
+    from procap.checkpoint import check_can_caption, load_checkpoint
     from procap.data import load_split
     from procap.errors import ProCapError
     from procap.eval.metrics import metric_names, unavailable_metrics
@@ -92,15 +93,18 @@ def run(args: argparse.Namespace) -> int:
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
-    pairs = load_split(args.dataset, args.data, args.split)
-    pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
+    split_pairs = load_split(args.dataset, args.data, args.split)
+    pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
+    if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
+        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
     from procap.batch_memory import check_checkpoint_batch
 
     what = f"{args.split} pairs"
     args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
-    model, vocab, _ = load_checkpoint(checkpoint, map_location=device)
+    model, vocab, metadata = load_checkpoint(checkpoint, map_location=device)
+    check_can_caption(metadata, args.ckpt)
     truths = None
     if args.dataset == "clevr-change":
         from procap.eval.correctness import scene_truths
@@ -119,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint": str(args.ckpt),
             "dataset": args.dataset,
             "split": args.split,
+            "split_pairs": len(split_pairs),  # with "pairs": the part of the split the scores cover
             "decoding": {"path": "fast" if args.fast else "exact", "beams": args.beams},
             "ablated": list(args.ablate or []),
         },

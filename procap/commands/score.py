@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
@@ -37,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bleu,meteor,rouge,cider",
         help="comma-separated subset of BLEU-1..BLEU-4,METEOR,ROUGE-L,CIDEr,SPICE, any spelling; any BLEU brings all "
         "four orders (default: bleu,meteor,rouge,cider; METEOR and SPICE need Java, SPICE also its CoreNLP jars)",
+    )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="score predictions that cover only some ids of the references (refused by default: the scores of a "
+        "part are not those of the split); the report states the coverage either way",
     )
     parser.add_argument("--out", default=None, help="write the scores as JSON here")
 
@@ -69,9 +76,9 @@ def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pr
 
 def run(args: argparse.Namespace) -> int:
     from procap import validate
-    from procap.data.records import read_json
-    from procap.eval.metrics import format_table, metric_names, read_predictions, score
+    from procap.eval.metrics import check_type_names, format_table, metric_names, read_predictions, score
     from procap.files import atomic_write_json
+    from procap.json_files import read_json
 
     try:
         metrics = metric_names(m.strip() for m in args.metrics.split(",") if m.strip())
@@ -87,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
         types = read_json(args.types, "change-type file")
         if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
             raise ProCapError(f"change-type file {args.types} must be an object from id to change type.")
+        try:
+            check_type_names(types, predictions)
+        except ProCapError as exc:
+            raise ProCapError(f"change-type file {args.types}: {exc}") from None
     _check_ids(predictions, references, args.pred, source)
     if args.types:  # an id without a type was counted in the total and in no group of the breakdown, silently
         untyped = [key for key in predictions if key not in types]
@@ -95,7 +106,15 @@ def run(args: argparse.Namespace) -> int:
                 f"change-type file {args.types} has no change type for id {untyped[0]!r} ({len(untyped)} of the "
                 f"{len(predictions)} predicted ids); give every predicted id a type."
             )
-    results = score(predictions, references, metrics, types)
+    coverage = {"scored": len(predictions), "references": len(references), "source": source}
+    if len(predictions) < len(references) and not args.allow_partial:
+        raise ProCapError(
+            f"prediction file {args.pred} covers {len(predictions)} of the {len(references)} ids of {source}, and "
+            "scores of a part are not those of the whole; predict every id, or pass --allow-partial to score these."
+        )
+    results = {**score(predictions, references, metrics, types), "coverage": coverage}
+    if len(predictions) < len(references):
+        print(f"scored {len(predictions)} of the {len(references)} ids of {source} (--allow-partial)", file=sys.stderr)
     print(format_table(results))
     if args.out:
         atomic_write_json(args.out, results, indent=2)

@@ -17,8 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from procap.data.records import ChangePair, read_json
+from procap.data.records import ChangePair
 from procap.errors import ProCapError
+from procap.json_files import read_json
 from procap.validate import input_dir
 
 
@@ -60,9 +61,15 @@ def _clevr_types(root: Path) -> dict[int, str]:
             if not _is_id(name):
                 raise ProCapError(f"CLEVR-Change type mapping {path} has a file name of type {type(name).__name__}.")
             try:
-                types[_index_of(name)] = change_type
+                index = _index_of(name)
             except ValueError:
                 raise ProCapError(f"CLEVR-Change type mapping {path} has a malformed file name {name!r}.") from None
+            if index in types:  # the later type won silently, so the breakdown counted the scene wrongly
+                raise ProCapError(
+                    f"CLEVR-Change type mapping {path} lists scene {index} twice (under {types[index]!r} and "
+                    f"{change_type!r}, the second time as {name!r}); give each scene one change type."
+                )
+            types[index] = change_type
     return types
 
 
@@ -71,7 +78,8 @@ def _clevr_captions(path: Path) -> dict[int, list[str]]:
     data = read_json(path, "CLEVR-Change caption file")
     if not isinstance(data, dict):
         raise ProCapError(f"CLEVR-Change caption file {path} must be a JSON object from image name to captions.")
-    captions = {}
+    captions: dict[int, list[str]] = {}
+    names_of: dict[int, str] = {}
     for name, caps in data.items():
         try:
             index = _index_of(name)
@@ -79,7 +87,12 @@ def _clevr_captions(path: Path) -> dict[int, list[str]]:
             raise ProCapError(f"CLEVR-Change caption file {path} has a malformed image name {name!r}.") from None
         if not isinstance(caps, list) or not caps or not all(isinstance(c, str) and c.strip() for c in caps):
             raise ProCapError(f"CLEVR-Change caption file {path} must map {name!r} to a non-empty list of captions.")
-        captions[index] = caps
+        if index in captions:  # two names of one scene ('CLEVR_default_000001.png', '000001.png'): one list was lost
+            raise ProCapError(
+                f"CLEVR-Change caption file {path} names scene {index} twice ({names_of[index]!r} and {name!r}); "
+                "give each scene one entry."
+            )
+        captions[index], names_of[index] = caps, name
     return captions
 
 

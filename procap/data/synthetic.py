@@ -17,7 +17,6 @@ only the object changes, which is what makes the ground-truth intermediate state
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -33,6 +32,7 @@ from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, make_parents, remove_empty, writing
+from procap.json_files import read_json
 
 CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
 # Key order of the real type_mapping.json (a permutation of CHANGE_TYPES), so our files read like theirs.
@@ -271,7 +271,7 @@ def _read_scenes(root: Path) -> dict[str, Any]:
     key = (str(path.resolve()), path.stat().st_mtime)
     if key not in _SCENES_CACHE:
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path, "synthetic scenes file")
             data["by_index"] = {s["index"]: s for s in data["scenes"]}
         except (ValueError, KeyError, TypeError) as exc:
             raise ProCapError(f"{path} is not a valid scenes.json file ({exc}).") from None
@@ -332,27 +332,18 @@ def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, li
     return results
 
 
-def remove_benchmark(root: Path, partial: bool = False) -> None:
-    """Delete the synthetic benchmark in ``root`` (the :data:`LAYOUT` entries only; other files stay).
+def check_replaceable(root: Path) -> None:
+    """Refuse a ``root`` that holds layout entries but no ``scenes.json``.
 
-    Args:
-        root: the benchmark's folder.
-        partial: the benchmark is one this process was writing (it has no ``scenes.json`` yet).
-
-    Raises:
-        ProCapError: ``root`` holds layout entries but no ``scenes.json``: not a benchmark this module wrote
-            (a real CLEVR-Change root, say), so nothing is deleted.
+    Such a folder is not a benchmark this module wrote (a real CLEVR-Change root, say), so nothing in it may be
+    replaced.
     """
-    import shutil
-
     present = [root / name for name in LAYOUT if (root / name).exists()]
-    if present and not partial and not (root / "scenes.json").is_file():
+    if present and not (root / "scenes.json").is_file():
         raise ProCapError(
             f"{root} holds {present[0].name} but no scenes.json, so it is not a synthetic benchmark to replace; "
             "choose another folder."
         )
-    for entry in present:
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def generate(
@@ -362,8 +353,9 @@ def generate(
 
     Args:
         out_dir: target directory (created). A synthetic benchmark already there is replaced whole, so no image
-            of a larger earlier one is left behind; files outside the layout are left alone. When the run fails
-            or is interrupted, the partial benchmark is removed.
+            of a larger earlier one is left behind; files outside the layout are left alone. The new benchmark is
+            written beside the old one (in a hidden folder inside `out_dir`) and moved into place only when
+            complete, so a failed or interrupted run leaves the old benchmark as it was (and no partial one).
         scenes: number of scenes; each gives a change pair and a distractor pair.
         size: image side in pixels.
         seed: everything (objects, changes, captions, splits) is a function of the seed.
@@ -373,6 +365,9 @@ def generate(
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
     """
+    import shutil
+    import tempfile
+
     # Bounded before anything is allocated: the scene indices are listed up front (10**10 scenes took all memory).
     validate.integer(scenes, "scenes", minimum=1, maximum=MAX_SCENES)
     validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
@@ -380,16 +375,40 @@ def generate(
     validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
 
     root = Path(out_dir)
-    remove_benchmark(root)
+    check_replaceable(root)
     created: list[Path] = []
+    staging = None
     try:
         with writing(root):
             created = make_parents(root / "scenes.json")
-        return _write_benchmark(root, scenes, size, seed, workers, progress)
+            staging = Path(tempfile.mkdtemp(prefix=".synth-new-", dir=root))
+        splits = _write_benchmark(staging, scenes, size, seed, workers, progress)
+        with writing(root):
+            _swap_in(staging, root)
+        return splits
     except BaseException:
-        remove_benchmark(root, partial=True)  # no half-written benchmark is left to be mistaken for a whole one
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # no half-written benchmark is left behind
         remove_empty(created)
         raise
+
+
+def _swap_in(staging: Path, root: Path) -> None:
+    """Move the complete benchmark in ``staging`` into ``root``, replacing the old one entry by entry.
+
+    ``scenes.json`` goes last: until it is replaced, the old one still marks ``root`` as a benchmark (a leftover
+    of an interrupted swap is then replaced whole by the next ``synth --overwrite``).
+    """
+    import shutil
+
+    trash = staging / ".replaced"
+    trash.mkdir()
+    for name in LAYOUT:
+        old = root / name
+        if old.exists() or old.is_symlink():
+            os.rename(old, trash / name)
+        os.rename(staging / name, old)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool) -> dict:

@@ -7,9 +7,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from procap.data.records import read_json
 from procap.errors import ProCapError
 from procap.files import atomic_write_json
+from procap.json_files import read_json
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
 PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))

@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from procap.data.records import read_json
 from procap.data.vocab import tokenize
 from procap.errors import ProCapError
 from procap.extras import require
 from procap.files import atomic_write_json
+from procap.json_files import read_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
 # (BLEU-4, bleu, Bleu_4, BLEU-1, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, SPICE, ...) resolves through
@@ -247,7 +247,8 @@ class _Spice:
             if done.returncode != 0:
                 tail = done.stderr.decode(errors="replace")[-200:]
                 raise ProCapError(f"SPICE (java) exited with code {done.returncode}: {tail}")
-            scores = {str(item["image_id"]): item["scores"]["All"]["f"] for item in json.loads(result.read_text())}
+            spice_rows = read_json(result, "SPICE output")
+            scores = {str(item["image_id"]): item["scores"]["All"]["f"] for item in spice_rows}
         values = [_as_float(scores.get(key)) for key in keys]
         finite = [v for v in values if not math.isnan(v)]
         return (sum(finite) / len(finite) if finite else math.nan), values
@@ -354,6 +355,7 @@ def score(
     gts = {k: both[f"r{k}"] for k in predictions}
     results: dict[str, Any] = _score_tokenized(gts, res, scorers)
     if change_types is not None:
+        check_type_names(change_types, predictions)
         groups: dict[str, list[str]] = {"total": list(predictions)}
         for key in predictions:
             kind = change_types.get(key)
@@ -370,6 +372,25 @@ def score(
             for name, keys in sorted(groups.items())
         }
     return results
+
+
+# The breakdown's group of every pair. A change type of this name would be counted in it twice. ("change" and
+# "no_change" are the two groups LEVIR-CC's changeflag gives; the breakdown takes them as those groups, once.)
+RESERVED_TYPE_NAMES = ("total",)
+
+
+def check_type_names(change_types: dict[str, str | None], predictions: dict[str, str]) -> None:
+    """Refuse a change type that is no string or names the ``total`` group (its ids counted twice in the total,
+    and its own group's score replacing the total's)."""
+    for key in predictions:
+        kind = change_types.get(key)
+        if kind is not None and not isinstance(kind, str):
+            raise ProCapError(f"the change type of id {key!r} is {type(kind).__name__}, not a string.")
+        if kind in RESERVED_TYPE_NAMES:
+            raise ProCapError(
+                f"id {key!r} has the change type {kind!r}, which is the name of the breakdown's group of every pair; "
+                "rename the type."
+            )
 
 
 def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:

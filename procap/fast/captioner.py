@@ -42,7 +42,7 @@ import torch
 
 from procap import validate
 from procap.attention import BACKENDS
-from procap.checkpoint import load_checkpoint
+from procap.checkpoint import check_can_caption, load_checkpoint
 from procap.errors import ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
@@ -217,7 +217,8 @@ class Captioner:
     ) -> Captioner:
         """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
         _checked_device(device)  # before the file is read
-        model, vocab, _ = load_checkpoint(path)
+        model, vocab, metadata = load_checkpoint(path)
+        check_can_caption(metadata, path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
     @classmethod
@@ -240,9 +241,10 @@ class Captioner:
         (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only;
         ``token`` for a private or gated repo, ``force_download`` to fetch again what the cache holds)."""
         _checked_device(device)  # before anything is read or downloaded
-        model, vocab, _ = load_pretrained(
+        model, vocab, metadata = load_pretrained(
             name_or_path, revision, cache_dir, local_files_only, token=token, force_download=force_download
         )
+        check_can_caption(metadata, name_or_path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 
     @classmethod

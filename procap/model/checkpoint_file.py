@@ -27,6 +27,7 @@ from procap import validate
 from procap.config import ProCapConfig, config_from_dict
 from procap.data import Vocabulary
 from procap.errors import ProCapError
+from procap.json_files import parse_json, read_json
 from procap.weights import (
     atomic_save_tensors,
     check_file_fits,
@@ -49,7 +50,7 @@ def vocab_to_dict(vocab: Vocabulary) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "vocab.json"
         vocab.save(path)
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path, "vocabulary file")
 
 
 def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Vocabulary:
@@ -92,12 +93,12 @@ def read_checkpoint_metadata(path: Path | str) -> dict[str, Any]:
 def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     if raw.get("format") != FORMAT or "config" not in raw or "vocab" not in raw:
         raise ProCapError(f"checkpoint file {path} is not a ProCap checkpoint (no config/vocabulary in its metadata)")
-    try:
-        decoded = {
-            key: json.loads(raw[key]) if key in ("config", "vocab", "aliases", "extra") else raw[key] for key in raw
-        }
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProCapError(f"checkpoint file {path} has malformed JSON metadata ({exc})") from None
+    decoded = {
+        key: parse_json(raw[key], f"the {key} metadata of checkpoint file {path}")
+        if key in ("config", "vocab", "aliases", "extra")
+        else raw[key]
+        for key in raw
+    }
     for key in ("config", "vocab"):
         if not isinstance(decoded[key], dict):
             raise ProCapError(f"checkpoint file {path} has a {key} that is not a JSON object")

@@ -37,6 +37,7 @@ from procap.hub_files import (
     push_folder,
     resolve_checkpoint,
 )
+from procap.json_files import read_json
 from procap.model.checkpoint_file import ModelT, read_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
@@ -264,15 +265,12 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
     """A ``config.json`` beside the weights must describe them (a hand-edited copy would otherwise mislead)."""
     if not path.is_file():
         return
-    try:
-        copy = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProCapError(f"{path} is not readable JSON ({exc}).") from None
+    copy = read_json(path, "model config")
     if not isinstance(copy, dict):
         raise ProCapError(f"{path} does not hold a JSON object.")
     fields = {key: value for key, value in copy.items() if key not in _CONFIG_TAGS}
-    # JSON turns tuples into lists: compare both through JSON.
-    if json.loads(json.dumps(fields)) != json.loads(json.dumps(config)):
+    # JSON turns tuples into lists: compare both as JSON text.
+    if json.dumps(fields, sort_keys=True) != json.dumps(config, sort_keys=True):
         differing = sorted(key for key in set(fields) | set(config) if fields.get(key) != config.get(key))
         raise ProCapError(
             f"{path} differs from the config stored in {WEIGHTS_NAME} beside it (e.g. {', '.join(differing[:3])}); "

@@ -31,6 +31,7 @@ from torch import nn
 from procap import kernels
 from procap.config import VQGANConfig, config_from_dict
 from procap.errors import ProCapError
+from procap.json_files import parse_json
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
 from procap.model.vqgan_fused import FusedVQGANEncoder
 from procap.model.vqgan_memo import FeatureMemo
@@ -310,13 +311,10 @@ class VQGAN(nn.Module):
             ProCapError: not a :meth:`save` file, malformed or out-of-bounds configuration, or tensors that do
                 not fit it.
         """
-        import json
-
         _, raw = read_header(path, "VQGAN weights")
-        try:
-            fmt, config = json.loads(raw.get("format", "null")), json.loads(raw.get("vqgan_config", "null"))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ProCapError(f"VQGAN weights file {path} has malformed JSON metadata ({exc})") from None
+        source = f"the metadata of VQGAN weights file {path}"
+        fmt = parse_json(raw.get("format", "null"), source)
+        config = parse_json(raw.get("vqgan_config", "null"), source)
         if fmt != VQGAN_FORMAT:
             raise ProCapError(f"{path} is not a VQGAN file written by `procap vqgan`")
         try:

@@ -19,7 +19,6 @@ dataset images it was built from: :mod:`procap.procedure.sources`). The attribut
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from procap.config import KEYFRAME_SAMPLING
 from procap.data.datasets import cache_key, score_subkey
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
+from procap.json_files import read_json
 from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
 from procap.procedure.similarity import ScoreFileSimilarity
 from procap.validate import environment_integer
@@ -200,10 +200,7 @@ def read_manifest(root: str | Path) -> dict[str, Any] | None:
     path = Path(root) / MANIFEST
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ProCapError(f"cache manifest {path} is not valid JSON ({exc}).") from None
+    return read_json(path, "cache manifest")
 
 
 # ------------------------------------------------------------------------------------------------ reading

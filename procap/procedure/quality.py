@@ -9,7 +9,6 @@ where before, after or the truth differ), since a small object is a small part o
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from procap.data.synthetic import render_intermediate
+from procap.json_files import read_json
 from procap.procedure.interpolate import CrossFade, FlowInterpolator, Interpolator, generate_procedure
 
 
@@ -36,7 +36,7 @@ def load_truth(
     root: str | Path, change_type: str = "move", limit: int | None = None, t: float = 0.5
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(before, after, truth at t) as (N, 3, H, W) float for the scenes of one change type."""
-    scenes = json.loads((Path(root) / "scenes.json").read_text())["scenes"]
+    scenes = read_json(Path(root) / "scenes.json", "synthetic scenes file")["scenes"]
     ids = [s["index"] for s in scenes if s["change"]["type"] == change_type][:limit]
     if not ids:
         raise ValueError(f"no {change_type!r} scenes in {root}")

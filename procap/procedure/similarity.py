@@ -14,7 +14,6 @@ l intermediates, after) it returns the similarity of every frame to the first an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from procap.errors import ProCapError
+from procap.json_files import read_json
 
 
 @runtime_checkable
@@ -168,12 +168,7 @@ class ScoreFileSimilarity:
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
-        if not path.is_file():
-            raise ProCapError(f"score file {path} does not exist.")
-        try:
-            self.scores = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ProCapError(f"score file {path} is not valid JSON ({exc}).") from None
+        self.scores = read_json(path, "score file")
         if not isinstance(self.scores, dict):
             raise ProCapError(f"score file {path} must hold a JSON object keyed by image id.")
         self.path = path

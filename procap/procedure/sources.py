@@ -24,6 +24,7 @@ from typing import Any
 
 from procap.errors import ProCapError
 from procap.files import sha256_of
+from procap.json_files import parse_json
 
 
 def fingerprint(path: str | os.PathLike) -> list[Any]:
@@ -51,9 +52,9 @@ def check_unchanged(pair: Any, stored: str | None, cache: str | os.PathLike) -> 
             "procap wrote it), so a resumed run cannot tell whether the dataset changed; choose a new --out."
         )
     try:
-        sources = json.loads(stored)
+        sources = parse_json(stored, f"the image record of pair {pair.id} in cache {cache}")
         recorded = {side: sources[side] for side in ("before", "after")}
-    except (ValueError, TypeError, KeyError):
+    except (ProCapError, TypeError, KeyError):
         raise ProCapError(
             f"cache {cache} holds a malformed record of the images of pair {pair.id}; choose a new --out."
         ) from None

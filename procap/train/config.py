@@ -59,6 +59,7 @@ class TrainConfig:
     device: str = "auto"
     amp: bool = True  # bf16 autocast, CUDA only
     resume: bool = False
+    overwrite: bool = False  # replace the run in `out` (trained beside it, swapped in when finished)
     dist_timeout: float = 30.0  # minutes a collective may wait for the other ranks (torchrun) before failing
     seed: int = 0
     workers: int = 0

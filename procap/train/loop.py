@@ -29,9 +29,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
+from procap.json_files import parse_json
 from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import EpochBatchSampler
+from procap.train.run_folder import MARKER, RunFolder
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
 from procap.train.state import capture_rng_state, load_training_state, save_training_state, state_paths
@@ -81,7 +83,8 @@ class JsonlLog:
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [parse_json(line, f"line {n} of log {self.path}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
 @dataclass
@@ -323,7 +326,8 @@ class Trainer:
         self.log.write(record)
         self.trackers.write(record)
         self.state.history.append(record)
-        print(validation_line(self.name, self.state.step, metrics, self.out.name), flush=True)
+        run_name = Path(self.cfg.out).name  # not self.out's: a replacing run writes in a folder of another name
+        print(validation_line(self.name, self.state.step, metrics, run_name), flush=True)
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step
@@ -369,24 +373,33 @@ class Trainer:
                 f"saved step {self.state.step} to {self.last_path}; continue with --resume", stop.signum or 15
             )
 
-    def fit(self) -> LoopState:
+    def fit(self, finish: Callable[[Path], None] | None = None) -> LoopState:
         """Train to ``total`` steps; returns the final state. Writes ``last``/``best`` checkpoints and the log.
 
-        The run folder is locked against a second writer for the whole run (by rank 0, the only writer). Ctrl-C
-        or SIGTERM end the step in flight, save ``last`` (resumable with ``--resume``) and raise
-        :class:`TrainingInterrupted`.
+        The run folder is checked first (:mod:`procap.train.run_folder`: it holds no run, this run's own with
+        ``--resume``, or any with ``--overwrite``) and locked against a second writer for the whole run (by rank 0,
+        the only writer). Ctrl-C or SIGTERM end the step in flight, save ``last`` (resumable with ``--resume``)
+        and raise :class:`TrainingInterrupted`; a run replacing another is discarded instead, leaving the old one.
+
+        Args:
+            finish: called by rank 0 with the run folder after the last step, to write the stage's final files
+                before the run is marked finished.
         """
+        run = RunFolder(self.cfg) if self.ctx.is_main else None  # refuses a folder this run may not write
         if self.cfg.resume:
             self._check_resumable()  # before anything is created
         # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
         refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
+        if run is not None and run.replacing:
+            self._write_into(run.folder)
         created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
-        lock = RunFolderLock(self.out) if self.ctx.is_main else contextlib.nullcontext()
+        lock = RunFolderLock(run.final) if run is not None else contextlib.nullcontext()
         with lock, StopRequests() as stop:
             try:
                 if self.cfg.resume:
                     self.resume()
-                if self.ctx.is_main:
+                if run is not None:
+                    run.mark("running")
                     config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
@@ -398,19 +411,46 @@ class Trainer:
                     state = self._fit(stop)
                 finally:
                     self.trackers.close()
+                if run is not None:
+                    if finish is not None:
+                        finish(self.out)
+                    run.finish()
+                    self._write_into(run.final)
             except OutputError as exc:
+                if run is not None and run.replacing:
+                    run.discard()
+                    exc.note = f"the run in {run.final} was left as it was"
+                    raise
                 if self.last_path.is_file():
                     raise
                 if created:  # a new folder with a config and a log but no checkpoint would look like a run
-                    for path in (self.config_path, self.log.path):
+                    for path in (self.out / MARKER, self.config_path, self.log.path):
                         path.unlink(missing_ok=True)
                     remove_empty(created)
                     exc.note = "nothing of this run was kept"
                 else:
                     exc.note = f"{self.out} holds this run's config and log but no checkpoint to --resume from"
                 raise
+            except TrainingInterrupted as exc:
+                if run is None or not run.replacing:
+                    raise
+                run.discard()  # its `last` cannot be resumed: the folder it was saved in is not the run's
+                raise TrainingInterrupted(
+                    f"stopped at step {self.state.step}; the replacing run was discarded and the run in {run.final} "
+                    "was left as it was",
+                    exc.signum,
+                ) from None
+            except BaseException:
+                if run is not None:
+                    run.discard()
+                raise
         distributed.barrier(self.ctx)
         return state
+
+    def _write_into(self, folder: Path) -> None:
+        """Point every file of the run (checkpoints, log) at ``folder``."""
+        self.out = Path(folder)
+        self.log = JsonlLog(self.out / "log.jsonl")
 
     @property
     def config_path(self) -> Path:

@@ -149,9 +149,11 @@ def pretrain(
         name="stage1",
         weight_fn=masked_positions if per_item else None,
     )
-    state = trainer.fit()
-    final = Path(cfg.out) / "stage1.safetensors"
-    if ctx.is_main:
-        save_checkpoint(final, model, vocab, {"stage": "stage1", "step": state.step, "procedures": cfg.procedures})
+
+    def save_final(folder: Path) -> None:
+        facts = {"stage": "stage1", "step": trainer.state.step, "procedures": cfg.procedures}
+        save_checkpoint(folder / "stage1.safetensors", model, vocab, facts)
+
+    trainer.fit(finish=save_final)  # the final checkpoint is written before the run is marked finished
     distributed.barrier(ctx)
-    return final
+    return Path(cfg.out) / "stage1.safetensors"

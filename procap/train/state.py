@@ -7,7 +7,6 @@ and is moved into place with ``os.replace``.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from procap.checkpoint import FORMAT
 from procap.errors import ProCapError
 from procap.files import atomic_write_json
+from procap.json_files import read_json
 from procap.weights import atomic_save_tensors, read_tensors
 
 
@@ -127,10 +127,7 @@ def load_training_state(
     tensor_path, json_path = state_paths(checkpoint)
     if not json_path.is_file():
         raise ProCapError(f"training state file {json_path} does not exist; cannot resume from {checkpoint}")
-    try:
-        payload = json.loads(json_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProCapError(f"training state file {json_path} is not valid JSON ({exc})") from None
+    payload = read_json(json_path, "training state file")
     tensors, meta = read_tensors(tensor_path, "training state")
     if meta.get("token") != payload.get("token"):
         raise ProCapError(f"training state files {tensor_path} and {json_path} come from different saves")

@@ -14,7 +14,6 @@ commands that reproduce it and the probe figures it was shipped with (:func:`emb
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from procap.data import load_split
 from procap.data.images import load_image
 from procap.data.synthetic import changed_object
 from procap.errors import ProCapError
+from procap.json_files import read_json
 from procap.model.vqgan import VQGAN
 
 PROBE_ATTRIBUTES = ("color", "shape", "material", "size")
@@ -45,7 +45,7 @@ def embedded_tokenizer_info() -> dict[str, Any]:
 
 def _object_cells(root: Path, pairs: list, size: int, factor: int) -> tuple[list[str], list[tuple[int, int]], list]:
     """Image path, latent cell (row, col) and attributes of the changed object of every change pair."""
-    scenes = json.loads((root / "scenes.json").read_text(encoding="utf-8"))["scenes"]
+    scenes = read_json(root / "scenes.json", "synthetic scenes file")["scenes"]
     by_index = {int(s["index"]): s for s in scenes}
     paths, cells, objects = [], [], []
     latent = size // factor

@@ -146,9 +146,10 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         name="vqgan",
         find_unused=False,
     )
-    trainer.fit()
-    final = Path(cfg.out) / "vqgan.safetensors"
-    if ctx.is_main:
-        save_vqgan(final, vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})
+
+    def save_final(folder: Path) -> None:
+        save_vqgan(folder / "vqgan.safetensors", vqgan, {"steps": trainer.state.step, "dataset": cfg.dataset})
+
+    trainer.fit(finish=save_final)  # the final weights are written before the run is marked finished
     distributed.barrier(ctx)
-    return final
+    return Path(cfg.out) / "vqgan.safetensors"

@@ -32,6 +32,8 @@ from procap.data import load_split
 from procap.data.images import open_image
 from procap.errors import ProCapError
 from procap.files import atomic_write_text
+from procap.json_files import parse_json
+from procap.json_files import read_json as read_json_file
 from procap.viz.figures import (
     check_imaginable,
     explicit_procedure,
@@ -82,10 +84,7 @@ def read_json(path: Path, what: str) -> Any:
     """Parsed JSON, or a one-sentence :class:`ProCapError` naming the file."""
     if not path.is_file():
         raise ProCapError(f"{what} {path} does not exist; is this a `procap demo` output folder?")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ProCapError(f"{what} {path} is not valid JSON ({exc}).") from None
+    return read_json_file(path, what)
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -95,8 +94,8 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(json.loads(line))
-        except ValueError:
+            records.append(parse_json(line, f"log {path}"))
+        except ProCapError:  # a torn last line of a run that was stopped
             continue
     return records
 

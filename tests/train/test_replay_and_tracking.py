@@ -46,15 +46,21 @@ def test_a_run_replays_from_its_config_and_flags_override_it(tmp_path, small_mod
     written = json.loads((first / "stage1_config.json").read_text())
     assert written["seed"] == 4 and written["preset"] == "tiny" and written["steps"] == 2
 
-    # The file gives back every option of the run: replaying it is the same run.
-    replayed = config_from_args("pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json")))
+    # The file gives back every option of the run: replaying it is the same run, into a new folder (its own
+    # folder holds the finished run, which a replay may not write over without --overwrite).
+    config = str(first / "stage1_config.json")
+    with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run; pass --resume"):
+        config_from_args("pretrain", _parse("pretrain", "--config", config))
+    replay = str(tmp_path / "replay")
+    replayed = config_from_args("pretrain", _parse("pretrain", "--config", config, "--out", replay))
     assert replayed.resolved().to_dict() == {k: v for k, v in written.items() if k != "data_parallel"} | {
         "val_metrics": tuple(written["val_metrics"]),
         "loggers": (),
+        "out": replay,
     }
-    overridden = config_from_args("pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json")))
-    assert overridden.out == str(first) and overridden.seed == 4
-    changed = _parse("pretrain", "--config", str(first / "stage1_config.json"), "--seed", "9", "--out", "x")
+    overwriting = config_from_args("pretrain", _parse("pretrain", "--config", config, "--overwrite"))
+    assert overwriting.out == str(first) and overwriting.seed == 4 and overwriting.overwrite
+    changed = _parse("pretrain", "--config", config, "--seed", "9", "--out", "x")
     assert (config_from_args("pretrain", changed).seed, config_from_args("pretrain", changed).out) == (9, "x")
 
 
@@ -73,7 +79,7 @@ def test_a_yaml_config_gives_the_same_options(tmp_path, clevr_root):
     [
         ('{"stage": "train", "steps": 3}', "is a `procap train` config, not `procap pretrain`"),
         ('{"steps": 3, "learning_speed": 2}', "no training option: learning_speed"),
-        ("{not json", "is not readable JSON"),
+        ("{not json", "is not valid JSON"),
         ("[1, 2]", "does not hold a mapping"),
     ],
 )

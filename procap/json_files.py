@@ -1,0 +1,109 @@
+"""The one reader of the JSON (and YAML) the package reads: files, metadata strings, log lines.
+
+Python's ``json`` keeps the last of two values given under one key, and PyYAML does the same, so a config naming
+``steps`` twice, a caption file naming an image twice or checkpoint metadata naming ``stage`` twice would be read
+with one of the values silently dropped. Every reader here refuses such an object with one sentence naming the
+source and the key; a malformed text is one sentence too. Writes go through :mod:`procap.files`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable
+from typing import Any
+
+from procap.errors import ProCapError
+from procap.validate import input_file
+
+
+class DuplicateKeyError(ProCapError):
+    """A JSON object or YAML mapping names ``key`` twice; the message names the source and the key."""
+
+    def __init__(self, source: str, key: object) -> None:
+        super().__init__(f"{source} names the key {key!r} twice; each key may appear once.")
+        self.key = key
+
+
+class _RepeatedKey(ValueError):
+    """Raised inside the parser, where the source is not known; turned into a :class:`DuplicateKeyError`."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing an object that names a key twice."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """Parse JSON ``text``; ``source`` says in messages where it came from (``"checkpoint file x.safetensors"``).
+
+    Raises:
+        DuplicateKeyError: an object names a key twice.
+        ProCapError: the text is not JSON (or nests too deeply to parse).
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise DuplicateKeyError(source, exc.key) from None
+    except (ValueError, UnicodeDecodeError, TypeError) as exc:
+        raise ProCapError(f"{source} is not valid JSON ({exc}).") from None
+    except RecursionError:
+        raise ProCapError(f"{source} is nested too deeply to be read as JSON.") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Parse the JSON file ``path``; messages name it as ``f"{what} {path}"``.
+
+    Raises:
+        ProCapError: the file is missing, a folder, unreadable, not JSON, or an object in it names a key twice.
+    """
+    path = input_file(path, what)
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ProCapError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    return parse_json(text, f"{what} {path}")
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` (safe types only) under the same rule: a mapping naming a key twice is refused.
+
+    Raises:
+        DuplicateKeyError: a mapping names a key twice.
+        ProCapError: PyYAML is missing (the ``[train]`` extra names it) or the text is not YAML.
+    """
+    from procap.extras import require
+
+    yaml = require("yaml", f"reading {source}")
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """SafeLoader whose mappings refuse a repeated key (PyYAML has no such option)."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden, as YAML means
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    if isinstance(key, Hashable) and key in seen:
+                        raise DuplicateKeyError(source, key)
+                    if isinstance(key, Hashable):
+                        seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: safe types only
+    except yaml.YAMLError as exc:
+        raise ProCapError(f"{source} is not readable YAML ({' '.join(str(exc).split())}).") from None
+    except RecursionError:
+        raise ProCapError(f"{source} is nested too deeply to be read as YAML.") from None

@@ -1,0 +1,165 @@
+"""A run folder belongs to one run: the one place that decides whether a training run may write into ``--out``.
+
+Every run writes ``run.json`` into its folder, naming the command that trains it (``vqgan``, ``pretrain``,
+``train``) and its state (``running`` until the last checkpoint is written, then ``finished``). A new run may use a
+folder that holds no run; ``--resume`` continues a run of its own command; ``--overwrite`` replaces a run, by
+training in a folder beside it and swapping the two only when the new run has finished, so an interrupted or
+failed replacement leaves the old run as it was. Anything else is refused with one sentence before any work: a
+finished run replaced its ``best.safetensors`` and ``log.jsonl`` with exit 0, and a stage-2 run pointed at its
+stage-1 folder overwrote stage 1's state.
+
+A folder written before markers existed is recognised by its files (``stage1_config.json`` names a ``pretrain``
+run, and so on). The checks also hold for paths that come from a ``--config`` file or the Python API: the run
+folder may be none of the run's inputs and lie inside none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from procap.errors import ProCapError
+from procap.files import atomic_write_json, refuse_inputs
+from procap.json_files import read_json
+from procap.train.config import TrainConfig
+from procap.train.state import state_paths
+from procap.validate import output_apart
+
+MARKER = "run.json"
+# The name each command's trainer gives its files (<name>_config.json) and its final checkpoint, if any.
+RUN_NAMES = {"vqgan": "vqgan", "pretrain": "stage1", "train": "stage2"}
+FINAL_CHECKPOINTS = {"vqgan": "vqgan.safetensors", "pretrain": "stage1.safetensors"}
+# Files only a training run writes: a folder holding one holds a run, marked or not.
+_RUN_FILES = ("log.jsonl", "last.safetensors", "best.safetensors", *FINAL_CHECKPOINTS.values())
+
+
+def run_files(folder: str | os.PathLike, stage: str) -> list[Path]:
+    """Every file a run of ``stage`` writes into ``folder`` (checkpoints, their training state, config, log)."""
+    folder = Path(folder)
+    last, best = folder / "last.safetensors", folder / "best.safetensors"
+    files = [folder / MARKER, last, *state_paths(last), best, folder / f"{RUN_NAMES[stage]}_config.json"]
+    files.append(folder / "log.jsonl")
+    if stage in FINAL_CHECKPOINTS:
+        files.append(folder / FINAL_CHECKPOINTS[stage])
+    return files
+
+
+def recorded_run(folder: str | os.PathLike) -> tuple[str | None, str] | None:
+    """``(command, state)`` of the run ``folder`` holds, or ``None`` when it holds none.
+
+    The command is ``None`` for run files whose command cannot be told (no marker and no ``<name>_config.json``);
+    the state is ``"unknown"`` for a folder written before markers existed.
+    """
+    folder = Path(folder)
+    marker = folder / MARKER
+    if marker.is_file():
+        record = read_json(marker, "run marker")
+        if (
+            not isinstance(record, dict)
+            or record.get("kind") not in RUN_NAMES
+            or not isinstance(record.get("state"), str)
+        ):
+            raise ProCapError(f"run marker {marker} does not name a run kind and state; is it a procap run folder?")
+        return record["kind"], record["state"]
+    for stage, name in RUN_NAMES.items():
+        if (folder / f"{name}_config.json").is_file():
+            return stage, "unknown"
+    if any((folder / name).exists() for name in _RUN_FILES):
+        return None, "unknown"
+    return None
+
+
+def run_inputs(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """``(argument, path)`` of every existing file or folder ``cfg`` names for the run to read."""
+    named = [("--data", cfg.data), ("--init", cfg.init), ("--vqgan", cfg.vqgan), ("--procedures", cfg.procedures)]
+    if cfg.init_encoder and ":" in cfg.init_encoder:
+        named.append(("--init-encoder", cfg.init_encoder.split(":", 1)[1]))
+    return [(flag, path) for flag, path in named if path and os.path.exists(path)]
+
+
+def check_run_folder(cfg: TrainConfig) -> None:
+    """Refuse, before any work, a ``cfg.out`` this run may not write: the rules of the module docstring.
+
+    The command line calls this as soon as the options are known and :class:`RunFolder` again when the run
+    starts, so the rules hold for every path however it was given (flag, ``--config`` file, Python API).
+
+    Raises:
+        ProCapError: one sentence naming ``--out`` and what to do.
+    """
+    out = Path(cfg.out)
+    inputs = run_inputs(cfg)
+    output_apart(out, "--out", inputs)
+    refuse_inputs(*run_files(out, cfg.stage))  # an --init named as best.safetensors of this very folder
+    found = recorded_run(out) if out.is_dir() else None
+    if found is None:
+        return
+    kind, state = found
+    what = f"a finished `procap {kind}` run" if state == "finished" else f"a `procap {kind}` run"
+    if kind is None:
+        what = "the files of a procap run whose command it does not record"
+    if cfg.resume:
+        if kind != cfg.stage:
+            raise ProCapError(
+                f"--resume: --out {out} holds {what}, not a `procap {cfg.stage}` run to continue; choose the "
+                "folder of the run to continue."
+            )
+        return
+    if cfg.overwrite:
+        inside = [(flag, path) for flag, path in inputs if out.resolve() in Path(path).resolve().parents]
+        if inside:
+            flag, path = inside[0]
+            raise ProCapError(
+                f"--overwrite: --out {out} holds {flag} {path}, which this run reads; replacing the folder would "
+                "delete it, so choose another --out."
+            )
+        return
+    raise ProCapError(
+        f"--out {out} holds {what}; pass --resume to continue it, --overwrite to replace it, or choose another folder."
+        if kind == cfg.stage
+        else f"--out {out} holds {what}, which a `procap {cfg.stage}` run may not write into; choose another "
+        "folder (or pass --overwrite to replace it)."
+    )
+
+
+class RunFolder:
+    """The run folder of one run: its marker, and the folder beside it when the run replaces another.
+
+    Args:
+        cfg: the run's options; ``cfg.out`` is the folder the run is known by.
+
+    Attributes:
+        final: ``cfg.out``.
+        folder: where the run writes: ``final``, or a new folder beside it while replacing the run in ``final``.
+    """
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        check_run_folder(cfg)
+        self.kind = cfg.stage
+        self.final = Path(cfg.out)
+        self.replacing = bool(cfg.overwrite and not cfg.resume and self.final.is_dir() and recorded_run(self.final))
+        self.folder = self.final
+        if self.replacing:
+            # beside the old run, on its file system, so the swap at the end is two renames
+            self.folder = Path(tempfile.mkdtemp(prefix=f".{self.final.name[:32]}.replacing-", dir=self.final.parent))
+
+    def mark(self, state: str) -> None:
+        atomic_write_json(self.folder / MARKER, {"kind": self.kind, "state": state})
+
+    def finish(self) -> None:
+        """Mark the run finished and, when replacing, swap it into :attr:`final` and delete the old run."""
+        self.mark("finished")
+        if not self.replacing:
+            return
+        aside = self.final.with_name(f".{self.final.name[:32]}.replaced-{uuid.uuid4().hex[:8]}")
+        os.rename(self.final, aside)
+        os.rename(self.folder, self.final)
+        self.folder = self.final
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def discard(self) -> None:
+        """A replacing run that did not finish: remove its folder; the old run stays as it was."""
+        if self.replacing and self.folder != self.final:
+            shutil.rmtree(self.folder, ignore_errors=True)
