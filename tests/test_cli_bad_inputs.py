@@ -267,6 +267,12 @@ CASES += [
     case("out of range", f"caption --ckpt {{ckpt}} {PAIR} --max-len 999", "max_len"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device bogus", "--device"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --dtype fp8", "--dtype"),
+    case("existing", f"caption --ckpt {{ckpt}} {PAIR} --out {{old_captions}}", "--overwrite"),
+    case("corrupt", f"caption --ckpt {{ckpt}} {PAIR} --out {{old_captions}} --resume", "not a caption file"),
+    case("corrupt", "caption --ckpt {ckpt} --before-dir {data}/images --after-dir {data}/sc_images", "only in"),
+    case("missing", "caption --ckpt {ckpt} --pairs {missing}", "{missing}"),
+    case("wrong type", "caption --ckpt {ckpt} --pairs {refs}", "must be a .csv or .jsonl"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --out {{out}}/captions.txt", "--out"),
     # score
     case("missing", "score --pred {missing} --refs {refs}", "{missing}"),
     case("directory", "score --pred {some_dir} --refs {refs}", "is a directory"),
@@ -486,6 +492,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "dup_key_pred": '{"p1": "the cube moved", "p1": "a sphere"}',  # json.load kept the last caption
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
         "blank_refs": json.dumps({"p1": ["", " "]}),  # scored against nothing
+        "old_captions": "captions of an earlier run\n",  # kept unless --resume or --overwrite says otherwise
         "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
         "config_list_lr": json.dumps({"lr": [1, 2]}),
         "config_number_data": json.dumps({"data": 5}),
@@ -502,7 +509,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         ),
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
-    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors"}
+    suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors", "old_captions": ".jsonl"}
     suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
     for name, text in texts.items():
         paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"
