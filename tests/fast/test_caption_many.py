@@ -194,3 +194,29 @@ def test_bad_arguments_are_one_sentence(checkpoint, folders, tmp_path, capsys, a
     assert _caption(checkpoint, *[part.format(**names) for part in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("procap: error:") and message in err
+
+
+def test_only_the_core_install_is_needed(checkpoint, folders, tmp_path):
+    """Captioning a folder needs none of the extras: each of their packages made unimportable first."""
+    import subprocess
+    import sys
+
+    from procap.extras import EXTRA_OF_MODULE
+
+    before_dir, after_dir = folders
+    out = tmp_path / "captions.jsonl"
+    argv = ["caption", "--ckpt", str(checkpoint), "--before-dir", str(before_dir), "--after-dir", str(after_dir)]
+    argv += ["--out", str(out), "--device", "cpu", "--no-progress"]
+    script = (
+        "import sys\n"
+        f"for name in {sorted(EXTRA_OF_MODULE)!r}:\n"
+        "    sys.modules[name] = None  # importing it raises ModuleNotFoundError, as without the extra\n"
+        "from procap.cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == _expected(checkpoint, before_dir, after_dir)
