@@ -301,7 +301,9 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
     from procap.batch_memory import check_training_batch
+    from procap.extras import require_all
 
+    require_all(config.optional_packages(), f"procap {stage}")  # a missing extra fails now, not at a validation
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
     if note:
         print(note, file=sys.stderr, flush=True)

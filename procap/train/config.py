@@ -112,6 +112,20 @@ class TrainConfig:
                 values[key] = value
         return TrainConfig(**values)
 
+    def optional_packages(self) -> dict[str, str]:
+        """The packages of optional extras this run will import, each with what needs it (checked up front with
+        :func:`procap.extras.require_all`: a run without them would stop at its first validation)."""
+        needs = {}
+        if self.stage == "train":
+            needs["pycocoevalcap"] = "the validation scores"
+        if self.stage == "pretrain" and self.procedures != "crossfade":
+            needs["h5py"] = f"the procedure cache {self.procedures}"
+        if "tensorboard" in self.loggers:
+            needs["tensorboard"] = "--logger tensorboard"
+        if "wandb" in self.loggers:
+            needs["wandb"] = "--logger wandb"
+        return needs
+
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
