@@ -387,7 +387,7 @@ class Trainer:
                 if self.cfg.resume:
                     self.resume()
                 if self.ctx.is_main:
-                    config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
+                    config = {**self.cfg.replay_dict(), "data_parallel": self.layout()}
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
                         print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
