@@ -152,13 +152,17 @@ def run(args: argparse.Namespace) -> int:
     # one batch needs no bar; the bar counts the pairs a resumed file already holds
     progress = args.progress and len(todo) > batch_size
     rows: list[tuple[Path, Path, str]] = []
-    for batch in caption_batches(captioner, todo, batch_size, progress=progress, done=len(done)):
+    try:
+        for batch in caption_batches(captioner, todo, batch_size, progress=progress, done=len(done)):
+            if output is not None:
+                output.append(batch)
+            elif args.json:
+                rows += batch
+            else:
+                print("\n".join(caption for _, _, caption in batch), flush=True)
+    finally:
         if output is not None:
-            output.append(batch)
-        elif args.json:
-            rows += batch
-        else:
-            print("\n".join(caption for _, _, caption in batch), flush=True)
+            output.close()
     if output is not None:
         print(f"{len(todo)} captions written to {args.out} ({len(done)} were there already).", file=sys.stderr)
     elif args.json:

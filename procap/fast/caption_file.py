@@ -15,13 +15,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
 from procap import validate
 from procap.data.pair_lists import pair_key
 from procap.errors import ProCapError
-from procap.files import refuse_inputs, writing
+from procap.files import is_stream, refuse_inputs, writing
 
 OUTPUT_FORMATS = (".jsonl", ".csv")
 COLUMNS = ("before", "after", "caption")
@@ -55,7 +56,9 @@ class CaptionFile:
         self.done: set[tuple[str, str]] = set()
         self._keep_bytes: int | None = None  # bytes of whole lines to keep from a resumed file
         self._started = False  # whether this object has written yet
-        if self.path.exists():
+        self._stream = is_stream(self.path)  # a named pipe or a device: written through, nothing to resume
+        self._handle: BinaryIO | None = None  # a stream's, open from the first append to close()
+        if self.path.exists() and not self._stream:
             if not (resume or overwrite):
                 raise ProCapError(
                     f"{flag} {self.path} exists; add --resume to caption only the pairs it lacks, "
@@ -113,21 +116,40 @@ class CaptionFile:
         """Write ``(before, after, caption)`` rows as whole lines (the paths absolute), in one write, flushed."""
         rows = [(*pair_key(before, after), caption) for before, after, caption in rows]
         with writing(self.path):
-            if self._keep_bytes is None and not self._started:  # a new file, or one --overwrite replaces
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                mode, header = "wb", True
+            if self._stream:
+                self._append_to_stream(rows)
             else:
-                mode, header = "r+b", self._keep_bytes == 0
-            data = self._lines(rows, header=header and self.format == ".csv").encode("utf-8")
-            with open(self.path, mode) as handle:
-                if self._keep_bytes is not None:
-                    handle.truncate(self._keep_bytes)  # drops the cut line a crashed write may have left
-                handle.seek(0, os.SEEK_END)
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+                self._append_to_file(rows)
         self._keep_bytes, self._started = None, True
         self.done.update((before, after) for before, after, _ in rows)
+
+    def _append_to_file(self, rows: list[tuple[str, str, str]]) -> None:
+        if self._keep_bytes is None and not self._started:  # a new file, or one --overwrite replaces
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            mode, header = "wb", True
+        else:
+            mode, header = "r+b", self._keep_bytes == 0
+        data = self._lines(rows, header=header and self.format == ".csv").encode("utf-8")
+        with open(self.path, mode) as handle:
+            if self._keep_bytes is not None:
+                handle.truncate(self._keep_bytes)  # drops the cut line a crashed write may have left
+            handle.seek(0, os.SEEK_END)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def _append_to_stream(self, rows: list[tuple[str, str, str]]) -> None:
+        # one handle for the whole run: closing a pipe after a batch would tell its reader the output ended
+        if self._handle is None:
+            self._handle = open(self.path, "ab")  # noqa: SIM115 (held across appends, closed by close())
+        self._handle.write(self._lines(rows, header=not self._started and self.format == ".csv").encode("utf-8"))
+        self._handle.flush()
+
+    def close(self) -> None:
+        """Close the handle a stream output keeps open between batches (a file is closed after each batch)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
 
 def caption_batches(

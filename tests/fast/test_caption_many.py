@@ -220,3 +220,26 @@ def test_only_the_core_install_is_needed(checkpoint, folders, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert _rows(out) == _expected(checkpoint, before_dir, after_dir)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_is_written_through_in_one_stream(tmp_path):
+    """A pipe is held open across batches: closing it after one would end its reader's input."""
+    import threading
+
+    from procap.fast.caption_file import CaptionFile
+
+    pipe = tmp_path / "captions.csv"
+    os.mkfifo(pipe)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(pipe.read_text()))
+    reader.start()
+    output = CaptionFile(pipe)
+    output.append([(tmp_path / "a.png", tmp_path / "b.png", "the cube moved")])
+    output.append([(tmp_path / "c.png", tmp_path / "d.png", "no change")])
+    output.close()
+    reader.join(timeout=30)
+    lines = ["before,after,caption", f"{tmp_path}/a.png,{tmp_path}/b.png,the cube moved"]
+    lines.append(f"{tmp_path}/c.png,{tmp_path}/d.png,no change")
+    assert read == ["".join(line + "\n" for line in lines)]
+    assert pipe.exists() and not pipe.is_file()  # still the pipe, never replaced by a file
