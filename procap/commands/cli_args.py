@@ -310,6 +310,10 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
     from procap.extras import require_all
 
     require_all(config.optional_packages(), f"procap {stage}")  # a missing extra fails now, not at a validation
+    if stage == "train":
+        from procap.eval.metrics import require_java
+
+        require_java(config.val_metrics, "of the config file's val_metrics")
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
     if note:
         print(note, file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@ in one sentence, before any data is read or the training code runs."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -122,3 +123,16 @@ def test_vqgan_without_preset_is_refused_before_allocating(tmp_path, monkeypatch
     err = _fails_at_once(["vqgan", "--data", str(data), "--out", str(tmp_path / "run"), "--device", "cpu"], capsys)
     assert "--batch-size 16 needs at least" in err and "224 px images (clevr model)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_train_asking_for_meteor_without_java_fails_before_training(
+    tmp_path, data_dir, monkeypatch, capsys, no_training
+):
+    from procap.eval import metrics
+
+    monkeypatch.setattr(metrics, "java_available", lambda: False)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"val_metrics": ["METEOR", "CIDEr"], "preset": "tiny", "device": "cpu"}))
+    argv = ["train", "--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "run")]
+    err = _fails_at_once(argv, capsys)
+    assert "METEOR needs a Java runtime" in err and "val_metrics" in err
