@@ -273,6 +273,7 @@ CASES += [
     case("missing", "caption --ckpt {ckpt} --pairs {missing}", "{missing}"),
     case("wrong type", "caption --ckpt {ckpt} --pairs {refs}", "must be a .csv or .jsonl"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --out {{out}}/captions.txt", "--out"),
+    case("unwritable", f"caption --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.jsonl", "--out"),
     # score
     case("missing", "score --pred {missing} --refs {refs}", "{missing}"),
     case("directory", "score --pred {some_dir} --refs {refs}", "is a directory"),
@@ -349,6 +350,7 @@ CASES += [
     disk_full(f"train {TRAIN_OK}", "{out}"),
     disk_full(f"evaluate {EVAL_OK}", "{out}"),
     disk_full(f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png", "{out}/s.png"),
+    disk_full(f"caption --ckpt {{ckpt}} {PAIR} --out {{out}}/c.jsonl", "{out}/c.jsonl"),
 ]
 
 

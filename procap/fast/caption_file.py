@@ -8,6 +8,7 @@ paths, absolute, are the pair's id: resuming skips every pair already in the fil
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from procap import validate
 from procap.data.pair_lists import pair_key
 from procap.errors import ProCapError
-from procap.files import is_stream, refuse_inputs, writing
+from procap.files import is_stream, make_parents, refuse_inputs, remove_empty, writing
 
 OUTPUT_FORMATS = (".jsonl", ".csv")
 COLUMNS = ("before", "after", "caption")
@@ -124,19 +125,32 @@ class CaptionFile:
         self.done.update((before, after) for before, after, _ in rows)
 
     def _append_to_file(self, rows: list[tuple[str, str, str]]) -> None:
+        created: list[Path] = []  # folders made for a new file, removed again if its first write fails
         if self._keep_bytes is None and not self._started:  # a new file, or one --overwrite replaces
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            created = make_parents(self.path)
             mode, header = "wb", True
         else:
             mode, header = "r+b", self._keep_bytes == 0
         data = self._lines(rows, header=header and self.format == ".csv").encode("utf-8")
-        with open(self.path, mode) as handle:
+        # unbuffered: what a failed write leaves is on disk now, where the truncate below reaches it, and closing
+        # has nothing left to flush
+        with open(self.path, mode, buffering=0) as handle:
             if self._keep_bytes is not None:
                 handle.truncate(self._keep_bytes)  # drops the cut line a crashed write may have left
-            handle.seek(0, os.SEEK_END)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            whole = handle.seek(0, os.SEEK_END)
+            try:
+                remaining = memoryview(data)
+                while remaining:  # a raw write may take only part of the bytes
+                    remaining = remaining[handle.write(remaining) :]
+                os.fsync(handle.fileno())
+            except BaseException:
+                # a full disk or a file-size limit stops a write part-way: take the cut line back
+                with contextlib.suppress(OSError):
+                    handle.truncate(whole)
+                if whole == 0 and mode == "wb":  # this write created the file: leave none behind
+                    self.path.unlink(missing_ok=True)
+                    remove_empty(created)
+                raise
 
     def _append_to_stream(self, rows: list[tuple[str, str, str]]) -> None:
         # one handle for the whole run: closing a pipe after a batch would tell its reader the output ended

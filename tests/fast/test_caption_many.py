@@ -243,3 +243,24 @@ def test_a_named_pipe_is_written_through_in_one_stream(tmp_path):
     lines.append(f"{tmp_path}/c.png,{tmp_path}/d.png,no change")
     assert read == ["".join(line + "\n" for line in lines)]
     assert pipe.exists() and not pipe.is_file()  # still the pipe, never replaced by a file
+
+
+def test_a_failed_append_takes_its_cut_line_back(tmp_path, monkeypatch):
+    """The disk fills while a batch is written: the file keeps its whole lines only, and the error names it."""
+    import errno
+
+    from procap.fast import caption_file
+    from procap.files import OutputError
+
+    out = tmp_path / "captions.jsonl"
+    output = caption_file.CaptionFile(out)
+    output.append([(tmp_path / "a.png", tmp_path / "b.png", "the cube moved")])
+    kept = out.read_bytes()
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(caption_file.os, "fsync", disk_full)
+    with pytest.raises(OutputError) as failed:
+        output.append([(tmp_path / "c.png", tmp_path / "d.png", "no change")])
+    assert failed.value.filename == str(out) and out.read_bytes() == kept
