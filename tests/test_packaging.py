@@ -100,7 +100,7 @@ if sys.argv[1] == "without":
     from procap.data import Vocabulary
     from procap.fast import Captioner
     from procap.model.procap import ProCap
-    from tests.fast.conftest import VOCAB_SIZE, tiny_config
+    from tests.conftest import VOCAB_SIZE, tiny_config
 
     torch.manual_seed(0)
     vocab = Vocabulary.build([" ".join(f"word{i}" for i in range(VOCAB_SIZE - 8))])
