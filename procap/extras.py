@@ -8,6 +8,8 @@ bare ``ModuleNotFoundError``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from collections.abc import Mapping
 from types import ModuleType
 
 from procap.errors import ProCapError
@@ -62,3 +64,36 @@ def require(module: str, purpose: str) -> ModuleType:
         if message is None:
             raise
         raise ProCapError(message) from None
+
+
+def is_installed(module: str) -> bool:
+    """Whether ``module`` (its top-level package) can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):  # a package whose import machinery is broken counts as missing
+        return False
+
+
+def require_all(needs: Mapping[str, str], command: str) -> None:
+    """Check before any work that every optional package a command will import is installed.
+
+    A command that needs an extra only later (metrics at the first validation, the report at the end) would
+    otherwise stop after minutes of work.
+
+    Args:
+        needs: top-level module -> what needs it (``{"pycocoevalcap": "the validation scores"}``).
+        command: the command, for the message (``"procap train"``).
+
+    Raises:
+        ProCapError: one sentence naming every missing package, what needs it and the extras to install.
+    """
+    missing = {module: purpose for module, purpose in needs.items() if not is_installed(module)}
+    if not missing:
+        return
+    extras = sorted({EXTRA_OF_MODULE.get(module.split(".")[0], "all") for module in missing})
+    packages = " and ".join(f"{module} ({purpose})" for module, purpose in missing.items())
+    plural = "s" if len(missing) > 1 else ""
+    raise ProCapError(
+        f"{command} needs the optional package{plural} {packages}, from the {' and '.join(f'[{e}]' for e in extras)} "
+        f"extra{'s' if len(extras) > 1 else ''}: {install_hint(','.join(extras))}."
+    )

@@ -284,6 +284,13 @@ CASES += [
     case("wrong type", f"caption --ckpt {{float8_ckpt}} {PAIR}", "float8_e4m3fn"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device cpu", "PROCAP_ATTENTION", PROCAP_ATTENTION="bogus"),
     case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --device cpu", "PROCAP_ATTENTION", PROCAP_ATTENTION="flash"),
+    case("existing", f"caption --ckpt {{ckpt}} {PAIR} --out {{old_captions}}", "--overwrite"),
+    case("corrupt", f"caption --ckpt {{ckpt}} {PAIR} --out {{old_captions}} --resume", "not a caption file"),
+    case("corrupt", "caption --ckpt {ckpt} --before-dir {data}/images --after-dir {data}/sc_images", "only in"),
+    case("missing", "caption --ckpt {ckpt} --pairs {missing}", "{missing}"),
+    case("wrong type", "caption --ckpt {ckpt} --pairs {refs}", "must be a .csv or .jsonl"),
+    case("wrong type", f"caption --ckpt {{ckpt}} {PAIR} --out {{out}}/captions.txt", "--out"),
+    case("unwritable", f"caption --ckpt {{ckpt}} {PAIR} --out {{unwritable}}.jsonl", "--out"),
     # score
     case("missing", "score --pred {missing} --refs {refs}", "{missing}"),
     case("directory", "score --pred {some_dir} --refs {refs}", "is a directory"),
@@ -396,6 +403,7 @@ CASES += [
     disk_full(f"train {TRAIN_OK}", "{out}"),
     disk_full(f"evaluate {EVAL_OK}", "{out}"),
     disk_full(f"imagine --ckpt {{ckpt}} {PAIR} --out {{out}}/s.png", "{out}/s.png"),
+    disk_full(f"caption --ckpt {{ckpt}} {PAIR} --out {{out}}/c.jsonl", "{out}/c.jsonl"),
 ]
 
 
@@ -563,6 +571,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
         "dup_key_refs": '{"p1": ["the cube moved"], "p1": ["a sphere"]}',
         "blank_refs": json.dumps({"p1": ["", " "]}),
         "refs_two": json.dumps({"p1": ["the cube moved"], "p2": ["the sphere is gone"]}),  # scored against nothing
+        "old_captions": "captions of an earlier run\n",  # kept unless --resume or --overwrite says otherwise
         "config_text_steps": json.dumps({"steps": "ten"}),  # reached the range checks as text: a traceback
         "config_list_lr": json.dumps({"lr": [1, 2]}),
         "config_number_data": json.dumps({"data": 5}),
@@ -583,6 +592,7 @@ def _files(ws: Path, data: Path) -> dict[str, Path]:
     }
     texts |= {"text_taming": "not a torch file\n", "empty_taming": ""}
     suffix = {"text_ckpt": ".safetensors", "text_file": ".png", "empty": ".safetensors", "config_dup_yaml": ".yaml"}
+    suffix |= {"old_captions": ".jsonl"}
     suffix |= {"text_taming": ".ckpt", "empty_taming": ".ckpt"}
     for name, text in texts.items():
         paths[name] = ws / f"{name}{suffix.get(name, '.json' if text[:1] in '[{' else '.txt')}"

@@ -1,9 +1,11 @@
-"""`procap caption --ckpt C BEFORE AFTER [BEFORE AFTER ...]`: caption image pairs with procap.fast.Captioner."""
+"""`procap caption --ckpt C BEFORE AFTER [...]` (or `--pairs LIST`, or `--before-dir A --after-dir B`): caption
+image pairs with procap.fast.Captioner, printed or streamed to `--out FILE.jsonl|.csv` (resumable)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from procap import validate
@@ -15,7 +17,32 @@ HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="BEFORE AFTER [BEFORE AFTER ...] image files")
+    parser.add_argument("images", nargs="*", metavar="IMAGE", help="BEFORE AFTER [BEFORE AFTER ...] image files")
+    source = parser.add_argument_group("many pairs (instead of IMAGE arguments)")
+    source.add_argument(
+        "--pairs",
+        metavar="LIST",
+        help="a .csv file with before and after columns or a .jsonl file of {before, after} objects; relative "
+        "paths are read against the list's folder",
+    )
+    source.add_argument("--before-dir", metavar="DIR", help="before images, paired by file name with --after-dir")
+    source.add_argument("--after-dir", metavar="DIR", help="after images, paired by file name with --before-dir")
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write before, after, caption rows to a .jsonl or .csv file, each batch as it is captioned",
+    )
+    output.add_argument(
+        "--resume", action="store_true", help="with an existing --out, caption only the pairs it does not hold"
+    )
+    output.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    output.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show a progress bar on stderr when there is more than one batch (default: on)",
+    )
     parser.add_argument(
         "--ckpt",
         required=True,
@@ -61,20 +88,59 @@ def pairs_from_paths(paths: list[str]) -> list[tuple[Path, Path]]:
     return list(zip(files[0::2], files[1::2]))
 
 
+def pairs_from_args(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    """The pairs of exactly one source: IMAGE arguments, ``--pairs`` or ``--before-dir`` with ``--after-dir``."""
+    from procap.data.pair_lists import match_folders, read_pair_list
+
+    folders = args.before_dir is not None or args.after_dir is not None
+    given = [
+        name for name, used in (("IMAGE arguments", args.images), ("--pairs", args.pairs), ("folders", folders)) if used
+    ]
+    if len(given) != 1:
+        both = ", not from " + " and ".join(given) if given else ""
+        raise ProCapError(
+            "caption takes its pairs from one of BEFORE AFTER image arguments, --pairs LIST or "
+            f"--before-dir with --after-dir{both}."
+        )
+    if args.pairs is not None:
+        return read_pair_list(args.pairs)
+    if folders:
+        if args.before_dir is None or args.after_dir is None:
+            raise ProCapError("--before-dir and --after-dir go together: give both folders.")
+        return match_folders(args.before_dir, args.after_dir)
+    return pairs_from_paths(args.images)
+
+
 def run(args: argparse.Namespace) -> int:
-    pairs = pairs_from_paths(args.images)
+    pairs = pairs_from_args(args)
     validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
+    if (args.resume or args.overwrite) and args.out is None:
+        raise ProCapError(f"{'--resume' if args.resume else '--overwrite'} applies to an --out file; give one.")
+    if args.out is not None and args.json:
+        raise ProCapError("--json prints the captions; with --out they go to the file (.jsonl for JSON).")
+    output = None
+    if args.out is not None:
+        from procap.fast.caption_file import CaptionFile
 
+        output = CaptionFile(args.out, resume=args.resume, overwrite=args.overwrite)
+    from procap.data.pair_lists import pair_key
+
+    done = [pair for pair in pairs if output is not None and pair_key(*pair) in output.done]
+    todo = [pair for pair in pairs if output is None or pair_key(*pair) not in output.done]
     checkpoint = checkpoint_file(args)
+    if not todo:
+        print(f"{args.out} already holds the captions of all {len(pairs)} pairs.", file=sys.stderr)
+        return 0
     from procap.batch_memory import check_checkpoint_batch
 
     # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)
     device = validate.device(args.device)
-    batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, "pairs given", "caption")
+    batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(todo), device, "pairs given", "caption")
     from procap.fast import Captioner
+    from procap.fast.caption_file import caption_batches
     from procap.model.decoding import decoding_strategy
 
     captioner = Captioner.from_checkpoint(
@@ -85,17 +151,22 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
         strategy=decoding_strategy(args.beams, args.length_penalty),
     )
-    captions: list[str] = []
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        captions += captioner([b for b, _ in chunk], [a for _, a in chunk])
-    if args.json:
-        print(
-            json.dumps(
-                [{"before": str(b), "after": str(a), "caption": c} for (b, a), c in zip(pairs, captions)], indent=2
-            )
-        )
-    else:
-        for caption in captions:
-            print(caption)
+    # one batch needs no bar; the bar counts the pairs a resumed file already holds
+    progress = args.progress and len(todo) > batch_size
+    rows: list[tuple[Path, Path, str]] = []
+    try:
+        for batch in caption_batches(captioner, todo, batch_size, progress=progress, done=len(done)):
+            if output is not None:
+                output.append(batch)
+            elif args.json:
+                rows += batch
+            else:
+                print("\n".join(caption for _, _, caption in batch), flush=True)
+    finally:
+        if output is not None:
+            output.close()
+    if output is not None:
+        print(f"{len(todo)} captions written to {args.out} ({len(done)} were there already).", file=sys.stderr)
+    elif args.json:
+        print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for b, a, c in rows], indent=2))
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 from procap.config import LR_DECAYS, PRESETS
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
-from procap.train.config import TrainConfig
+from procap.train.config import TrainConfig, map_paths
 from procap.validate import MAX_SEED, MAX_WORKERS
 
 
@@ -43,17 +43,15 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
     g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
     g.add_argument(
-        "--no-cache",
+        "--cache",
         dest="cache_images",
-        action="store_false",
-        default=None,
-        help="do not keep decoded images in memory (large datasets)",
+        action=argparse.BooleanOptionalAction,
+        help="keep decoded images in memory (default); --no-cache for large datasets",
     )
     g.add_argument(
         "--cache-features",
-        action="store_true",
-        default=None,
-        help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU)",
+        action=argparse.BooleanOptionalAction,
+        help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU; default off)",
     )
     o = parser.add_argument_group("optimisation")
     o.add_argument("--steps", type=int, help="optimisation steps (wins over --epochs)")
@@ -72,12 +70,17 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
     o.add_argument("--seed", type=int, help="random seed (default 0)")
     o.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    o.add_argument("--no-amp", dest="amp", action="store_false", default=None, help="disable bf16 autocast on CUDA")
-    o.add_argument("--resume", action="store_true", default=None, help="continue from <out>/last.safetensors")
+    o.add_argument(
+        "--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast on CUDA (default on; --no-amp: float32)"
+    )
+    o.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        help="continue from <out>/last.safetensors (default off; a run's config file always replays as a new run)",
+    )
     o.add_argument(
         "--overwrite",
-        action="store_true",
-        default=None,
+        action=argparse.BooleanOptionalAction,
         help="replace the run already in --out (the new run is trained beside it and takes its place when it "
         "finishes; without --overwrite or --resume a folder holding a run is refused)",
     )
@@ -96,7 +99,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         type=float,
         help="minutes a process waits for the others under torchrun before the job fails (default 30)",
     )
-    o.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
+    o.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, help="show progress bars (default on; --no-progress)"
+    )
     o.add_argument(
         "--logger",
         dest="loggers",
@@ -120,8 +125,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
         o.add_argument(
             "--item-masks",
-            action="store_true",
-            default=None,
+            action=argparse.BooleanOptionalAction,
             help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
             "or --grad-accum > 1), so it matches a split run with the same global batch",
         )
@@ -144,12 +148,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
         o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
         o.add_argument(
-            "--no-encoder-warmup",
-            dest="encoder_warmup",
-            action="store_false",
-            default=None,
-            help="keep the encoder lr constant from step 0, as the paper does (default: warm it up with the "
-            "decoder, which stops the memory from collapsing; docs/model.md)",
+            "--encoder-warmup",
+            action=argparse.BooleanOptionalAction,
+            help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default; "
+            "docs/model.md); --no-encoder-warmup keeps it constant from step 0, as the paper does",
         )
         v = parser.add_argument_group("validation")
         v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
@@ -255,6 +257,8 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProCapError(f"--config file {path} does not hold a mapping of option names to values.")
     data = {k: v for k, v in data.items() if k not in RUN_FACTS}
+    # a relative path in a config file names a place beside the file, wherever the command runs from
+    data = map_paths(data, lambda value: os.path.normpath(os.path.join(path.parent.absolute(), value)))
     if data.get("stage", stage) != stage:
         raise ProCapError(f"--config file {path} is a `procap {data['stage']}` config, not `procap {stage}`.")
     data.pop("stage", None)
@@ -334,6 +338,14 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
     from procap.batch_memory import check_training_batch
+    from procap.extras import require_all
+
+    require_all(config.optional_packages(), f"procap {stage}")  # a missing extra fails now, not at a validation
+    if stage == "train":
+        from procap.eval.metrics import require_java
+
+        require_java(config.val_metrics, "of the config file's val_metrics")
+
     from procap.train.run_folder import check_run_folder
 
     check_run_folder(config)  # --out from the command line or a --config file: the same rules, before any work

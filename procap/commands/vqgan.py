@@ -15,10 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from procap.commands.cli_args import config_from_args
+
+    config = config_from_args("vqgan", args)  # every check, before the training code is imported
     from procap.train.distributed import env_context
     from procap.train.vqgan_train import train_vqgan
 
-    path = train_vqgan(config_from_args("vqgan", args))
+    path = train_vqgan(config)
     if env_context().is_main:  # under torchrun: one line, not one per process
         print(f"VQGAN weights: {path}")
     return 0

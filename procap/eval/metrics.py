@@ -118,6 +118,21 @@ def available_metrics(wanted: Iterable[str] = METRICS) -> tuple[tuple[str, ...],
     return tuple(n for n in names if n not in reasons), note
 
 
+def require_java(metrics: Iterable[str], leave_out: str = "with --metrics bleu,rouge,cider") -> None:
+    """Raise one sentence when ``metrics`` ask for METEOR and no Java runtime is installed (checked before the
+    captions are made: a training run learnt it only at its first validation).
+
+    Args:
+        metrics: any spellings of the metric names.
+        leave_out: how the message says to leave METEOR out, e.g. ``"of val_metrics"``.
+    """
+    if "METEOR" in metric_names(metrics) and not java_available():
+        raise ProCapError(
+            "METEOR needs a Java runtime: install one (e.g. apt-get install default-jre-headless) "
+            f"or leave METEOR out {leave_out}."
+        )
+
+
 def reference_list(key: str, value: Any, source: str = "references") -> list[str]:
     """The one rule for an id's references, whether they come from Python, a file or a dataset split.
 
@@ -278,11 +293,7 @@ def _scorers(metrics: Iterable[str]) -> list[tuple[str, Any]]:
         elif metric == "cider":
             scorers.append((metric, Cider()))
         elif metric == "meteor":
-            if not java_available():
-                raise ProCapError(
-                    "METEOR needs a Java runtime: install one (e.g. apt-get install default-jre-headless) "
-                    "or leave METEOR out with --metrics bleu,rouge,cider."
-                )
+            require_java(["METEOR"])
             from pycocoevalcap.meteor.meteor import Meteor
 
             scorers.append((metric, Meteor()))

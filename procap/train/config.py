@@ -7,6 +7,8 @@ Fields left ``None`` take the paper's value for the stage (:data:`STAGE_DEFAULTS
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,34 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "train": {"epochs": 40, "batch_size": 16, "decoder_lr": 5e-5, "warmup_frac": 0.1},
     "vqgan": {"steps": 20_000, "batch_size": 16, "lr": 2e-4, "lr_start": 0.0, "warmup_steps": 500},
 }
+
+
+# Fields that name files or folders. A run's config file stores them absolute, and a relative one in any config file
+# is read against that file's folder (procap.commands.cli_args.read_config_file), so that a replay started from
+# another folder reads the same data and writes the same run folder.
+PATH_FIELDS = ("data", "out", "init", "vqgan", "procedures", "init_encoder")
+NOT_A_PATH = {"procedures": "crossfade"}  # the value of a path field that names no file
+PATH_PREFIX = {"init_encoder": "clip:"}  # the path follows this prefix
+
+
+def map_paths(values: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
+    """A copy of the option ``values`` with ``convert`` applied to every path they name (:data:`PATH_FIELDS`)."""
+    values = dict(values)
+    for field in PATH_FIELDS:
+        value = values.get(field)
+        if not isinstance(value, str) or not value or value == NOT_A_PATH.get(field):
+            continue
+        prefix = PATH_PREFIX.get(field, "")
+        if prefix and value.startswith(prefix):
+            values[field] = prefix + convert(value[len(prefix) :])
+        elif not prefix:
+            values[field] = convert(value)
+    return values
+
+
+def absolute_path(path: str) -> str:
+    """``path`` made absolute against the working folder, without resolving symlinks."""
+    return os.path.normpath(os.path.abspath(path))
 
 
 @dataclass
@@ -115,6 +145,26 @@ class TrainConfig:
             if values.get(key) is None and not (key == "epochs" and values.get("steps") is not None):
                 values[key] = value
         return TrainConfig(**values)
+
+    def optional_packages(self) -> dict[str, str]:
+        """The packages of optional extras this run will import, each with what needs it (checked up front with
+        :func:`procap.extras.require_all`: a run without them would stop at its first validation)."""
+        needs = {}
+        if self.stage == "train":
+            needs["pycocoevalcap"] = "the validation scores"
+        if self.stage == "pretrain" and self.procedures != "crossfade":
+            needs["h5py"] = f"the procedure cache {self.procedures}"
+        if "tensorboard" in self.loggers:
+            needs["tensorboard"] = "--logger tensorboard"
+        if "wandb" in self.loggers:
+            needs["wandb"] = "--logger wandb"
+        return needs
+
+    def replay_dict(self) -> dict[str, Any]:
+        """The options as a run's config file stores them, to be replayed with ``--config``: every path absolute,
+        ``resume`` and ``overwrite`` false (a replay is a new run, into a folder that holds none; ``--resume`` or
+        ``--overwrite`` on the command line says otherwise)."""
+        return map_paths(self.to_dict(), absolute_path) | {"resume": False, "overwrite": False}
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

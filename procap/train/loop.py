@@ -400,7 +400,7 @@ class Trainer:
                     self.resume()
                 if run is not None:
                     run.mark("running")
-                    config = {**self.cfg.to_dict(), "data_parallel": self.layout()}
+                    config = {**self.cfg.replay_dict(), "data_parallel": self.layout()}
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
                         print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)

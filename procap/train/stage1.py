@@ -18,6 +18,7 @@ from procap.config import get_preset
 from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks, parse_init_encoder
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
+from procap.extras import require_all
 from procap.kernels.masking import MaskParams, mask_from_params
 from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
@@ -108,6 +109,7 @@ def pretrain(
         cache: shared in-memory image cache.
     """
     cfg = distributed.resume_after_restart(cfg.resolved())
+    require_all(cfg.optional_packages(), "procap pretrain")  # before any work, not at the first use
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     model, vocab = model_and_vocab(cfg, pairs, vocab)

@@ -19,6 +19,7 @@ from procap.checkpoint import save_checkpoint
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
+from procap.extras import require_all
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs
@@ -133,6 +134,7 @@ def train(
             CLEVR-Change, see :func:`procap.eval.correctness.scene_truths`).
     """
     cfg = distributed.resume_after_restart(cfg.resolved())
+    require_all(cfg.optional_packages(), "procap train")  # before any work, not at the first use
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)

@@ -16,6 +16,7 @@ from procap.config import get_preset
 from procap.data import load_split
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
+from procap.extras import require_all
 from procap.model.vqgan import VQGAN
 from procap.train import distributed
 from procap.train.config import TrainConfig
@@ -113,6 +114,7 @@ def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
 def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     """Train the preset's VQGAN on every image of the training split; returns ``<out>/vqgan.safetensors``."""
     cfg = distributed.resume_after_restart(cfg.resolved())
+    require_all(cfg.optional_packages(), "procap vqgan")  # before any work, not at the first use
     torch.manual_seed(cfg.seed)
     if pairs is None:
         if cfg.data is None:

@@ -12,15 +12,6 @@ from PIL import Image
 from procap.cli import main
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, trained, vocab):
-    from procap.checkpoint import save_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
-    save_checkpoint(path, trained[0], vocab)
-    return path
-
-
 @pytest.fixture()
 def image_files(tmp_path, pairs):
     """Three (before, after) PNG pairs and the exact tensors they decode to: paths, (3, 3, 32, 32) x 2."""

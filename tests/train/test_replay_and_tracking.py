@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 
 import pytest
 
@@ -11,6 +13,7 @@ from procap.cli import main
 from procap.commands.cli_args import add_common_arguments, config_from_args
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
+from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog, validation_line
 from procap.train.tracking import scalars
 from tests.support import small_training_config
@@ -178,3 +181,78 @@ def test_the_wandb_project_and_run_name_come_from_flags_then_the_environment(tmp
     )
     config = config_from_args("train", args)
     assert (config.wandb_project, config.wandb_name) == ("p", "n")
+
+
+def test_a_replay_from_another_folder_reads_the_same_data(tmp_path, small_model, clevr_root, monkeypatch):
+    # the first run names its data and folder relative to where it starts
+    monkeypatch.chdir(clevr_root.parent)
+    first = clevr_root.parent / "replay-first"
+    assert main(_pretrain("--data", clevr_root.name, "--out", first.name, "--preset", "tiny", "--seed", "4")) == 0
+    written = json.loads((first / "stage1_config.json").read_text())
+    assert (written["data"], written["out"]) == (str(clevr_root), str(first))
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # (its own folder holds a finished run now: a replay there needs --overwrite, which replaces it)
+    replayed = config_from_args(
+        "pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json"), "--overwrite")
+    )
+    assert (replayed.data, replayed.out) == (str(clevr_root), str(first))
+    # the replay trains on the same data: the same losses, into the folder given on the command line
+    again = tmp_path / "replay-again"
+    assert main(["pretrain", "--config", str(first / "stage1_config.json"), "--out", str(again)]) == 0
+    assert _losses(again) == _losses(first)
+
+
+def test_relative_paths_in_a_config_file_are_read_against_its_folder(tmp_path, clevr_root, monkeypatch):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    data = os.path.relpath(clevr_root, configs)
+    options = {"data": data, "out": "../runs/x", "preset": "tiny", "procedures": "crossfade", "steps": 3}
+    (configs / "c.json").write_text(json.dumps(options))
+    monkeypatch.chdir(clevr_root)  # anywhere else
+    config = config_from_args("pretrain", _parse("pretrain", "--config", str(configs / "c.json")))
+    assert (config.data, config.out) == (str(clevr_root), str(tmp_path / "runs" / "x"))
+    assert config.procedures == "crossfade"  # a name, not a path
+
+
+def test_a_resumed_runs_config_replays_as_a_new_run(tmp_path, small_model, clevr_root):
+    out = tmp_path / "run"
+    assert main(_pretrain("--data", str(clevr_root), "--out", str(out), "--preset", "tiny")) == 0
+    assert main(_pretrain("--data", str(clevr_root), "--out", str(out), "--preset", "tiny", "--resume")) == 0
+    written = json.loads((out / "stage1_config.json").read_text())
+    assert written["resume"] is False and written["overwrite"] is False
+    replayed = config_from_args(
+        "pretrain", _parse("pretrain", "--config", str(out / "stage1_config.json"), "--out", str(tmp_path / "new"))
+    )
+    assert replayed.resume is False
+    resumed = _parse("pretrain", "--config", str(out / "stage1_config.json"), "--resume")
+    assert config_from_args("pretrain", resumed).resume is True  # continuing is asked on the command line
+
+
+@pytest.mark.parametrize("stage", ["vqgan", "pretrain", "train"])
+def test_every_boolean_option_has_both_forms(stage):
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, stage)
+    flags = {action.dest: action for action in parser._actions}
+    booleans = [f.name for f in dataclasses.fields(TrainConfig) if str(f.type).startswith("bool")]
+    present = [name for name in booleans if name in flags]
+    assert {"amp", "progress", "resume", "cache_images", "cache_features"} <= set(present)
+    for name in present:
+        action = flags[name]
+        assert isinstance(action, argparse.BooleanOptionalAction), name
+        assert action.default is None, name  # not given: the config file or the default decides
+        on, off = action.option_strings
+        assert off == on.replace("--", "--no-", 1)
+
+
+def test_a_files_boolean_is_flipped_back_on_the_command_line(tmp_path, clevr_root):
+    flipped = {"amp": False, "progress": False, "cache_images": False, "cache_features": True, "encoder_warmup": False}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"data": str(clevr_root), "out": "run", "preset": "tiny"} | flipped))
+    from_file = config_from_args("train", _parse("train", "--config", str(path)))
+    assert {name: getattr(from_file, name) for name in flipped} == flipped
+    argv = ["--amp", "--progress", "--cache", "--no-cache-features", "--encoder-warmup"]
+    back = config_from_args("train", _parse("train", "--config", str(path), *argv))
+    assert {name: getattr(back, name) for name in flipped} == {name: not value for name, value in flipped.items()}

@@ -1,0 +1,131 @@
+"""Image pairs to caption, named by a list file or by two folders (``procap caption --pairs`` / ``--before-dir``).
+
+A list is a CSV file with ``before`` and ``after`` columns or a JSON Lines file of ``{"before": ..., "after": ...}``
+objects; relative paths are read against the list file's folder, so a list travels with its images. Two folders
+pair the images of the same file name. Every image is checked to exist before any captioning, and a pair named
+twice is refused (its caption would be written twice).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from PIL import Image
+
+from procap import validate
+from procap.errors import ProCapError
+from procap.json_files import parse_json
+
+LIST_FORMATS = (".csv", ".jsonl")
+SIDES = ("before", "after")
+_SHOWN_NAMES = 5  # names listed in a message before "and N more"
+
+
+def pair_key(before: str | os.PathLike, after: str | os.PathLike) -> tuple[str, str]:
+    """The id of a pair: both paths absolute and normalised, so that a pair reads the same whoever names it."""
+    return os.path.normpath(os.path.abspath(before)), os.path.normpath(os.path.abspath(after))
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN_NAMES])
+    return shown if len(names) <= _SHOWN_NAMES else f"{shown} and {len(names) - _SHOWN_NAMES} more"
+
+
+def _csv_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
+    with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's byte-order mark
+        reader = csv.DictReader(handle)
+        try:
+            missing = [side for side in SIDES if side not in (reader.fieldnames or [])]
+            if missing:
+                raise ProCapError(
+                    f"{flag} {path} has no {' or '.join(missing)} column in its header line "
+                    f"(it needs 'before' and 'after' columns)."
+                )
+            return [(reader.line_num, row) for row in reader]
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ProCapError(f"{flag} {path} is not a readable CSV file ({exc}).") from None
+
+
+def _jsonl_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ProCapError(f"{flag} {path} is not UTF-8 text ({exc}).") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        row = parse_json(line, f"{flag} {path} line {number}")  # a key given twice is refused too
+        if not isinstance(row, dict):
+            raise ProCapError(f"{flag} {path} line {number} is not a JSON object with before and after keys.")
+        rows.append((number, row))
+    return rows
+
+
+def read_pair_list(path: str | os.PathLike, flag: str = "--pairs") -> list[tuple[Path, Path]]:
+    """The ``(before, after)`` image paths a CSV or JSON Lines list names, relative ones against its folder.
+
+    Raises:
+        ProCapError: one sentence naming the list (and its line) for another format, a missing column or key, a
+            value that is no path, an image that does not exist, a pair listed twice or an empty list.
+    """
+    path = validate.input_file(path, f"{flag} file")
+    suffix = path.suffix.lower()
+    if suffix not in LIST_FORMATS:
+        raise ProCapError(f"{flag} {path} must be a .csv or .jsonl file, not {suffix or 'a file without suffix'}.")
+    rows = _csv_rows(path, flag) if suffix == ".csv" else _jsonl_rows(path, flag)
+    pairs, lines_of = [], {}
+    for number, row in rows:
+        images = []
+        for side in SIDES:
+            value = row.get(side)
+            if not isinstance(value, str) or not value.strip():
+                raise ProCapError(f"{flag} {path} line {number} gives no {side} image path.")
+            image = path.parent / value.strip()  # an absolute value stays absolute
+            images.append(validate.input_file(image, f"{flag} {path} line {number}: {side} image"))
+        key = pair_key(*images)
+        if key in lines_of:
+            raise ProCapError(f"{flag} {path} lists the pair on line {number} again (first on line {lines_of[key]}).")
+        lines_of[key] = number
+        pairs.append((images[0], images[1]))
+    if not pairs:
+        raise ProCapError(f"{flag} {path} lists no image pairs.")
+    return pairs
+
+
+def _image_names(folder: Path) -> set[str]:
+    """Names of the image files of ``folder`` (the suffixes Pillow reads; hidden files skipped)."""
+    suffixes = set(Image.registered_extensions())
+    return {
+        entry.name
+        for entry in folder.iterdir()
+        if not entry.name.startswith(".") and entry.suffix.lower() in suffixes and entry.is_file()
+    }
+
+
+def match_folders(
+    before_dir: str | os.PathLike,
+    after_dir: str | os.PathLike,
+    flags: tuple[str, str] = ("--before-dir", "--after-dir"),
+) -> list[tuple[Path, Path]]:
+    """The ``(before, after)`` images of two folders paired by file name, in name order.
+
+    Raises:
+        ProCapError: a folder is missing or holds no images, or a name is in one folder only (the sentence lists
+            them).
+    """
+    before_dir, after_dir = validate.input_dir(before_dir, flags[0]), validate.input_dir(after_dir, flags[1])
+    before_names, after_names = _image_names(before_dir), _image_names(after_dir)
+    only_before, only_after = sorted(before_names - after_names), sorted(after_names - before_names)
+    if only_before or only_after:
+        parts = [
+            f"{len(names)} image(s) only in {flag} {folder} ({_names(names)})"
+            for names, flag, folder in ((only_before, flags[0], before_dir), (only_after, flags[1], after_dir))
+            if names
+        ]
+        raise ProCapError(f"images are paired by file name, but there are {' and '.join(parts)}.")
+    if not before_names:
+        raise ProCapError(f"{flags[0]} {before_dir} and {flags[1]} {after_dir} hold no images.")
+    return [(before_dir / name, after_dir / name) for name in sorted(before_names)]
