@@ -16,6 +16,8 @@ The ProCap checkpoint (config + vocabulary in the metadata) is :mod:`procap.mode
 from __future__ import annotations
 
 import json
+import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,32 @@ from procap.validate import input_file
 
 # Floating-point formats a stored weight may have: the model casts them to its own dtype on load.
 LOADABLE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+# The entries' uncompressed size over a zip archive's size: about 1 for torch.save's stored entries; a re-zipped
+# checkpoint of float weights deflates by far less than this.
+MAX_EXPANSION = 16
+
+
+def check_zip_expansion(archive: zipfile.ZipFile, path: str | os.PathLike, what: str) -> None:
+    """Refuse, before anything is decompressed, a torch zip archive whose entries declare more than
+    :data:`MAX_EXPANSION` times the file's size (a zip bomb: a small file that inflates to all memory).
+
+    zipfile, and torch's own reader, stop each entry at its declared size, so the declared sizes bound what reading
+    the archive allocates.
+
+    Raises:
+        ProCapError: naming the file, the bytes declared and the entry that passed the ceiling.
+    """
+    size = os.path.getsize(path)
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        if total > MAX_EXPANSION * size:
+            raise ProCapError(
+                f"{what} {path} declares {total:,} bytes of content in {size:,} bytes of file (entry "
+                f"{info.filename}), more than {MAX_EXPANSION} times its size; the file is malformed or a zip bomb."
+            )
 
 
 # ----------------------------------------------------------------------------------------------- atomic I/O

@@ -92,6 +92,11 @@ CASES = [
     Bad("dtype of another type", lambda t: _captioner(t, dtype=5), "dtype"),
     Bad("string max_len", lambda t: _captioner(t, max_len="5"), "max_len"),
     Bad("float max_len", lambda t: _captioner(t, max_len=4.5), "max_len"),
+    Bad(
+        "string max_len of the model",
+        lambda t: t["model"].generate(torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16), max_len="5"),
+        "max_len",
+    ),
     Bad("string batch size", lambda t: _captioner(t, batch_sizes=["8"]), "batch_sizes"),
     Bad("batch sizes as a number", lambda t: _captioner(t, batch_sizes=8), "batch_sizes"),
     Bad("map_location", lambda t: load_checkpoint(t["ckpt"], map_location="bogus"), "map_location"),

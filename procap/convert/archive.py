@@ -14,18 +14,17 @@ one sentence (:class:`UnsafeCheckpointError`), and so is a ``BUILD`` whose targe
 could otherwise set attributes on our own functions or classes).
 
 Every size the archive states is bounded before memory is taken for it, so a small file cannot make the reader
-allocate much more than the file holds: the entries together may expand to at most :data:`MAX_EXPANSION` times the
-archive's size (``torch.save`` stores entries uncompressed; a deflated zip bomb declares far more), a tensor may hold no more
-elements than its storage (only overlapping strides, such as stride 0, could), and the tensors rebuilt from the
-storages may take at most :data:`MAX_REBUILT_PER_STORED` times the bytes of the storages read (tied weights
-rebuild one storage twice).
+allocate much more than the file holds: the entries together may expand to at most
+:data:`procap.weights.MAX_EXPANSION` times the archive's size (``torch.save`` stores entries uncompressed; a deflated
+zip bomb declares far more), a tensor may hold no more elements than its storage (only overlapping strides, such as
+stride 0, could), and the tensors rebuilt from the storages may take at most :data:`MAX_REBUILT_PER_STORED` times
+the bytes of the storages read (tied weights rebuild one storage twice).
 """
 
 from __future__ import annotations
 
 import collections
 import math
-import os
 import pickle
 import zipfile
 from collections.abc import Callable, Mapping
@@ -35,15 +34,13 @@ from typing import Any, ClassVar
 import torch
 
 from procap.errors import ProCapError
+from procap.weights import check_zip_expansion
 
 
 class UnsafeCheckpointError(ProCapError):
     """The archive's pickle names a global outside the allowlist (or misuses an allowed one)."""
 
 
-# The entries' uncompressed size over the archive's size: about 1 for torch.save's stored entries; a re-zipped
-# checkpoint of float weights deflates by far less than this.
-MAX_EXPANSION = 16
 # Bytes of rebuilt tensors over bytes of storages read: a storage is rebuilt once per tensor viewing it.
 MAX_REBUILT_PER_STORED = 4
 
@@ -386,23 +383,6 @@ def _archive_root(names: list[str], path: Path) -> str:
     return roots[0]
 
 
-def _check_expansion(archive: zipfile.ZipFile, path: Path, what: str) -> None:
-    """Refuse, before anything is decompressed, entries that declare more bytes than the archive can hold.
-
-    zipfile stops each entry at its declared size, so the declared sizes bound what reading the archive allocates.
-    """
-    ceiling = MAX_EXPANSION * os.path.getsize(path)
-    total = 0
-    for info in archive.infolist():
-        total += info.file_size
-        if total > ceiling:
-            raise ProCapError(
-                f"{what} {path} declares {total:,} bytes of content in {os.path.getsize(path):,} bytes of file "
-                f"(entry {info.filename}), more than {MAX_EXPANSION} times its size; the file is malformed "
-                "or a zip bomb"
-            )
-
-
 def load_archive(
     path: str | Path, allowed: Mapping[tuple[str, str], Any], torchscript: bool = False, what: str = "checkpoint"
 ) -> Any:
@@ -432,7 +412,7 @@ def load_archive(
     with zipfile.ZipFile(path) as archive:
         root = _archive_root(archive.namelist(), path)
         names = set(archive.namelist())
-        _check_expansion(archive, path, what)
+        check_zip_expansion(archive, path, what)
         if f"{root}/byteorder" in names and archive.read(f"{root}/byteorder").strip() != b"little":
             raise ProCapError(f"{what} {path} was written on a big-endian machine, which the safe loader does not read")
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from procap import kernels
+from procap import kernels, validate
 from procap.config import ProCapConfig
 from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
@@ -409,7 +409,7 @@ class ProCap(PretrainedMixin, nn.Module):
         strategy: DecodingStrategy | None = None,
     ) -> torch.Tensor:
         """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
-        max_len = max_len or self.config.max_caption_len
+        max_len = self.config.max_caption_len if max_len is None else validate.integer(max_len, "max_len")
         if not 2 <= max_len <= self.config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
         strategy = strategy or decoding_strategy(num_beams, length_penalty)

@@ -36,7 +36,15 @@ from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, gro
 from procap.model.vqgan_fused import FusedVQGANEncoder
 from procap.model.vqgan_memo import FeatureMemo
 from procap.validate import input_file
-from procap.weights import check_dtypes, check_file_fits, load_module_state, load_weights, read_header, save_module
+from procap.weights import (
+    check_dtypes,
+    check_file_fits,
+    check_zip_expansion,
+    load_module_state,
+    load_weights,
+    read_header,
+    save_module,
+)
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
 
@@ -363,6 +371,9 @@ def load_taming_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ProCapError(
             f"VQGAN checkpoint {path} is not a torch checkpoint or is damaged (neither a complete zip archive nor a pickle)."
         )
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            check_zip_expansion(archive, path, "VQGAN checkpoint")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:

@@ -220,3 +220,14 @@ def test_convert_refuses_a_stride_zero_checkpoint_in_one_sentence(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("procap: error:") and "\n" not in err and "more elements" in err
     assert peak.growth < SMALL_ALLOCATION and not out.exists()
+
+
+def test_a_taming_vqgan_zip_bomb_is_refused_before_torch_reads_it(tmp_path):
+    """torch.load inflates deflated entries too: the VQGAN reader checks the declared sizes first."""
+    from procap.model.vqgan import load_taming_state_dict
+
+    path = tmp_path / "vqgan.ckpt"
+    _zip_bomb_checkpoint(path)
+    with PeakMemory() as peak, pytest.raises(ProCapError, match="VQGAN checkpoint .* more than 16 times its size"):
+        load_taming_state_dict(path)
+    assert peak.growth < SMALL_ALLOCATION
