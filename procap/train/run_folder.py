@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from procap.errors import ProCapError
-from procap.files import atomic_write_json, refuse_inputs
+from procap.files import atomic_write_json, input_overlap, refuse_inputs
 from procap.json_files import read_json
 from procap.train.config import TrainConfig
 from procap.train.state import state_paths
@@ -92,7 +92,12 @@ def check_run_folder(cfg: TrainConfig) -> None:
     out = Path(cfg.out)
     inputs = run_inputs(cfg)
     output_apart(out, "--out", inputs)
-    refuse_inputs(*run_files(out, cfg.stage))  # an --init named as best.safetensors of this very folder
+    # an --init that is best.safetensors of this very folder, named on the command line or in a config file
+    refuse_inputs(*run_files(out, cfg.stage))
+    for written in run_files(out, cfg.stage):
+        overlap = input_overlap(written, inputs)
+        if overlap is not None:
+            raise ProCapError(f"the output {written} {overlap}; write the run elsewhere.")
     found = recorded_run(out) if out.is_dir() else None
     if found is None:
         return

@@ -153,3 +153,19 @@ def test_an_interrupted_synth_overwrite_keeps_the_old_benchmark(tmp_path, monkey
     assert json.loads((root / "scenes.json").read_text())["seed"] == 2
     assert len(list((root / "images").iterdir())) == 8
     assert sorted(p.name for p in root.iterdir()) == sorted(synthetic.LAYOUT)
+
+
+def test_an_init_inside_the_run_folder_from_a_config_file_is_refused(tmp_path, clevr_root):
+    """The run's own files are checked against the inputs a --config file names, not only the flags' inputs."""
+    import argparse
+
+    from procap.commands.cli_args import add_common_arguments, config_from_args
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.safetensors").write_bytes(b"a checkpoint of an earlier run")
+    options = {"data": str(clevr_root), "out": "run", "init": "run/best.safetensors", "steps": 1}
+    (tmp_path / "c.json").write_text(json.dumps(options))
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, "train")
+    with pytest.raises(ProCapError, match=r"best.safetensors is --init .*, which this command reads"):
+        config_from_args("train", parser.parse_args(["--config", str(tmp_path / "c.json")]))
