@@ -137,7 +137,8 @@ class RunFolder:
 
     Attributes:
         final: ``cfg.out``.
-        folder: where the run writes: ``final``, or a new folder beside it while replacing the run in ``final``.
+        folder: where the run writes: ``final``, or (after :meth:`begin`) a new folder beside it while replacing
+            the run in ``final``.
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -146,9 +147,17 @@ class RunFolder:
         self.final = Path(cfg.out)
         self.replacing = bool(cfg.overwrite and not cfg.resume and self.final.is_dir() and recorded_run(self.final))
         self.folder = self.final
-        if self.replacing:
+
+    def begin(self) -> Path:
+        """Create the folder beside the old run when replacing it; returns the folder the run writes into.
+
+        Called once the run holds its lock, inside the block that calls :meth:`discard` on failure, so a refused
+        or failed start leaves nothing beside the old run.
+        """
+        if self.replacing and self.folder == self.final:
             # beside the old run, on its file system, so the swap at the end is two renames
             self.folder = Path(tempfile.mkdtemp(prefix=f".{self.final.name[:32]}.replacing-", dir=self.final.parent))
+        return self.folder
 
     def mark(self, state: str) -> None:
         atomic_write_json(self.folder / MARKER, {"kind": self.kind, "state": state})

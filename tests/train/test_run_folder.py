@@ -100,6 +100,17 @@ def test_an_interrupted_overwrite_leaves_the_old_run(stage1_run, train_pairs, vo
     assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]
 
 
+def test_a_replacement_refused_at_its_start_leaves_nothing_beside_the_run(stage1_run, train_pairs, vocab):
+    from procap.train.run_guard import RunFolderLock
+    from procap.train.stage1 import pretrain
+
+    before = _contents(stage1_run)
+    with RunFolderLock(stage1_run), pytest.raises(ProCapError, match="in use by another procap run"):
+        pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
+    assert _contents(stage1_run) == before
+    assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]
+
+
 def test_a_run_from_a_config_file_reads_paths_relative_to_the_file(tmp_path, clevr_root, monkeypatch):
     from procap.commands.cli_args import add_common_arguments, config_from_args
 
