@@ -390,12 +390,12 @@ class Trainer:
             self._check_resumable()  # before anything is created
         # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
         refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
-        if run is not None and run.replacing:
-            self._write_into(run.folder)
         created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
         lock = RunFolderLock(run.final) if run is not None else contextlib.nullcontext()
         with lock, StopRequests() as stop:
             try:
+                if run is not None and run.replacing:
+                    self._write_into(run.begin())
                 if self.cfg.resume:
                     self.resume()
                 if run is not None:

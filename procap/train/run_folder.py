@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from procap.errors import ProCapError
-from procap.files import atomic_write_json, refuse_inputs
+from procap.files import atomic_write_json, input_overlap, refuse_inputs
 from procap.json_files import read_json
 from procap.train.config import TrainConfig
 from procap.train.state import state_paths
@@ -92,7 +92,12 @@ def check_run_folder(cfg: TrainConfig) -> None:
     out = Path(cfg.out)
     inputs = run_inputs(cfg)
     output_apart(out, "--out", inputs)
-    refuse_inputs(*run_files(out, cfg.stage))  # an --init named as best.safetensors of this very folder
+    # an --init that is best.safetensors of this very folder, named on the command line or in a config file
+    refuse_inputs(*run_files(out, cfg.stage))
+    for written in run_files(out, cfg.stage):
+        overlap = input_overlap(written, inputs)
+        if overlap is not None:
+            raise ProCapError(f"the output {written} {overlap}; write the run elsewhere.")
     found = recorded_run(out) if out.is_dir() else None
     if found is None:
         return
@@ -132,7 +137,8 @@ class RunFolder:
 
     Attributes:
         final: ``cfg.out``.
-        folder: where the run writes: ``final``, or a new folder beside it while replacing the run in ``final``.
+        folder: where the run writes: ``final``, or (after :meth:`begin`) a new folder beside it while replacing
+            the run in ``final``.
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -141,9 +147,17 @@ class RunFolder:
         self.final = Path(cfg.out)
         self.replacing = bool(cfg.overwrite and not cfg.resume and self.final.is_dir() and recorded_run(self.final))
         self.folder = self.final
-        if self.replacing:
+
+    def begin(self) -> Path:
+        """Create the folder beside the old run when replacing it; returns the folder the run writes into.
+
+        Called once the run holds its lock, inside the block that calls :meth:`discard` on failure, so a refused
+        or failed start leaves nothing beside the old run.
+        """
+        if self.replacing and self.folder == self.final:
             # beside the old run, on its file system, so the swap at the end is two renames
             self.folder = Path(tempfile.mkdtemp(prefix=f".{self.final.name[:32]}.replacing-", dir=self.final.parent))
+        return self.folder
 
     def mark(self, state: str) -> None:
         atomic_write_json(self.folder / MARKER, {"kind": self.kind, "state": state})

@@ -100,6 +100,17 @@ def test_an_interrupted_overwrite_leaves_the_old_run(stage1_run, train_pairs, vo
     assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]
 
 
+def test_a_replacement_refused_at_its_start_leaves_nothing_beside_the_run(stage1_run, train_pairs, vocab):
+    from procap.train.run_guard import RunFolderLock
+    from procap.train.stage1 import pretrain
+
+    before = _contents(stage1_run)
+    with RunFolderLock(stage1_run), pytest.raises(ProCapError, match="in use by another procap run"):
+        pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
+    assert _contents(stage1_run) == before
+    assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]
+
+
 def test_a_run_from_a_config_file_reads_paths_relative_to_the_file(tmp_path, clevr_root, monkeypatch):
     from procap.commands.cli_args import add_common_arguments, config_from_args
 
@@ -153,3 +164,19 @@ def test_an_interrupted_synth_overwrite_keeps_the_old_benchmark(tmp_path, monkey
     assert json.loads((root / "scenes.json").read_text())["seed"] == 2
     assert len(list((root / "images").iterdir())) == 8
     assert sorted(p.name for p in root.iterdir()) == sorted(synthetic.LAYOUT)
+
+
+def test_an_init_inside_the_run_folder_from_a_config_file_is_refused(tmp_path, clevr_root):
+    """The run's own files are checked against the inputs a --config file names, not only the flags' inputs."""
+    import argparse
+
+    from procap.commands.cli_args import add_common_arguments, config_from_args
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.safetensors").write_bytes(b"a checkpoint of an earlier run")
+    options = {"data": str(clevr_root), "out": "run", "init": "run/best.safetensors", "steps": 1}
+    (tmp_path / "c.json").write_text(json.dumps(options))
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, "train")
+    with pytest.raises(ProCapError, match=r"best.safetensors is --init .*, which this command reads"):
+        config_from_args("train", parser.parse_args(["--config", str(tmp_path / "c.json")]))
