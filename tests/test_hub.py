@@ -260,7 +260,7 @@ def test_the_card_reads_back_through_huggingface_hubs_model_card(pretrained, tmp
     hub_dataset = model.save_pretrained(tmp_path / "hub-data", vocab, dataset="someone/levir-cc-copy")
     assert ModelCard.load(hub_dataset / "README.md").data.datasets == ["someone/levir-cc-copy"]
     assert "@inproceedings{" in card.text and "Imagine How To Change" in card.text
-    assert "pypi.org" not in card.content
+    assert "pypi.org" not in card.content and "pip install" not in card.content  # not known to be on PyPI
 
 
 def test_the_card_names_the_latent_grid_not_the_token_grid(tmp_path):

@@ -190,8 +190,10 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         "",
         "## How to caption",
         "",
+        # No pip line: the distribution is not known to be on PyPI, and a command that fails is worse than none.
+        f"With procap installed (the `{DISTRIBUTION}` distribution, with its `[hub]` extra for Hub repos):",
+        "",
         "```bash",
-        f"pip install '{DISTRIBUTION}[hub]'",
         f"procap caption --ckpt {where} before.png after.png",
         "```",
         "",
