@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fit a new VQGAN tokenizer (the budget's steps) instead of using the one shipped in the package",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
+    )
 
 
 def demo_packages(procedures: str) -> dict[str, str]:

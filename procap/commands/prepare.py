@@ -55,7 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="recursive midpoints as in the paper (default: all l frames from one flow, faster)",
     )
     parser.add_argument(
-        "--no-codes", dest="store_codes", action="store_false", help="do not store the VQ codes of every frame"
+        "--codes",
+        dest="store_codes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="store the VQ codes of every frame (default on; --no-codes leaves them out)",
     )
     parser.add_argument("--limit", type=int, help="only the first N pairs (N >= 1; quick runs)")
     parser.add_argument(
@@ -69,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="join OUT/shards/*-of-N into the cache OUT, checking every pair is there exactly once (give the same "
         "--dataset, --root, --split and --limit as the shards)",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; output is deterministic for a seed")
     parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
