@@ -26,6 +26,12 @@ FRAME_SIMILARITIES = ("vqgan", "dinov2", "scores")
 LR_DECAYS = ("none", "cosine", "linear")
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
 ABLATABLE_PARTS = ("queries", "change", "window")  # decoder-memory parts an inference-time ablation may hide
+# Synthetic benchmark: how far the camera and light move between the two images of a pair (procap.data.synthetic).
+VIEWPOINTS = ("none", "distractor", "strong")
+# Stage-1 frame sources that need no procedure cache; any other --procedures value names a cache folder.
+PROCEDURE_SOURCES = ("crossfade", "truth")
+# What the demo trains stage 1 on: a source above, or "interpolated" (it builds a cache with procap prepare).
+DEMO_PROCEDURES = ("interpolated", *PROCEDURE_SOURCES)
 
 
 @dataclass

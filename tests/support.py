@@ -275,3 +275,22 @@ def authors_image_paths() -> tuple[list[Path], list[Path]]:
 def authors_expected_captions() -> list[str]:
     captions = json.loads((AUTHORS_DATA / "expected" / "captions.json").read_text())["captions"]
     return [entry["caption"] for entry in captions]
+
+
+# -- the demo ------------------------------------------------------------------------------------------------------
+def micro_demo_budget():
+    """A ``procap demo`` budget of a few steps per phase: enough for weights to move, seconds to run."""
+    from procap.commands.demo_pipeline import DemoBudget
+
+    return DemoBudget(
+        scenes=24,
+        vqgan_steps=1,
+        vqgan_batch=4,
+        stage1_steps=2,
+        stage1_batch=4,
+        stage2_steps=3,
+        stage2_batch=4,
+        val_pairs=4,
+        max_test_pairs=6,
+        stage1_pairs=4,
+    )

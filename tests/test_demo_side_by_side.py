@@ -6,21 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from procap.commands.demo_pipeline import MODELS, DemoBudget, default_jobs, run_demo
+from procap.commands.demo_pipeline import MODELS, default_jobs, run_demo
+from tests.support import micro_demo_budget
 
-# A few steps of every phase: enough for the weights to move from their initialisation, seconds to run.
-MICRO = DemoBudget(
-    scenes=24,
-    vqgan_steps=1,
-    vqgan_batch=4,
-    stage1_steps=2,
-    stage1_batch=4,
-    stage2_steps=3,
-    stage2_batch=4,
-    val_pairs=4,
-    max_test_pairs=6,
-    stage1_pairs=4,
-)
+MICRO = micro_demo_budget()
 
 
 def test_default_jobs_trains_side_by_side_only_on_a_multithreaded_cpu():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from procap.config import DEMO_PROCEDURES, VIEWPOINTS
+
 HELP = "Run the whole pipeline on the embedded synthetic benchmark and compare ProCap with the static baseline."
 
 
@@ -30,9 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--procedures",
-        choices=("crossfade", "interpolated"),
+        choices=DEMO_PROCEDURES,
         default="interpolated",
-        help="stage-1 frames: the optical-flow procedure pipeline (default) or the cross-fade stand-in",
+        help="stage-1 frames: the optical-flow procedure pipeline (interpolated, the default), the cross-fade "
+        "stand-in, or the benchmark's exact intermediate frames (truth: an upper bound for stage 1)",
+    )
+    parser.add_argument(
+        "--viewpoint",
+        choices=VIEWPOINTS,
+        default="none",
+        help="the benchmark's camera and light change within a pair (procap synth --viewpoint; default none)",
     )
     parser.add_argument(
         "--train-tokenizer",
@@ -61,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=args.progress,
         procedures=args.procedures,
+        viewpoint=args.viewpoint,
         seeds=args.seeds,
         train_tokenizer=args.train_tokenizer,
         jobs=args.jobs,

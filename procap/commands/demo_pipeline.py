@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
 from procap.train.config import TrainConfig
 
@@ -118,19 +119,21 @@ class Clock:
         return time.perf_counter() - self.start
 
 
-def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool) -> None:
-    """Generate the synthetic benchmark unless ``root`` already holds the same one (same scenes, size, seed)."""
+def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool, viewpoint: str = "none") -> None:
+    """Generate the synthetic benchmark unless ``root`` already holds the same one (same scenes, size, seed and
+    viewpoint)."""
     from procap.data.synthetic import generate
 
     spec = root / "scenes.json"
     if spec.is_file():
         try:
             meta = json.loads(spec.read_text(encoding="utf-8"))
-            if len(meta["scenes"]) == scenes and meta["size"] == IMAGE_SIZE and meta["seed"] == seed:
+            same = (len(meta["scenes"]), meta["size"], meta["seed"]) == (scenes, IMAGE_SIZE, seed)
+            if same and meta.get("viewpoint", "none") == viewpoint:  # benchmarks before viewpoints had none
                 return
         except (ValueError, KeyError, TypeError):
             pass
-    generate(root, scenes, size=IMAGE_SIZE, seed=seed, workers=2, progress=progress)
+    generate(root, scenes, size=IMAGE_SIZE, seed=seed, workers=2, progress=progress, viewpoint=viewpoint)
 
 
 def run_folder(out: Path, seed: int, base_seed: int) -> Path:
@@ -216,10 +219,10 @@ def install_embedded_tokenizer(folder: Path) -> Path:
 def describe_keyframes(source: str, pairs: list) -> dict[str, Any]:
     """Stage-1 keyframes of the cache under the paper's confidence and the standardised one, printed and returned.
 
-    Empty for the cross-fade stand-in (no cache, no scores)."""
+    Empty for the sources without a cache (cross-fade, truth: no scores)."""
     from procap.procedure.cache import keyframe_statistics
 
-    if source == "crossfade":
+    if source in PROCEDURE_SOURCES:
         return {}
     stats = {scale: keyframe_statistics(source, pairs, 2, scale) for scale in ("paper", "standardize")}
     for scale, row in stats.items():
@@ -237,12 +240,13 @@ def build_procedures(
 ) -> str:
     """The stage-1 frame source for the demo, as a ``--procedures`` value.
 
-    ``crossfade``: the linear cross-fade stand-in, no preparation. ``interpolated``: the real pipeline of
-    ``procap.procedure`` (optical-flow interpolation of l = 7 frames, VQGAN-similarity confidence scores,
-    top-k keyframes) written to ``<out>/procedures`` and read back through its ``CachedProcedures``.
+    ``crossfade``: the linear cross-fade stand-in, no preparation. ``truth``: the benchmark's exact intermediate
+    frames, rendered as stage 1 reads them (:class:`procap.train.datasets.TruthProcedures`). ``interpolated``: the
+    real pipeline of ``procap.procedure`` (optical-flow interpolation of l = 7 frames, VQGAN-similarity confidence
+    scores, top-k keyframes) written to ``<out>/procedures`` and read back through its ``CachedProcedures``.
     """
-    if kind == "crossfade":
-        return "crossfade"
+    if kind in PROCEDURE_SOURCES:
+        return kind
     from procap.procedure.pipeline import PrepareOptions, prepare
 
     cache = out / "procedures"
@@ -496,6 +500,7 @@ def run_demo(
     seeds: int = 1,
     train_tokenizer: bool = False,
     jobs: int | None = None,
+    viewpoint: str = "none",
 ) -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
 
@@ -505,8 +510,12 @@ def run_demo(
         train_tokenizer: fit a new VQGAN for ``budget.vqgan_steps`` steps instead of using the embedded one
             (:func:`procap.train.tokenizer.embedded_tokenizer_path`).
         jobs: training runs of a seed side by side, each in its own process (default :func:`default_jobs`).
+        procedures: stage-1 frames, one of :data:`procap.config.DEMO_PROCEDURES` (:func:`build_procedures`).
+        viewpoint: the benchmark's view change within a pair (:data:`procap.config.VIEWPOINTS`,
+            :mod:`procap.data.synthetic`).
     """
     from procap.data import load_split
+    from procap.data.synthetic import check_viewpoint
     from procap.eval.correctness import scene_truths
     from procap.eval.split import default_metrics
     from procap.files import atomic_write_json
@@ -516,13 +525,19 @@ def run_demo(
 
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
+    if procedures not in DEMO_PROCEDURES:
+        raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
+    check_viewpoint(viewpoint)
     jobs = default_jobs(device) if jobs is None else jobs
     if not 1 <= jobs <= len(MODELS):
         raise ValueError(f"jobs must be between 1 and {len(MODELS)}, got {jobs}")
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     clock, data = Clock(), Path(out) / "data"
-    clock.phase("data", f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px -> {data}")
-    ensure_benchmark(data, budget.scenes, seed, progress)
+    clock.phase(
+        "data",
+        f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px, viewpoint {viewpoint} -> {data}",
+    )
+    ensure_benchmark(data, budget.scenes, seed, progress, viewpoint)
     splits = {s: load_split("clevr-change", data, s) for s in ("train", "val", "test")}
     test = splits["test"][: budget.max_test_pairs] if budget.max_test_pairs else splits["test"]
     truths = scene_truths(data, test)
@@ -579,6 +594,7 @@ def run_demo(
         "seed": seed,
         "seeds": list(range(seed, seed + seeds)),
         "procedures": procedures,
+        "viewpoint": viewpoint,
         "tokenizer": "trained" if train_tokenizer else f"embedded ({embedded_tokenizer_path().name})",
         "keyframes": keyframes,
         "budget": dataclasses.asdict(budget),

@@ -295,7 +295,8 @@ def stage1_procedure_html(folder: Path, k: int = 2) -> str:
     cache_dir, data = folder / "procedures", folder / "data"
     if not cache_dir.is_dir() or not data.is_dir():
         return (
-            "<p class='note'>no procedure cache (the demo ran with --procedures crossfade, or this is not a demo)</p>"
+            "<p class='note'>no procedure cache (the demo ran with --procedures crossfade or truth, or this is not "
+            "a demo)</p>"
         )
     from procap.procedure import ProcedureCache  # h5py (the [train] extra): only a demo folder with a cache needs it
 
