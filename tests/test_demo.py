@@ -73,6 +73,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
     assert "ProCap (k=2)" in out and "static pair (k=0)" in out and "CIDEr" in out and "object" in out
+    assert "false pos." in out and "move as add/drop" in out  # the failure kinds' table
 
     summary = json.loads((tmp_path / "metrics.json").read_text())
     assert set(summary["results"]) == {"ProCap (k=2)", "ProCap, no stage 1 (k=2)", "static pair (k=0)"}
@@ -85,6 +86,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
     for report in summary["results"].values():
         accuracy = report["accuracy"]
         assert {"change", "type", "object", "distinct"} <= set(accuracy)
+        assert {"miss_rate", "false_positive_rate", "unparsed_changes", "move_as_add_drop"} <= set(accuracy)
         assert all(0.0 <= accuracy[k] <= 1.0 for k in ("change", "type", "object", "distinct"))
         assert len(report["seeds"]) == 1 and report["accuracy_std"]["change"] == 0.0
     # The quick budget must not collapse to one caption (a collapsed model detects changes 50 % of the time): it

@@ -41,7 +41,18 @@ MODELS = (
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
     ("static", "static pair (k=0)"),
 )
-ACCURACY_KEYS = ("change", "type", "object", "new_value", "distinct")
+# correctness figures averaged over seeds (procap.eval.correctness.caption_accuracy), the failure kinds included
+ACCURACY_KEYS = (
+    "change",
+    "type",
+    "object",
+    "new_value",
+    "distinct",
+    "miss_rate",
+    "false_positive_rate",
+    "move_as_add_drop",
+    "unparsed_changes",
+)
 
 
 @dataclass(frozen=True)
@@ -345,6 +356,29 @@ def format_table(results: dict[str, dict], metrics) -> str:
     return "\n".join(lines)
 
 
+def format_failures(results: dict[str, dict]) -> str:
+    """The failure kinds per model: misses on change pairs, false alarms on distractors, unparsed captions of change
+    pairs (a count), moves called an add or a drop (mean, and +- std over seeds when there are several)."""
+    from procap.eval.correctness import FAILURE_COLUMNS
+
+    seeds = len(next(iter(results.values()))["seeds"])
+    head = f"{'model':<27}" + "".join(f"{title:>18}" for _, title, _ in FAILURE_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for label, report in results.items():
+        cells = []
+        for key, _, kind in FAILURE_COLUMNS:
+            mean, std = report["accuracy"].get(key), report["accuracy_std"].get(key, 0.0)
+            scale = 100.0 if kind == "fraction" else 1.0
+            text = "n/a" if mean is None else f"{scale * mean:.1f}" + (f" ±{scale * std:.1f}" if seeds > 1 else "")
+            cells.append(f"{text:>18}")
+        lines.append(f"{label:<27}" + "".join(cells))
+    lines.append(
+        "(miss: change pairs captioned 'no change', false pos.: distractors captioned with a change, move as "
+        "add/drop: move pairs, in %; unparsed: change pairs whose caption the grammar cannot read, counted wrong)"
+    )
+    return "\n".join(lines)
+
+
 def pick_samples(pairs: list, count: int) -> list:
     """One test pair per change type (then more), so the examples show every kind of change."""
     by_type: dict[str, list] = {}
@@ -620,6 +654,8 @@ def run_demo(
 def print_summary(results: dict, metrics, samples: list, summary: dict, note: str | None) -> None:
     print()
     print(format_table(results, metrics))
+    print()
+    print(format_failures(results))
     if note:
         print(note)
     print("\nexamples (test split, first seed):")

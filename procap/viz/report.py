@@ -31,6 +31,7 @@ from procap.checkpoint import load_checkpoint
 from procap.data import load_split
 from procap.data.images import open_image
 from procap.errors import ProCapError
+from procap.eval.correctness import FAILURE_COLUMNS
 from procap.files import atomic_write_text
 from procap.viz.figures import (
     check_imaginable,
@@ -114,17 +115,22 @@ def metrics_table(summary: dict[str, Any]) -> str:
     first = next(iter(results.values()))
     metrics = list(first["metrics"])
     seeds = len(first.get("seeds", [])) or 1
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", *metrics, *ACCURACY_COLUMNS, "selected at step"])
+    titles = [*metrics, *ACCURACY_COLUMNS, *(title for _, title, _ in FAILURE_COLUMNS), "selected at step"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", *titles])
     rows = []
     for label, report in results.items():
         cells = [_cell(report["metrics"][m], report.get("metrics_std", {}).get(m), seeds) for m in metrics]
         accuracy, accuracy_std = report.get("accuracy", {}), report.get("accuracy_std", {})
         cells += [_cell(accuracy.get(c), accuracy_std.get(c), seeds, 100.0) for c in ACCURACY_COLUMNS]
+        for key, _, kind in FAILURE_COLUMNS:
+            cells.append(_cell(accuracy.get(key), accuracy_std.get(key), seeds, 100.0 if kind == "fraction" else 1.0))
         cells.append(str(report.get("selected_at_step", "")))
         rows.append(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     note = (
         f"Test split, {summary.get('pairs', {}).get('test', '?')} pairs; {seeds} seed{'s' if seeds > 1 else ''}. "
-        "Caption metrics x100; change / type / object / distinct: correctness accuracy in %."
+        "Caption metrics x100; change / type / object / distinct: correctness accuracy in %; miss (change pairs "
+        "captioned 'no change'), false pos. (distractors captioned with a change) and move as add/drop in %; "
+        "unparsed: change pairs whose caption the grammar cannot read (counted wrong)."
     )
     return f"<table><tr>{head}</tr>{''.join(rows)}</table><p class='note'>{html.escape(note)}</p>"
 
