@@ -83,7 +83,7 @@ CASES = [
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
     case("out of range", "demo --jobs 0 --out {out}", "--jobs"),
-    case("out of range", "demo --jobs 4 --out {out}", "--jobs"),
+    case("out of range", "demo --jobs 5 --out {out}", "--jobs"),
     case("out of range", "demo --seed -1 --out {out}", "--seed"),
     case("wrong type", "demo --seed x --out {out}", "--seed"),
     case("wrong type", "demo --device bogus --out {out}", "--device"),

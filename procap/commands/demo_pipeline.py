@@ -1,14 +1,18 @@
-"""``procap demo``: the whole pipeline on the embedded synthetic benchmark, three models compared over seeds.
+"""``procap demo``: the whole pipeline on the embedded synthetic benchmark, the paper's 2 x 2 ablation over seeds.
 
 Steps: generate the synthetic CLEVR-format benchmark (64 px), fit a small VQGAN (the ``tiny`` preset's), build
-stage-1 procedures, then for every training seed train
+stage-1 procedures, then for every training seed run stage 1 once and train the four cells of stage 1 x procedure
+queries:
 
 - ``ProCap (k=2)``: stage 1 (explicit procedure modeling) followed by stage 2;
 - ``ProCap, no stage 1 (k=2)``: the same model and stage 2 from a random encoder, isolating what stage 1 adds;
+- ``stage 1, static pair (k=0)``: stage 2 from the same stage-1 encoder without procedure queries
+  (:func:`procap.model.procap.without_procedure_queries`), isolating what the queries add to stage 1;
 - ``static pair (k=0)``: no procedure queries and no stage 1.
 
-Budgets are equal in optimisation steps: the two models without stage 1 get the stage-1 steps as extra stage-2
-steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
+The paper's claim is an interaction: on CLEVR-Change it reports CIDEr 108.4 (neither), 112.7 and 106.2 (one of the
+two) and 128.5 (both). Budgets are equal in optimisation steps: the two models without stage 1 get the stage-1
+steps as extra stage-2 steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
 correctness (:mod:`procap.eval.correctness`: change detected, type, object, new value, distinct captions); with
 several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation. Last,
 :func:`procap.viz.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
@@ -36,9 +40,10 @@ from procap.train.config import TrainConfig
 
 PRESET = "tiny"
 IMAGE_SIZE = 64
-MODELS = (
+MODELS = (  # (run folder, label); the report names the same runs (procap.viz.report.RUNS)
     ("procap", "ProCap (k=2)"),
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
+    ("stage1_static", "stage 1, static pair (k=0)"),
     ("static", "static pair (k=0)"),
 )
 # correctness figures averaged over seeds (procap.eval.correctness.caption_accuracy), the failure kinds included
@@ -211,6 +216,14 @@ def stage_configs(
         ),
         "procap_no_stage1": TrainConfig(
             stage="train", out=str(folder / "procap_no_stage1"), vqgan=vq_path, steps=longer, **stage2
+        ),
+        "stage1_static": TrainConfig(
+            stage="train",
+            out=str(folder / "stage1_static"),
+            init=str(folder / "stage1" / "stage1.safetensors"),
+            num_keyframes=0,  # the stage-1 encoder with its procedure queries dropped
+            steps=budget.stage2_steps,
+            **stage2,
         ),
         "static": TrainConfig(
             stage="train", out=str(folder / "static"), num_keyframes=0, vqgan=vq_path, steps=longer, **stage2
@@ -420,34 +433,28 @@ def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, ou
 
 
 def default_jobs(device: str, threads: int | None = None) -> int:
-    """How many of a seed's training runs share the machine: all of them on a CPU with two or more threads, else one.
+    """How many of a seed's stage-2 runs share the machine: one per thread (at most one per model) on a CPU with two
+    or more threads, else one.
 
-    Small models barely use a second thread: on 2 cores, three one-thread runs side by side train 1.27x the steps
-    per second of runs in turn on both threads (docs/training.md, "Runs side by side").
+    Small models barely use a second thread: on 2 cores two one-thread runs side by side train 1.37x the steps per
+    second of one run on both threads, three 1.27x (docs/training.md, "Runs side by side"), so the four runs of a
+    seed go two at a time there, in two rounds of nearly equal length.
     """
     threads = torch.get_num_threads() if threads is None else threads
-    return len(MODELS) if device == "cpu" and threads >= 2 else 1
+    return min(len(MODELS), threads) if device == "cpu" and threads >= 2 else 1
 
 
 def _train_in_worker(
-    name: str, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, threads: int
+    name: str, configs: dict[str, TrainConfig], splits: dict, vocab, threads: int
 ) -> tuple[str, Path, dict[str, float]]:
-    """One model of a seed in a worker process (stage 1 first for ProCap): its name, best checkpoint and seconds
-    per phase."""
-    from procap.train.stage1 import pretrain
+    """One model's stage 2 in a worker process: its name, best checkpoint and seconds."""
     from procap.train.stage2 import train
 
     torch.set_num_threads(threads)  # the process owns its share of the cores
     cache = ImageCache(IMAGE_SIZE)  # its own: the parent's would be pickled across for every run
-    seconds = {}
-    if name == "procap":
-        start = time.perf_counter()
-        pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
-        seconds["stage1"] = time.perf_counter() - start
     start = time.perf_counter()
     best = train(configs[name], pairs=splits["train"], val_pairs=splits["val"], vocab=vocab, cache=cache)
-    seconds[name] = time.perf_counter() - start
-    return name, best, seconds
+    return name, best, {name: time.perf_counter() - start}
 
 
 def train_seed(
@@ -461,21 +468,22 @@ def train_seed(
     procedures: str,
     jobs: int = 1,
 ) -> dict[str, Path]:
-    """Stage 1 and the three stage-2 runs of one seed; returns each model's best checkpoint.
+    """Stage 1, then the four stage-2 runs of one seed; returns each model's best checkpoint.
 
-    With ``jobs > 1`` the runs train side by side in ``jobs`` spawned processes that split the threads between
-    them; each run is the same computation as in turn (same seed, data order and steps), so only the thread count
-    of its floating-point reductions differs.
+    Stage 1 runs once, on every thread: ProCap and the stage-1 static pair both start from it. With ``jobs > 1`` the
+    stage-2 runs then train side by side in ``jobs`` spawned processes that split the threads between them; each
+    run is the same computation as in turn (same seed, data order and steps), so only the thread count of its
+    floating-point reductions differs.
     """
     from procap.train.stage1 import pretrain
     from procap.train.stage2 import train
 
     stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
-    if jobs > 1:
-        return _train_side_by_side(seed, configs, splits, stage1_pairs, vocab, clock, jobs)
     clock.phase("stage1", f"seed {seed}: stage 1 ({procedures}), {budget.stage1_steps} steps x {budget.stage1_batch}")
     pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
     clock.done()
+    if jobs > 1:
+        return _train_side_by_side(seed, configs, splits, vocab, clock, jobs)
     best = {}
     for name, label in MODELS:
         cfg = configs[name]
@@ -486,7 +494,7 @@ def train_seed(
 
 
 def _train_side_by_side(
-    seed: int, configs: dict[str, TrainConfig], splits: dict, stage1_pairs: list, vocab, clock: Clock, jobs: int
+    seed: int, configs: dict[str, TrainConfig], splits: dict, vocab, clock: Clock, jobs: int
 ) -> dict[str, Path]:
     import functools
     import multiprocessing
@@ -496,13 +504,11 @@ def _train_side_by_side(
     labels = dict(MODELS)
     clock.phase(
         "side_by_side",
-        f"seed {seed}: stage 1 + the {len(MODELS)} stage-2 runs side by side "
+        f"seed {seed}: the {len(MODELS)} stage-2 runs side by side "
         f"({jobs} processes x {threads} thread{'s' if threads > 1 else ''}): "
         + ", ".join(f"{label} {quiet[name].steps} steps" for name, label in MODELS),
     )
-    run = functools.partial(
-        _train_in_worker, configs=quiet, splits=splits, stage1_pairs=stage1_pairs, vocab=vocab, threads=threads
-    )
+    run = functools.partial(_train_in_worker, configs=quiet, splits=splits, vocab=vocab, threads=threads)
     best = {}
     # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it. The pool is
     # terminated on the way out, so a run that fails (or Ctrl-C) stops the others instead of waiting for them.

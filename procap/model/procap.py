@@ -453,6 +453,20 @@ class ProCap(PretrainedMixin, nn.Module):
         return self.decoder.caption_text(vocab, tokens)
 
 
+def without_procedure_queries(model: ProCap) -> ProCap:
+    """A k = 0 copy of ``model``: every weight kept, the procedure queries dropped.
+
+    The stage-2 cell "stage 1, no queries" of the paper's 2 x 2 ablation: the encoder a stage-1 run trained on
+    procedures, captioning from the before and after frames alone. Only the frame positions depend on k; the copy
+    keeps the before and after rows of ``pos_frame`` (the first and the last).
+    """
+    reduced = ProCap(model.config.replace(num_keyframes=0), attention_backend=model.attention_backend)
+    state = model.state_dict()
+    state["pos_frame"] = state["pos_frame"][[0, -1]]
+    reduced.load_state_dict(state)
+    return reduced.to(model.pos_frame.device).train(model.training)
+
+
 def init_stds(config: ProCapConfig) -> tuple[float, float]:
     """Init std of the encoder side and of the decoder: 0.02 (BERT), or with ``config.width_scaled_init``
     0.02 * sqrt(paper width / width), which is 0.02 at the paper's widths (768 / 512) and keeps a narrow model's

@@ -3,7 +3,8 @@
 :func:`build_report` reads what the demo wrote (``metrics.json``, ``samples.json`` with ``samples/*.png``, every
 run's ``log.jsonl`` and the ProCap checkpoint) and writes ``<folder>/report.html`` with
 
-- the metrics table of the three models (caption metrics and correctness accuracy, mean +- std over seeds),
+- the metrics table of the four models of the 2 x 2 ablation (caption metrics, correctness accuracy and the
+  failure kinds, mean +- std over seeds),
 - the per-change-type breakdown (CIDEr and type accuracy),
 - training curves drawn with matplotlib (Agg, no display): stage-1 loss, stage-2 loss and validation CIDEr,
 - one test pair per change type: before / after, each model's caption, the references and the procedure the
@@ -46,6 +47,7 @@ REPORT_NAME = "report.html"
 RUNS = (  # folder under the demo output, label in metrics.json (procap/commands/demo_pipeline.py MODELS)
     ("procap", "ProCap (k=2)"),
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
+    ("stage1_static", "stage 1, static pair (k=0)"),
     ("static", "static pair (k=0)"),
 )
 STAGE1_NOTE = (
@@ -167,7 +169,7 @@ def curves_png(folder: Path) -> bytes | None:
 def curves_figure(folder: Path) -> Any:
     """The training curves (stage-1 loss, stage-2 loss, validation CIDEr against steps), None without logs.
 
-    Losses are drawn on a log scale, each model with its own line style and markers: the three stage-2 losses
+    Losses are drawn on a log scale, each model with its own line style and markers: the four stage-2 losses
     differ by a few percent and, on a linear scale, lay on top of one another.
     """
     from matplotlib.figure import Figure  # Figure + savefig use the Agg renderer: no display, no pyplot state
@@ -186,7 +188,7 @@ def curves_figure(folder: Path) -> Any:
 
 
 # (line, marker, marker size, filled) per model: hollow markers of falling size nest where the curves coincide.
-LINE_STYLES = (("-", "o", 8, False), ("--", "s", 5.5, False), (":", "^", 4, True))
+LINE_STYLES = (("-", "o", 8, False), ("--", "s", 5.5, False), ("-.", "D", 4.5, False), (":", "^", 4, True))
 
 
 def _minor_log_label(value: float, _position: int) -> str:
