@@ -120,6 +120,12 @@ class ProCapConfig:
     # tokens, and an init std scaled to the width (0.02 at the paper's widths 768 / 512, larger when narrower).
     difference_embedding: bool = False
     width_scaled_init: bool = False
+    # ``difference_visible_ends``: the difference embedding goes only to the before and after frames' tokens that
+    # stage 1 leaves visible, never to a masked token or a procedure query. Off, it is added to every token after
+    # masking, built from the unmasked ends: a masked end stays readable (MSM copies it) and every stage-2 query
+    # carries the pair's difference by construction. On in ``tiny`` (docs/model.md); off reads older checkpoints as
+    # they were trained.
+    difference_visible_ends: bool = False
     # More departures of the ``tiny`` preset (docs/model.md, "Naming the changed object"): ``difference_mode``
     # "absolute" is LayerNorm(|after - before|) (its first version), "joint" an MLP of the signed per-cell
     # [before, after, after - before]; ``token_merge`` m folds m x m latent cells into one encoder token (space to
@@ -273,6 +279,7 @@ PRESETS: dict[str, ProCapConfig] = {
         label_smoothing=0.0,
         difference_embedding=True,
         width_scaled_init=True,
+        difference_visible_ends=True,
         difference_mode="joint",
         token_merge=4,
         change_token=True,

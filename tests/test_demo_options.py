@@ -3,6 +3,7 @@ failure kinds in its tables and metrics.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -58,3 +59,18 @@ def test_the_failure_table_shows_each_kind_with_its_spread():
     assert row.startswith("static pair (k=0)")
     # miss 20 +- 14.1 %, false positives 10 +- 14.1 %, unparsed 2 +- 1.4 change captions, no move pairs
     assert row.split()[3:] == ["20.0", "±14.1", "10.0", "±14.1", "2.0", "±1.4", "n/a"]
+
+
+def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_path):
+    from procap.commands.demo_pipeline import FULL, stage_configs
+
+    budget = dataclasses.replace(micro_demo_budget(), stage2_lr=1e-3, stage2_encoder_lr=2e-4)
+    configs = stage_configs(budget, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
+    for name in ("procap", "stage1_static"):  # a pre-trained encoder
+        resolved = configs[name].resolved()
+        assert (resolved.encoder_lr, resolved.decoder_lr) == (2e-4, 1e-3), name
+    for name in ("procap_no_stage1", "static"):  # a random encoder learns at the decoder's rate
+        resolved = configs[name].resolved()
+        assert resolved.encoder_lr == resolved.decoder_lr == 1e-3, name
+    # the full demo: stage 1 on every training pair, its encoder fine-tuned below the decoder
+    assert FULL.stage1_pairs is None and FULL.stage2_encoder_lr < FULL.stage2_lr
