@@ -30,6 +30,12 @@ ABLATABLE_PARTS = ("queries", "change", "window")  # decoder-memory parts an inf
 # vocabulary candidates): 2000 beams took 1.15 GB, 100000 were killed by the kernel. Captioners use 1 to 5; the
 # bound leaves room for exhaustive searches of small vocabularies (the tests' takes 85).
 MAX_BEAMS = 256
+# Synthetic benchmark: how far the camera and light move between the two images of a pair (procap.data.synthetic).
+VIEWPOINTS = ("none", "distractor", "strong")
+# Stage-1 frame sources that need no procedure cache; any other --procedures value names a cache folder.
+PROCEDURE_SOURCES = ("crossfade", "truth")
+# What the demo trains stage 1 on: a source above, or "interpolated" (it builds a cache with procap prepare).
+DEMO_PROCEDURES = ("interpolated", *PROCEDURE_SOURCES)
 
 
 @dataclass
@@ -118,6 +124,12 @@ class ProCapConfig:
     # tokens, and an init std scaled to the width (0.02 at the paper's widths 768 / 512, larger when narrower).
     difference_embedding: bool = False
     width_scaled_init: bool = False
+    # ``difference_visible_ends``: the difference embedding goes only to the before and after frames' tokens that
+    # stage 1 leaves visible, never to a masked token or a procedure query. Off, it is added to every token after
+    # masking, built from the unmasked ends: a masked end stays readable (MSM copies it) and every stage-2 query
+    # carries the pair's difference by construction. On in ``tiny`` (docs/model.md); off reads older checkpoints as
+    # they were trained.
+    difference_visible_ends: bool = False
     # More departures of the ``tiny`` preset (docs/model.md, "Naming the changed object"): ``difference_mode``
     # "absolute" is LayerNorm(|after - before|) (its first version), "joint" an MLP of the signed per-cell
     # [before, after, after - before]; ``token_merge`` m folds m x m latent cells into one encoder token (space to
@@ -271,6 +283,7 @@ PRESETS: dict[str, ProCapConfig] = {
         label_smoothing=0.0,
         difference_embedding=True,
         width_scaled_init=True,
+        difference_visible_ends=True,
         difference_mode="joint",
         token_merge=4,
         change_token=True,

@@ -76,8 +76,8 @@ def check_report_html(path: Path, change_types: set[str]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- a fake demo folder
-LABELS = ("ProCap (k=2)", "ProCap, no stage 1 (k=2)", "static pair (k=0)")
-RUN_FOLDERS = ("procap", "procap_no_stage1", "static")
+LABELS = ("ProCap (k=2)", "ProCap, no stage 1 (k=2)", "stage 1, static pair (k=0)", "static pair (k=0)")
+RUN_FOLDERS = ("procap", "procap_no_stage1", "stage1_static", "static")
 FAKE_TYPES = ("move", "no_change", "add")
 
 

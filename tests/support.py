@@ -322,3 +322,22 @@ def _peak_rss() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# -- the demo ------------------------------------------------------------------------------------------------------
+def micro_demo_budget():
+    """A ``procap demo`` budget of a few steps per phase: enough for weights to move, seconds to run."""
+    from procap.commands.demo_pipeline import DemoBudget
+
+    return DemoBudget(
+        scenes=24,
+        vqgan_steps=1,
+        vqgan_batch=4,
+        stage1_steps=2,
+        stage1_batch=4,
+        stage2_steps=3,
+        stage2_batch=4,
+        val_pairs=4,
+        max_test_pairs=6,
+        stage1_pairs=4,
+    )

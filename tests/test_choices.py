@@ -25,6 +25,9 @@ CHOICES = {
     ("vocab", "--split"): SPLITS,
     ("train", "--decay"): config.LR_DECAYS,
     ("pretrain", "--decay"): config.LR_DECAYS,
+    ("synth", "--viewpoint"): config.VIEWPOINTS,
+    ("demo", "--viewpoint"): config.VIEWPOINTS,
+    ("demo", "--procedures"): config.DEMO_PROCEDURES,
 }
 
 

@@ -84,13 +84,15 @@ CASES = [
     case("out of range", "demo --workers 100000 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
     case("out of range", "demo --jobs 0 --out {out}", "--jobs"),
-    case("out of range", "demo --jobs 4 --out {out}", "--jobs"),
+    case("out of range", "demo --jobs 5 --out {out}", "--jobs"),
     case("out of range", "demo --seed -1 --out {out}", "--seed"),
     case("wrong type", "demo --seed x --out {out}", "--seed"),
     case("wrong type", "demo --device bogus --out {out}", "--device"),
     case("out of range", "demo --device cuda:99 --out {out}", "--device"),
     case("unwritable", "demo --out {unwritable}", "--out"),
     case("existing", "demo --out {file}", "--out"),
+    case("wrong type", "demo --viewpoint sideways --out {out}", "--viewpoint"),
+    case("wrong type", "demo --procedures flow --out {out}", "--procedures"),
     # synth
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
     case("out of range", "synth --out {out} --scenes 10000000000", "--scenes"),  # listed up front: all memory
@@ -99,6 +101,7 @@ CASES = [
     case("out of range", "synth --out {out} --workers 100000", "--workers"),
     case("out of range", "synth --out {out} --seed -1", "--seed"),
     case("wrong type", "synth --out {out} --scenes many", "--scenes"),
+    case("wrong type", "synth --out {out} --scenes 2 --viewpoint sideways", "--viewpoint"),
     case("unwritable", "synth --out {unwritable} --scenes 2", "--out"),
     case("existing", "synth --out {file} --scenes 2", "--out"),
     # vocab
@@ -182,6 +185,8 @@ for _stage in ("pretrain", "train"):
     ]
 CASES += [
     case("missing", f"pretrain {TRAIN_OK} --procedures {{missing}}", "--procedures"),
+    # the exact frames exist only for a benchmark that procap synth wrote (its scenes.json)
+    case("wrong type", f"pretrain {TRAIN_OK} --data {{empty_dir}} --procedures truth", "--procedures truth"),
     case("corrupt", f"pretrain {TRAIN_OK} --procedures {{corrupt_cache}}", "corrupt_cache"),
     case("empty", f"pretrain {TRAIN_OK} --procedures {{partial_cache}}", "partial_cache"),
     case("out of range", f"train {TRAIN_OK} --warmup-frac 5", "--warmup-frac"),

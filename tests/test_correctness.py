@@ -89,6 +89,59 @@ def test_wrong_object_wrong_type_and_no_change() -> None:
     # wrong_colour names a green cube (colour wrong, the rest right); 'missed' names no object at all.
     assert acc["attributes"] == pytest.approx({"size": 3 / 4, "color": 2 / 4, "material": 3 / 4, "shape": 3 / 4})
     assert acc["per_type"][NO_CHANGE]["change"] == pytest.approx(1 / 2)
+    # the failure kinds apart: 'missed' says no change, 'false_alarm' names one
+    assert acc["miss_rate"] == pytest.approx(1 / 4) and acc["false_positive_rate"] == pytest.approx(1 / 2)
+    assert acc["confusion"]["add"] == {NO_CHANGE: 1} and acc["confusion"][NO_CHANGE] == {NO_CHANGE: 1, "move": 1}
+    assert acc["move_as_add_drop"] is None  # no move pair to count
+
+
+def test_garbage_captions_score_no_change_detection() -> None:
+    # An unparsed caption used to count as "change detected": garbage scored 100 % on the change pairs.
+    truths = {f"c{i}": PairTruth(kind, dict(OBJECT)) for i, kind in enumerate(("color", "add", "drop", "move"))}
+    truths |= {f"n{i}": PairTruth(NO_CHANGE) for i in range(4)}
+    garbage = ["purple purple purple", "", "the the the", "cube cube", "moved the", "a", "red", "xyz"]
+    acc = caption_accuracy(dict(zip(truths, garbage)), truths)
+    assert acc["change"] == 0.0 and acc["type"] == 0.0 and acc["object"] == 0.0
+    assert acc["per_type"]["color"]["change"] == 0.0
+    assert (acc["unparsed"], acc["unparsed_changes"], acc["unparsed_distractors"]) == (8, 4, 4)
+    # unparsed is its own failure kind: neither a miss nor a false alarm
+    assert acc["miss_rate"] == 0.0 and acc["false_positive_rate"] == 0.0
+    assert acc["confusion"]["move"] == {"unparsed": 1}
+
+
+@pytest.mark.parametrize(
+    ("caption", "type_right", "object_right"),
+    [
+        ("the small red metal cube moved", True, True),
+        ("the big red metal cube moved", True, False),  # the wrong object, but an object
+        ("the small red thing moved", True, False),  # a generic noun names an object without its shape
+        ("the small red metal dog moved", False, False),  # nonsense object words
+        ("the small red metal moved", False, False),  # no noun
+        ("the small small cube moved", False, False),  # an attribute twice
+        ("the small red metal cube has disappeared", False, True),
+    ],
+)
+def test_the_type_is_credited_only_with_an_object(caption: str, type_right: bool, object_right: bool) -> None:
+    acc = caption_accuracy({"p": caption}, {"p": PairTruth("move", dict(OBJECT))})
+    assert acc["change"] == 1.0  # every caption here names a change
+    assert acc["type"] == float(type_right) and acc["object"] == float(object_right)
+
+
+def test_moves_reported_as_an_add_or_a_drop() -> None:
+    truths = {f"m{i}": PairTruth("move", dict(OBJECT)) for i in range(4)} | {"d": PairTruth("drop", dict(OBJECT))}
+    predictions = {
+        "m0": "the small red metal cube moved",
+        "m1": "the small red metal cube has disappeared",
+        "m2": "a new small red metal cube appeared",
+        "m3": "nothing has changed",
+        "d": "the small red metal cube is gone",
+    }
+    acc = caption_accuracy(predictions, truths)
+    assert acc["move_as_add_drop"] == pytest.approx(2 / 4)
+    assert acc["miss_rate"] == pytest.approx(1 / 5) and acc["false_positive_rate"] is None
+    assert acc["confusion"]["move"] == {"add": 1, "drop": 1, "move": 1, NO_CHANGE: 1}
+    assert acc["per_type"]["move"]["move_as_add_drop"] == pytest.approx(2 / 4)
+    assert acc["per_type"]["drop"]["move_as_add_drop"] is None
 
 
 def test_one_caption_for_every_pair_is_not_distinct() -> None:
@@ -110,7 +163,9 @@ def test_scene_truths_from_a_generated_benchmark(tmp_path) -> None:
     predictions = {p.id: random.Random(0).choice(p.captions) for p in pairs}
     acc = caption_accuracy(predictions, truths)
     assert acc["change"] == 1.0 and acc["type"] == 1.0 and acc["object"] == 1.0
-    assert acc["unparsed"] == 0
+    assert acc["unparsed"] == 0 and acc["miss_rate"] == 0.0 and acc["false_positive_rate"] == 0.0
+    assert acc["move_as_add_drop"] == 0.0
+    assert all(set(row) == {kind} for kind, row in acc["confusion"].items())
     changed = [p for p in pairs if p.change_type != NO_CHANGE]
     assert all(truths[p.id].object is not None for p in changed)
     # Without scenes.json only change and type are known.

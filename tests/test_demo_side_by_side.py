@@ -6,25 +6,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from procap.commands.demo_pipeline import MODELS, DemoBudget, default_jobs, run_demo
+from procap.commands.demo_pipeline import MODELS, default_jobs, run_demo
+from tests.support import micro_demo_budget
 
-# A few steps of every phase: enough for the weights to move from their initialisation, seconds to run.
-MICRO = DemoBudget(
-    scenes=24,
-    vqgan_steps=1,
-    vqgan_batch=4,
-    stage1_steps=2,
-    stage1_batch=4,
-    stage2_steps=3,
-    stage2_batch=4,
-    val_pairs=4,
-    max_test_pairs=6,
-    stage1_pairs=4,
-)
+MICRO = micro_demo_budget()
 
 
 def test_default_jobs_trains_side_by_side_only_on_a_multithreaded_cpu():
-    assert default_jobs("cpu", threads=2) == len(MODELS)
+    assert len(MODELS) == 4  # the 2 x 2 ablation
+    assert default_jobs("cpu", threads=2) == 2  # one run per thread: two rounds of two
+    assert default_jobs("cpu", threads=3) == 3
     assert default_jobs("cpu", threads=16) == len(MODELS)
     assert default_jobs("cpu", threads=1) == 1
     assert default_jobs("cuda", threads=16) == 1
@@ -45,7 +36,7 @@ def test_side_by_side_training_gives_the_models_of_training_in_turn(tmp_path):
     initial = load_file(tmp_path / "side" / "stage1" / "stage1.safetensors")
     initial_in_turn = load_file(tmp_path / "in_turn" / "stage1" / "stage1.safetensors")
     assert initial.keys() == initial_in_turn.keys()
-    assert all(torch.equal(initial[k], initial_in_turn[k]) for k in initial)  # stage 1 in ProCap's worker
+    assert all(torch.equal(initial[k], initial_in_turn[k]) for k in initial)  # stage 1 before the workers
     for name, label in MODELS:
         a = load_file(tmp_path / "in_turn" / name / "best.safetensors")
         b = load_file(tmp_path / "side" / name / "best.safetensors")
@@ -57,9 +48,12 @@ def test_side_by_side_training_gives_the_models_of_training_in_turn(tmp_path):
     procap = load_file(tmp_path / "side" / "procap" / "best.safetensors")
     shared = [k for k in initial if k in procap and initial[k].shape == procap[k].shape]
     assert shared and any(not torch.equal(initial[k], procap[k]) for k in shared)
+    # the stage-1 static pair starts from the same stage 1, its queries dropped: k = 0, before / after positions
+    assert side["results"]["stage 1, static pair (k=0)"]["num_keyframes"] == 0
+    assert load_file(tmp_path / "side" / "stage1_static" / "best.safetensors")["pos_frame"].shape[0] == 2
 
 
 def test_run_demo_refuses_a_job_count_it_cannot_use(tmp_path):
-    with pytest.raises(ValueError, match="jobs must be between 1 and 3"):
-        run_demo(tmp_path, budget=MICRO, jobs=4)
+    with pytest.raises(ValueError, match="jobs must be between 1 and 4"):
+        run_demo(tmp_path, budget=MICRO, jobs=5)
     assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -131,7 +131,7 @@ def test_overlapping_loss_curves_stay_apart(tmp_path):
     stage1, stage2, cider = figure.axes[:3]
     assert stage1.get_yscale() == stage2.get_yscale() == "log" and cider.get_yscale() == "linear"
     styles = {(line.get_linestyle(), line.get_marker(), line.get_markersize()) for line in stage2.lines}
-    assert len(stage2.lines) == 3 and len(styles) == 3
+    assert len(stage2.lines) == 4 and len(styles) == 4
 
 
 def test_one_example_per_change_type():

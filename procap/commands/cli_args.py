@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from procap.config import LR_DECAYS, PRESETS
+from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.train.config import TrainConfig, map_paths
@@ -141,7 +141,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
             help="start the encoder blocks from a CLIP ViT checkpoint (OpenAI TorchScript .pt, open_clip or "
             "Hugging Face safetensors; read without running its code), as the authors' code does",
         )
-        m.add_argument("--procedures", help="stage-1 frames: 'crossfade' (stand-in) or a procedure cache path")
+        m.add_argument(
+            "--procedures",
+            help="stage-1 frames: 'crossfade' (stand-in), 'truth' (the exact intermediate frames of a `procap synth` "
+            "benchmark in --data) or a procedure cache path",
+        )
     if stage == "train":
         m.add_argument("--init", help="stage-1 checkpoint (omit for the static-pair baseline from scratch)")
         o.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
@@ -212,8 +216,16 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, flag, None):
             validate.input_file(getattr(args, flag), f"--{flag}")
     procedures = getattr(args, "procedures", None)
-    if procedures and procedures != "crossfade" and not Path(procedures).exists():
-        raise ProCapError(f"--procedures {procedures} is neither 'crossfade' nor an existing procedure cache.")
+    if procedures and procedures not in PROCEDURE_SOURCES and not Path(procedures).exists():
+        raise ProCapError(
+            f"--procedures {procedures} is neither one of {', '.join(PROCEDURE_SOURCES)} nor an existing procedure "
+            "cache."
+        )
+    if procedures == "truth" and not (Path(args.data) / "scenes.json").is_file():
+        raise ProCapError(
+            f"--procedures truth renders the frames of a benchmark written by `procap synth`, and --data {args.data} "
+            "holds no scenes.json."
+        )
     if getattr(args, "device", None):
         validate.device(args.device)
 

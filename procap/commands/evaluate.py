@@ -198,7 +198,8 @@ def format_report(report: dict) -> str:
 
 
 def format_accuracy(accuracy: dict) -> str:
-    """Caption correctness in one line: change detection, type, object, new value, distinct captions."""
+    """Caption correctness in two lines: change detection, type, object, new value, distinct captions; then the
+    failure kinds (misses, false alarms, unparsed captions, moves called an add or a drop)."""
 
     def pct(value: float | None) -> str:
         return "n/a" if value is None else f"{100 * value:.1f}%"
@@ -210,4 +211,8 @@ def format_accuracy(accuracy: dict) -> str:
         f"{accuracy['unparsed']} unparsed)"
         + "; object attributes: "
         + ", ".join(f"{name} {pct(value)}" for name, value in accuracy.get("attributes", {}).items())
+        + f"\nfailures: missed {pct(accuracy['miss_rate'])} of the changes, "
+        f"false alarm on {pct(accuracy['false_positive_rate'])} of the distractors, "
+        f"{accuracy['unparsed_changes']} change and {accuracy['unparsed_distractors']} distractor captions unparsed "
+        f"(counted wrong), moves called an add or a drop {pct(accuracy['move_as_add_drop'])}"
     )

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from procap.config import VIEWPOINTS
 from procap.errors import ProCapError
 
 HELP = "Generate the synthetic CLEVR-like change-captioning benchmark (CLEVR-Change layout)."
@@ -17,6 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; output is deterministic for a seed")
     parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
+    parser.add_argument(
+        "--viewpoint",
+        choices=VIEWPOINTS,
+        default="none",
+        help="camera and light change within a pair: none (the change pair keeps the before view; default), "
+        "distractor (the change pair's after image is jittered like a distractor's), strong (larger shifts and "
+        "zooms for both kinds of pair)",
+    )
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
     )
@@ -43,7 +52,15 @@ def run(args: argparse.Namespace) -> int:
             "in it, or choose an empty folder."
         )
     start = time.perf_counter()
-    splits = generate(args.out, args.scenes, args.size, args.seed, workers=args.workers, progress=args.progress)
+    splits = generate(
+        args.out,
+        args.scenes,
+        args.size,
+        args.seed,
+        workers=args.workers,
+        progress=args.progress,
+        viewpoint=args.viewpoint,
+    )
     sizes = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
     print(f"wrote {args.scenes} scenes ({sizes}) to {args.out} in {time.perf_counter() - start:.1f} s")
     return 0

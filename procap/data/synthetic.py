@@ -11,8 +11,19 @@
     scenes.json        the scene specs, so any change can be re-rendered (`render_intermediate`)
 
 Change types are assigned round-robin by scene index and each type is split separately, so every split
-holds every type (given at least 3 scenes per type). The semantic image keeps the before image's view:
-only the object changes, which is what makes the ground-truth intermediate states well defined.
+holds every type (given at least 3 scenes per type).
+
+``viewpoint`` sets how the camera and light move between the two images of a pair (:data:`VIEW_JITTER`):
+
+- ``none``: the semantic image keeps the before image's view (only the object changes); the distractor gets a
+  small viewpoint and lighting change;
+- ``distractor``: the semantic image also gets its own view, drawn like a distractor's, so the amount of changed
+  pixels no longer tells a change from a distractor (in CLEVR-Change both kinds of pair are jittered);
+- ``strong``: both kinds of pair get larger shifts and zooms.
+
+Objects, changes, captions and splits do not depend on ``viewpoint`` (the views come from a random stream of
+their own), so the three benchmarks of a seed hold the same scenes. The view is interpolated with the object
+(:func:`render_state`), so the ground-truth intermediate states stay well defined under any viewpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,6 +40,7 @@ import numpy as np
 from PIL import Image
 
 from procap import validate
+from procap.config import VIEWPOINTS
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
@@ -95,6 +108,23 @@ CAPTIONS_PER_IMAGE = 5
 MAX_SCENES = 999_999  # the image names hold six digits; 25 times CLEVR-Change's 39,803 scenes
 MAX_SIZE = 4096  # image side in pixels
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+
+# Ranges of the view jitter: each field moves by a random sign times U(low, high) (scale and brightness about
+# 1, light about the before image's azimuth, in radians; dx, dy, as fractions of the image side).
+DISTRACTOR_JITTER = {
+    "dx": (0.015, 0.035),
+    "dy": (0.01, 0.025),
+    "scale": (0.02, 0.05),
+    "light": (0.3, 0.7),
+    "brightness": (0.06, 0.14),
+}
+STRONG_JITTER = {**DISTRACTOR_JITTER, "dx": (0.03, 0.07), "dy": (0.02, 0.05), "scale": (0.04, 0.10)}
+# viewpoint -> (jitter of the semantic after image or None for the before image's view, jitter of the distractor)
+VIEW_JITTER: dict[str, tuple[dict[str, tuple[float, float]] | None, dict[str, tuple[float, float]]]] = {
+    "none": (None, DISTRACTOR_JITTER),
+    "distractor": (DISTRACTOR_JITTER, DISTRACTOR_JITTER),
+    "strong": (STRONG_JITTER, STRONG_JITTER),
+}
 
 
 def describe(obj: dict[str, Any]) -> str:
@@ -165,21 +195,29 @@ def _change(rng: random.Random, kind: str, objects: list[dict[str, Any]]) -> dic
     return {"type": kind, "target": target, "to": list(pos)} if pos else None
 
 
-def _distractor_view(rng: random.Random, base: View) -> View:
-    def sign() -> float:  # a random direction for each jitter
-        return rng.choice((-1.0, 1.0))
-
-    return View(
-        dx=round(sign() * rng.uniform(0.015, 0.035), 4),
-        dy=round(sign() * rng.uniform(0.01, 0.025), 4),
-        scale=round(1.0 + sign() * rng.uniform(0.02, 0.05), 4),
-        light=round(base.light + sign() * rng.uniform(0.3, 0.7), 4),
-        brightness=round(1.0 + sign() * rng.uniform(0.06, 0.14), 4),
-    )
+def _jittered_view(rng: random.Random, base: View, jitter: dict[str, tuple[float, float]]) -> View:
+    """A view moved from ``base`` by ``jitter``'s ranges (see :data:`DISTRACTOR_JITTER`), rounded to 4 decimals."""
+    centres = {"dx": 0.0, "dy": 0.0, "scale": 1.0, "light": base.light, "brightness": 1.0}
+    fields = {}
+    for name, centre in centres.items():  # this order of draws is the one every benchmark so far was made with
+        sign = rng.choice((-1.0, 1.0))
+        fields[name] = round(centre + sign * rng.uniform(*jitter[name]), 4)
+    return View(**fields)
 
 
-def make_scene(index: int, seed: int, kind: str | None = None) -> dict[str, Any]:
-    """Sample scene `index` (before objects, one change, the distractor's view), deterministic in (seed, index)."""
+def check_viewpoint(viewpoint: str) -> None:
+    """Raise a one-sentence :class:`ProCapError` unless ``viewpoint`` is one of :data:`VIEWPOINTS`."""
+    if viewpoint not in VIEWPOINTS:
+        raise ProCapError(f"viewpoint must be one of {', '.join(VIEWPOINTS)}, got {viewpoint!r}.")
+
+
+def make_scene(index: int, seed: int, kind: str | None = None, viewpoint: str = "none") -> dict[str, Any]:
+    """Sample scene `index` (before objects, one change, the views), deterministic in (seed, index, viewpoint).
+
+    The scene holds ``view`` (the before image's), ``distractor_view`` and, unless ``viewpoint`` is ``none``,
+    ``after_view`` (the semantic after image's).
+    """
+    check_viewpoint(viewpoint)
     kind = kind or CHANGE_TYPES[index % len(CHANGE_TYPES)]
     rng = random.Random(seed * 1_000_003 + index)
     while True:  # rejection: a few scenes cannot host the requested change (e.g. no room to move)
@@ -192,13 +230,21 @@ def make_scene(index: int, seed: int, kind: str | None = None) -> dict[str, Any]
         if change is not None:
             break
     view = View(light=round(-2.3 + rng.uniform(-0.2, 0.2), 4))
-    return {
+    scene = {
         "index": index,
         "objects": objects,
         "change": change,
         "view": vars(view),
-        "distractor_view": vars(_distractor_view(rng, view)),
+        "distractor_view": vars(_jittered_view(rng, view, DISTRACTOR_JITTER)),
     }
+    after_jitter, distractor_jitter = VIEW_JITTER[viewpoint]
+    if after_jitter is not None:
+        # A stream of its own: the objects and changes above stay those of the `none` benchmark of the seed.
+        view_rng = random.Random(f"procap-synth-view:{seed}:{index}")
+        scene["after_view"] = vars(_jittered_view(view_rng, view, after_jitter))
+        if distractor_jitter is not DISTRACTOR_JITTER:
+            scene["distractor_view"] = vars(_jittered_view(view_rng, view, distractor_jitter))
+    return scene
 
 
 def changed_object(scene: dict[str, Any]) -> dict[str, Any]:
@@ -254,11 +300,23 @@ def state_items(scene: dict[str, Any], t: float) -> list[DrawItem]:
     return items
 
 
+def view_at(start: dict[str, float], end: dict[str, float], t: float) -> View:
+    """The view a fraction t of the way from ``start`` to ``end``: exactly ``start`` at t = 0, ``end`` at t = 1."""
+    return View(**{name: (1.0 - t) * start[name] + t * end[name] for name in start})
+
+
 def render_state(scene: dict[str, Any], t: float, size: int, distractor: bool = False) -> np.ndarray:
-    """Image (size, size, 3) uint8 of the scene at change time t, or the distractor (t ignored)."""
+    """Image (size, size, 3) uint8 of the scene at time t of its change pair (t = 0: the before image).
+
+    The change pair moves the object and, when the scene has an ``after_view``, the camera and light with it; the
+    distractor pair (``distractor=True``) keeps the objects and moves only the view, to the distractor's at t = 1.
+    """
+    t = float(t)
     if distractor:
-        return render_items(state_items(scene, 0.0), View(**scene["distractor_view"]), size)
-    return render_items(state_items(scene, float(t)), View(**scene["view"]), size)
+        return render_items(state_items(scene, 0.0), view_at(scene["view"], scene["distractor_view"], t), size)
+    if "after_view" not in scene:  # the view stays put: drawn exactly as before viewpoints existed
+        return render_items(state_items(scene, t), View(**scene["view"]), size)
+    return render_items(state_items(scene, t), view_at(scene["view"], scene["after_view"], t), size)
 
 
 _SCENES_CACHE: dict[tuple[str, float], dict[str, Any]] = {}
@@ -280,11 +338,19 @@ def _read_scenes(root: Path) -> dict[str, Any]:
     return _SCENES_CACHE[key]
 
 
-def render_intermediate(root: str | os.PathLike, index: int, t: float) -> np.ndarray:
+def scene_of(after_name: str) -> tuple[int, bool] | None:
+    """(scene index, is the distractor pair) of an after image this module names, or None for another name."""
+    match = re.fullmatch(r"CLEVR_(semantic|nonsemantic)_(\d{6,})\.png", after_name)
+    return None if match is None else (int(match[2]), match[1] == "nonsemantic")
+
+
+def render_intermediate(root: str | os.PathLike, index: int, t: float, distractor: bool = False) -> np.ndarray:
     """Ground-truth state of scene `index`'s change at time t in [0, 1] as uint8 (H, W, 3).
 
     Move interpolates the object's position, color / material blend the two appearances, add / drop
-    fade the object in / out. t = 0 equals the before image and t = 1 the after image, pixel for pixel.
+    fade the object in / out; a view change (every distractor, and the change pair of a benchmark made with a
+    ``viewpoint`` other than ``none``) is interpolated with it. t = 0 equals the before image and t = 1 the after
+    image (the distractor's with ``distractor=True``), pixel for pixel.
     """
     if not 0.0 <= t <= 1.0:
         raise ProCapError(f"t must be in [0, 1], got {t}.")
@@ -292,7 +358,7 @@ def render_intermediate(root: str | os.PathLike, index: int, t: float) -> np.nda
     scene = data["by_index"].get(int(index))
     if scene is None:
         raise ProCapError(f"scene {index} is not in {Path(root) / 'scenes.json'}.")
-    return render_state(scene, t, int(data["size"]))
+    return render_state(scene, t, int(data["size"]), distractor=distractor)
 
 
 # --------------------------------------------------------------------------------------------- the layout
@@ -317,16 +383,16 @@ def _save_png(array: np.ndarray, path: Path) -> None:
     Image.fromarray(array).save(path, compress_level=1)
 
 
-def _render_scenes(args: tuple[str, list[int], int, int]) -> list[tuple[dict, list[str], list[str]]]:
+def _render_scenes(args: tuple[str, list[int], int, int, str]) -> list[tuple[dict, list[str], list[str]]]:
     """Worker: sample, render and save a chunk of scenes; returns (scene, change caps, no-change caps)."""
-    out, indices, size, seed = args
+    out, indices, size, seed, viewpoint = args
     root = Path(out)
     results = []
     for i in indices:
-        scene = make_scene(i, seed)
+        scene = make_scene(i, seed, viewpoint=viewpoint)
         _save_png(render_state(scene, 0.0, size), root / "images" / (DEFAULT_NAME % i))
         _save_png(render_state(scene, 1.0, size), root / "sc_images" / (SEMANTIC_NAME % i))
-        _save_png(render_state(scene, 0.0, size, distractor=True), root / "nsc_images" / (NONSEMANTIC_NAME % i))
+        _save_png(render_state(scene, 1.0, size, distractor=True), root / "nsc_images" / (NONSEMANTIC_NAME % i))
         rng = random.Random(seed * 7919 + i)
         results.append((scene, captions_for(scene, rng), no_change_captions(rng)))
     return results
@@ -347,7 +413,13 @@ def check_replaceable(root: Path) -> None:
 
 
 def generate(
-    out_dir: str | os.PathLike, scenes: int, size: int = 64, seed: int = 0, workers: int = 1, progress: bool = True
+    out_dir: str | os.PathLike,
+    scenes: int,
+    size: int = 64,
+    seed: int = 0,
+    workers: int = 1,
+    progress: bool = True,
+    viewpoint: str = "none",
 ) -> dict[str, list[int]]:
     """Write a synthetic CLEVR-Change benchmark to `out_dir` (see the module docstring for the layout).
 
@@ -361,6 +433,7 @@ def generate(
         seed: everything (objects, changes, captions, splits) is a function of the seed.
         workers: processes used for rendering; the output does not depend on it.
         progress: show a tqdm progress bar.
+        viewpoint: ``none``, ``distractor`` or ``strong``: how the view moves within a pair (module docstring).
 
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
@@ -373,6 +446,7 @@ def generate(
     validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
     validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED)
     validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
+    check_viewpoint(viewpoint)
 
     root = Path(out_dir)
     check_replaceable(root)
@@ -382,7 +456,7 @@ def generate(
         with writing(root):
             created = make_parents(root / "scenes.json")
             staging = Path(tempfile.mkdtemp(prefix=".synth-new-", dir=root))
-        splits = _write_benchmark(staging, scenes, size, seed, workers, progress)
+        splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
         with writing(root):
             _swap_in(staging, root)
         return splits
@@ -411,14 +485,16 @@ def _swap_in(staging: Path, root: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool) -> dict:
+def _write_benchmark(
+    root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool, viewpoint: str
+) -> dict:
     from tqdm import tqdm
 
     with writing(root):
         for sub in IMAGE_FOLDERS:
             (root / sub).mkdir(exist_ok=True)
     chunk = 25
-    jobs = [(str(root), list(range(s, min(s + chunk, scenes))), size, seed) for s in range(0, scenes, chunk)]
+    jobs = [(str(root), list(range(s, min(s + chunk, scenes))), size, seed, viewpoint) for s in range(0, scenes, chunk)]
     bar = tqdm(total=scenes, desc="synth", unit="scene", disable=not progress)
     results = []
     with writing(root):  # a full disk while saving images names the benchmark's folder
@@ -441,5 +517,6 @@ def _write_benchmark(root: Path, scenes: int, size: int, seed: int, workers: int
     atomic_write_json(root / "splits.json", splits)
     mapping = {k: [f"{i:06d}.png" for i, t in enumerate(types) if t == k] for k in TYPE_MAPPING_ORDER}
     atomic_write_json(root / "type_mapping.json", mapping)
-    atomic_write_json(root / "scenes.json", {"version": 1, "size": size, "seed": seed, "scenes": specs})
+    meta = {"version": 1, "size": size, "seed": seed, "viewpoint": viewpoint, "scenes": specs}
+    atomic_write_json(root / "scenes.json", meta)
     return splits

@@ -4,13 +4,26 @@ CIDEr rewards template captions that name the wrong object (the no-change pairs 
 score), so the demo and ``procap evaluate`` also parse every generated caption with the grammar of the
 CLEVR-Change templates into fields and compare them with the pair's ground truth:
 
-- ``change``: change detected or not, over all pairs (a caption that does not say "no change" claims a change);
-- ``type``: over the change pairs, the change type (color / material / add / drop / move) named right;
+- ``change``: change detected or not, over all pairs: a change pair needs a caption that names a change, a
+  distractor one that says "no change"; a caption the grammar cannot parse is wrong on both;
+- ``type``: over the change pairs, the change type (color / material / add / drop / move) named right, credited
+  only when the caption's object words describe an object (attribute words, none repeated, ending in a shape or in
+  "thing" / "object"): "the small red metal dog moved" and "the small red moved" name no type;
 - ``object``: over the change pairs, all four attributes (size, colour, material, shape) of the changed object
   named right (its *before* attributes; the new object's for ``add``);
 - ``new_value``: over colour and material changes, the new colour / material named right (a caption that names
   none, like "the ... changed its color", counts as not right);
 - ``distinct``: distinct captions over the change pairs divided by their number (1.0: all different).
+
+The failure kinds are kept apart, since one ``change`` figure mixes them:
+
+- ``miss_rate``: over the change pairs, the captions that say "no change";
+- ``false_positive_rate``: over the distractor pairs, the captions that name a change;
+- ``unparsed_changes`` / ``unparsed_distractors``: how many captions of each kind of pair the grammar could not
+  parse (counted wrong above; ``unparsed`` is their sum);
+- ``move_as_add_drop``: over the move pairs, the captions that call the change an add or a drop (what a model
+  reports when it sees an object vanish in one place and appear in another without relating the two);
+- ``confusion``: true type -> {type the caption names, or ``unparsed``: count}.
 
 The parser accepts the synthetic generator's templates and the usual CLEVR-Change synonyms (ball / sphere,
 block / cube, shiny / metal, matte / rubber, tiny / small, big / large...). Ground truth comes from the pair's
@@ -49,6 +62,8 @@ _ATTRIBUTE_WORDS: dict[str, tuple[str, str]] = {
     "big": ("size", "large"),
 }
 ATTRIBUTES = ("size", "color", "material", "shape")
+# Nouns that name an object without naming its shape ("the small red thing"); they end an object's words.
+GENERIC_NOUNS = ("thing", "object")
 
 _OBJ = r"(?P<obj>[a-z ]+?)"
 _NEW = r"(?P<new>[a-z]+)"
@@ -85,6 +100,16 @@ _PHRASES: tuple[tuple[str, str | None], ...] = (
 _COMPILED = tuple((re.compile(rf"^{pattern}$"), kind) for pattern, kind in _PHRASES)
 
 
+UNPARSED = "unparsed"  # the confusion matrix's column for captions the grammar does not parse
+# The failure kinds as the demo's tables name them: (key of caption_accuracy, column title, a fraction or a count).
+FAILURE_COLUMNS = (
+    ("miss_rate", "miss", "fraction"),
+    ("false_positive_rate", "false pos.", "fraction"),
+    ("unparsed_changes", "unparsed", "count"),
+    ("move_as_add_drop", "move as add/drop", "fraction"),
+)
+
+
 @dataclass(frozen=True)
 class ParsedCaption:
     """What a caption says. ``type`` is None when no phrase of the grammar matches."""
@@ -92,10 +117,29 @@ class ParsedCaption:
     type: str | None
     object: dict[str, str] | None = None  # attribute -> canonical value, only the attributes named
     new_value: str | None = None
+    noun: bool = False  # the object words end in a noun: a shape or a generic one ("thing")
 
     @property
     def claims_change(self) -> bool:
-        return self.type != NO_CHANGE
+        """The caption names a change (a parsed phrase other than "no change")."""
+        return self.type is not None and self.type != NO_CHANGE
+
+    @property
+    def claims_no_change(self) -> bool:
+        return self.type == NO_CHANGE
+
+    @property
+    def names_object(self) -> bool:
+        """The object words describe an object: attribute words only, none repeated, ending in a noun."""
+        return self.object is not None and self.noun
+
+    def detects(self, truth: PairTruth) -> bool:
+        """Right about whether anything changed: an unparsed caption is right about nothing."""
+        return self.claims_change if truth.is_change else self.claims_no_change
+
+    def names_type_of(self, truth: PairTruth) -> bool:
+        """Right about the change type, with an object to go with it."""
+        return self.type == truth.type and self.names_object
 
 
 @dataclass(frozen=True)
@@ -117,9 +161,13 @@ def _normalise(text: str) -> str:
 
 
 def _attributes(span: str) -> dict[str, str] | None:
-    """'small red metal cube' -> {size, color, material, shape}; None if a word is not an attribute or repeats."""
+    """'small red metal cube' -> {size, color, material, shape}, 'small red thing' -> {size, color}; None if a word
+    is neither an attribute nor a final generic noun, or an attribute repeats, or nothing is named."""
+    words = span.split()
+    if words and words[-1] in GENERIC_NOUNS:
+        words = words[:-1]
     found: dict[str, str] = {}
-    for word in span.split():
+    for word in words:
         if word not in _ATTRIBUTE_WORDS:
             return None
         attribute, value = _ATTRIBUTE_WORDS[word]
@@ -127,6 +175,11 @@ def _attributes(span: str) -> dict[str, str] | None:
             return None
         found[attribute] = value
     return found or None
+
+
+def _ends_in_noun(span: str) -> bool:
+    last = span.split()[-1] if span.split() else ""
+    return last in GENERIC_NOUNS or _ATTRIBUTE_WORDS.get(last, ("", ""))[0] == "shape"
 
 
 def parse_caption(text: str) -> ParsedCaption:
@@ -138,13 +191,14 @@ def parse_caption(text: str) -> ParsedCaption:
             continue
         groups = match.groupdict()
         obj = _attributes(groups["obj"]) if groups.get("obj") else None
+        noun = obj is not None and _ends_in_noun(groups["obj"])
         new = _ATTRIBUTE_WORDS.get(groups.get("new") or "")
         if kind is None:  # "changed to X": colour or material by the word
             if new is None or new[0] not in ("color", "material"):
                 continue
             kind = new[0]
         new_value = new[1] if new is not None and new[0] == kind else None
-        return ParsedCaption(kind, obj, new_value)
+        return ParsedCaption(kind, obj, new_value, noun)
     return ParsedCaption(None)
 
 
@@ -184,9 +238,11 @@ def caption_accuracy(predictions: Mapping[str, str], truths: Mapping[str, PairTr
     """Correctness of ``predictions`` (pair id -> caption) against ``truths``: overall and per change type.
 
     Returns:
-        ``{"change", "type", "object", "attributes": {size, color, material, shape}, "new_value", "distinct",
-        "pairs", "change_pairs", "unparsed", "per_type": {type: {...}}}``; fractions in [0, 1], None where nothing was there to count (e.g. the
-        object without a ``scenes.json``).
+        ``{"change", "miss_rate", "false_positive_rate", "type", "object", "attributes": {size, color, material,
+        shape}, "new_value", "move_as_add_drop", "distinct", "pairs", "change_pairs", "distractor_pairs",
+        "unparsed", "unparsed_changes", "unparsed_distractors", "confusion", "per_type": {type: {...}}}``
+        (see the module docstring); fractions in [0, 1], None where nothing was there to count (e.g. the object
+        without a ``scenes.json``, the false-positive rate without distractor pairs).
     """
     ids = [i for i in predictions if i in truths]
     overall = _accuracy_over(ids, predictions, truths)
@@ -201,11 +257,22 @@ def caption_accuracy(predictions: Mapping[str, str], truths: Mapping[str, PairTr
 def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mapping[str, PairTruth]) -> dict:
     parsed = {i: parse_caption(predictions[i]) for i in ids}
     changes = [i for i in ids if truths[i].is_change]
+    distractors = [i for i in ids if not truths[i].is_change]
+    moves = [i for i in changes if truths[i].type == "move"]
     with_object = [i for i in changes if truths[i].object is not None]
     with_value = [i for i in changes if truths[i].new_value is not None]
+    confusion: dict[str, dict[str, int]] = {}
+    for i in ids:
+        row = confusion.setdefault(truths[i].type, {})
+        named = parsed[i].type or UNPARSED
+        row[named] = row.get(named, 0) + 1
+    unparsed_changes = sum(parsed[i].type is None for i in changes)
+    unparsed_distractors = sum(parsed[i].type is None for i in distractors)
     return {
-        "change": _fraction(sum(parsed[i].claims_change == truths[i].is_change for i in ids), len(ids)),
-        "type": _fraction(sum(parsed[i].type == truths[i].type for i in changes), len(changes)),
+        "change": _fraction(sum(parsed[i].detects(truths[i]) for i in ids), len(ids)),
+        "miss_rate": _fraction(sum(parsed[i].claims_no_change for i in changes), len(changes)),
+        "false_positive_rate": _fraction(sum(parsed[i].claims_change for i in distractors), len(distractors)),
+        "type": _fraction(sum(parsed[i].names_type_of(truths[i]) for i in changes), len(changes)),
         "object": _fraction(sum(parsed[i].object == truths[i].object for i in with_object), len(with_object)),
         # Each attribute of the changed object on its own: shows which one a model misses when "object" is low.
         "attributes": {
@@ -215,8 +282,13 @@ def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mappi
             for a in ATTRIBUTES
         },
         "new_value": _fraction(sum(parsed[i].new_value == truths[i].new_value for i in with_value), len(with_value)),
+        "move_as_add_drop": _fraction(sum(parsed[i].type in ("add", "drop") for i in moves), len(moves)),
         "distinct": _fraction(len({predictions[i] for i in changes}), len(changes)),
         "pairs": len(ids),
         "change_pairs": len(changes),
-        "unparsed": sum(parsed[i].type is None for i in ids),
+        "distractor_pairs": len(distractors),
+        "unparsed": unparsed_changes + unparsed_distractors,
+        "unparsed_changes": unparsed_changes,
+        "unparsed_distractors": unparsed_distractors,
+        "confusion": {kind: dict(sorted(row.items())) for kind, row in sorted(confusion.items())},
     }

@@ -153,20 +153,34 @@ class ProCap(PretrainedMixin, nn.Module):
         """[0, 1] frames (B, T, 3, S, S) -> visual tokens (B, T*n, enc_dim) without positions."""
         return self.encoder.embed_visual(self.frame_features(frames))
 
-    def with_difference(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Add the per-position change embedding of the first and last frame to every frame's tokens.
+    def with_difference(
+        self, tokens: torch.Tensor, features: torch.Tensor, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Add the per-position change embedding of the first and last frame to the frames' tokens.
 
         Args:
             tokens: (B, T*n, enc_dim) visual tokens, frame-major.
             features: (B, T', z, h, w) VQGAN features whose first / last frames are before / after.
+            visible: optional (B, T*n) bool, the tokens stage-1 masking left visible.
 
         Returns:
-            ``tokens`` unchanged without ``config.difference_embedding``, else ``tokens + diff`` repeated per frame.
+            ``tokens`` unchanged without ``config.difference_embedding``; else ``tokens + diff`` repeated per frame, or
+            with ``config.difference_visible_ends`` only on the first and last frames' tokens (the visible ones, when
+            ``visible`` is given): a masked end or a procedure query gets nothing of the pair's difference.
         """
         if not self.config.difference_embedding:
             return tokens
         diff = self.encoder.embed_difference(features[:, 0], features[:, -1])  # (B, n, D)
-        return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
+        if not self.config.difference_visible_ends:
+            return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
+        b, n, d = diff.shape
+        frames = tokens.shape[1] // n
+        ends = torch.zeros(frames, dtype=tokens.dtype, device=tokens.device)
+        ends[[0, -1]] = 1.0
+        weight = ends.view(1, frames, 1).expand(b, frames, n)
+        if visible is not None:
+            weight = weight * visible.view(b, frames, n).to(tokens.dtype)
+        return tokens + (weight.unsqueeze(-1) * diff.unsqueeze(1).to(tokens.dtype)).reshape(b, frames * n, d)
 
     def with_change_token(
         self, tokens: torch.Tensor, features: torch.Tensor, before: torch.Tensor, after: torch.Tensor
@@ -265,7 +279,7 @@ class ProCap(PretrainedMixin, nn.Module):
         visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         frames_both = torch.cat([frames, negatives.to(frames.dtype)])  # the change token of each half its own ends
-        visual = self.with_difference(visual, features)
+        visual = self.with_difference(visual, features, visible=~mask)
         visual = self.with_change_token(visual, features, frames_both[:, 0], frames_both[:, -1])
         text = self.encoder.embed_caption(captions)
         seq = self.encoder.stage1_sequence(
@@ -460,6 +474,20 @@ class ProCap(PretrainedMixin, nn.Module):
         """Caption text of one row of :meth:`generate` (the tokens after BOS) with ``vocab``, under the decoder's
         rule (:meth:`procap.model.decoder.CachedDecoder.caption_text`): ``procap`` skips special tokens, ``authors`` keeps them."""
         return self.decoder.caption_text(vocab, tokens)
+
+
+def without_procedure_queries(model: ProCap) -> ProCap:
+    """A k = 0 copy of ``model``: every weight kept, the procedure queries dropped.
+
+    The stage-2 cell "stage 1, no queries" of the paper's 2 x 2 ablation: the encoder a stage-1 run trained on
+    procedures, captioning from the before and after frames alone. Only the frame positions depend on k; the copy
+    keeps the before and after rows of ``pos_frame`` (the first and the last).
+    """
+    reduced = ProCap(model.config.replace(num_keyframes=0), attention_backend=model.attention_backend)
+    state = model.state_dict()
+    state["pos_frame"] = state["pos_frame"][[0, -1]]
+    reduced.load_state_dict(state)
+    return reduced.to(model.pos_frame.device).train(model.training)
 
 
 def init_stds(config: ProCapConfig) -> tuple[float, float]:

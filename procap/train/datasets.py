@@ -7,8 +7,9 @@ decoding.
 
 Stage-1 frames come from a *procedure source*: any callable ``(pair, before, after) -> (T, 3, S, S)`` float
 tensor in [0, 1] whose first and last frames are ``before`` and ``after``. :class:`CrossFadeProcedures` is the
-stand-in (linear cross-fade); the real interpolated, confidence-sampled procedures of ``procap.procedure``
-plug in at the single place :func:`make_procedure_source` builds the source.
+stand-in (linear cross-fade); :class:`TruthProcedures` renders the exact intermediate states of a synthetic
+benchmark (an upper bound for what interpolation can give); the real interpolated, confidence-sampled procedures
+of ``procap.procedure`` plug in at the single place :func:`make_procedure_source` builds the source.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from procap.data.images import ImageCache
+from procap.data.images import ImageCache, to_tensor
+from procap.data.synthetic import render_intermediate
+from procap.data.synthetic import scene_of as synthetic_scene_of
 from procap.errors import ProCapError
 
 if TYPE_CHECKING:
@@ -101,14 +105,76 @@ class CrossFadeProcedures:
         return (1.0 - t) * before.unsqueeze(0) + t * after.unsqueeze(0)
 
 
+class TruthProcedures:
+    """Exact procedure frames of a benchmark written by ``procap synth``: k keyframes at evenly spaced t.
+
+    Keyframe i (1 <= i <= k) is the scene rendered at ``t_i = i / (k + 1)`` of its pair
+    (:func:`procap.data.synthetic.render_intermediate`: the object's change and, where the pair has one, the
+    view's), read through the preprocessing of training (:func:`procap.data.images.to_tensor`). Frames at t = 0
+    and t = 1 equal the before and after images. Rendered frames are kept in memory (uint8), since a scene takes
+    milliseconds to draw and stage 1 visits each pair many times.
+
+    Args:
+        root: the benchmark's folder (it holds ``scenes.json``).
+        num_keyframes: k.
+
+    Raises:
+        ProCapError: ``root`` holds no ``scenes.json``.
+    """
+
+    def __init__(self, root: str | Path, num_keyframes: int) -> None:
+        self.root, self.num_keyframes = Path(root), num_keyframes
+        if not (self.root / "scenes.json").is_file():
+            raise ProCapError(
+                f"--procedures truth renders the frames of a benchmark written by `procap synth`, and {self.root} "
+                "holds no scenes.json."
+            )
+        self._rendered: dict[tuple[str, float], np.ndarray] = {}
+
+    @staticmethod
+    def scene_of(pair: Any) -> tuple[int, bool]:
+        """(scene index, is the distractor pair) of a synthetic pair, from its after image's file name."""
+        name = Path(str(pair.after_path)).name
+        found = synthetic_scene_of(name)
+        if found is None:
+            raise ProCapError(
+                f"--procedures truth: pair {pair.id} (after image {name}) is not a pair of a `procap synth` benchmark."
+            )
+        return found
+
+    def frames_at(self, pair: Any, times: Sequence[float], size: int) -> torch.Tensor:
+        """The pair's scene at each of ``times`` (in [0, 1]): (len(times), 3, size, size) float32 in [0, 1]."""
+        index, distractor = self.scene_of(pair)
+        frames = []
+        for t in times:
+            key = (str(pair.after_path), float(t))
+            if key not in self._rendered:
+                self._rendered[key] = render_intermediate(self.root, index, float(t), distractor=distractor)
+            frames.append(to_tensor(Image.fromarray(self._rendered[key]), size))
+        return torch.stack(frames) if frames else torch.empty(0, 3, size, size)
+
+    def __call__(self, pair: Any, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """(3, S, S), (3, S, S) -> (k + 2, 3, S, S): before, the k rendered keyframes, after."""
+        times = [i / (self.num_keyframes + 1) for i in range(1, self.num_keyframes + 1)]
+        middle = self.frames_at(pair, times, before.shape[-1]).to(before.dtype)
+        return torch.cat([before.unsqueeze(0), middle, after.unsqueeze(0)])
+
+
 def make_procedure_source(spec: str, num_keyframes: int, root: str | None = None) -> ProcedureSource:
     """Build the stage-1 frame source named by ``--procedures``.
 
-    ``crossfade`` is the built-in stand-in. Anything else is a path to a procedure cache written by
-    ``procap prepare`` (``procap.procedure``); swapping sources is this one function.
+    ``crossfade`` is the built-in stand-in; ``truth`` renders the exact frames of a synthetic benchmark in ``root``
+    (:class:`TruthProcedures`). Anything else is a path to a procedure cache written by ``procap prepare``
+    (``procap.procedure``); swapping sources is this one function.
     """
     if spec == "crossfade":
         return CrossFadeProcedures(num_keyframes)
+    if spec == "truth":
+        if root is None:
+            raise ProCapError(
+                "--procedures truth renders the frames of a synthetic benchmark; pass its folder as --data."
+            )
+        return TruthProcedures(root, num_keyframes)
     # Imported here: procap.procedure brings h5py (the [train] extra), needed only when a cache is read; without
     # it the CLI names the extra to install.
     from procap.procedure import CachedProcedures

@@ -20,6 +20,7 @@ from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.extras import require_all
 from procap.kernels.masking import MaskParams, mask_from_params
+from procap.model.procap import without_procedure_queries
 from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model
 from procap.train.config import TrainConfig
@@ -43,8 +44,12 @@ def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -
     if cfg.init:
         model, vocab, _ = load_checkpoint(cfg.init)
         if cfg.num_keyframes is not None and cfg.num_keyframes != model.config.num_keyframes:
+            if cfg.stage == "train" and cfg.num_keyframes == 0:
+                # stage 1's encoder captioning without procedure queries (the 2 x 2 ablation's missing cell)
+                return without_procedure_queries(model), vocab
             raise ProCapError(
-                f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} of {cfg.init}"
+                f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} of {cfg.init}; "
+                "only stage 2 may start from it with 0 (its procedure queries dropped)"
             )
         return model, vocab
     vocab = vocab if vocab is not None else build_vocab(pairs, cfg.dataset)

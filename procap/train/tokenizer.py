@@ -54,7 +54,8 @@ def _object_cells(root: Path, pairs: list, size: int, factor: int) -> tuple[list
             continue
         scene = by_index[int(Path(str(pair.id)).stem.split("_")[-1])]
         obj = changed_object(scene)
-        view = scene["view"]
+        # an added object is read in the after image, drawn from the after view when the benchmark moves the camera
+        view = scene.get("after_view", scene["view"]) if pair.change_type == "add" else scene["view"]
         # the renderer's mapping from scene coordinates to pixels (procap.data.render)
         u = (0.5 + (obj["x"] - 0.5) * view["scale"] + view["dx"]) * size
         v = (0.5 + (obj["y"] - 0.5) * view["scale"] + view["dy"]) * size

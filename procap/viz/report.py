@@ -3,7 +3,8 @@
 :func:`build_report` reads what the demo wrote (``metrics.json``, ``samples.json`` with ``samples/*.png``, every
 run's ``log.jsonl`` and the ProCap checkpoint) and writes ``<folder>/report.html`` with
 
-- the metrics table of the three models (caption metrics and correctness accuracy, mean +- std over seeds),
+- the metrics table of the four models of the 2 x 2 ablation (caption metrics, correctness accuracy and the
+  failure kinds, mean +- std over seeds),
 - the per-change-type breakdown (CIDEr and type accuracy),
 - training curves drawn with matplotlib (Agg, no display): stage-1 loss, stage-2 loss and validation CIDEr,
 - one test pair per change type: before / after, each model's caption, the references and the procedure the
@@ -31,6 +32,7 @@ from procap.checkpoint import load_checkpoint
 from procap.data import load_split
 from procap.data.images import open_image
 from procap.errors import ProCapError
+from procap.eval.correctness import FAILURE_COLUMNS
 from procap.files import atomic_write_text
 from procap.json_files import parse_json
 from procap.json_files import read_json as read_json_file
@@ -47,6 +49,7 @@ REPORT_NAME = "report.html"
 RUNS = (  # folder under the demo output, label in metrics.json (procap/commands/demo_pipeline.py MODELS)
     ("procap", "ProCap (k=2)"),
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
+    ("stage1_static", "stage 1, static pair (k=0)"),
     ("static", "static pair (k=0)"),
 )
 STAGE1_NOTE = (
@@ -113,17 +116,22 @@ def metrics_table(summary: dict[str, Any]) -> str:
     first = next(iter(results.values()))
     metrics = list(first["metrics"])
     seeds = len(first.get("seeds", [])) or 1
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", *metrics, *ACCURACY_COLUMNS, "selected at step"])
+    titles = [*metrics, *ACCURACY_COLUMNS, *(title for _, title, _ in FAILURE_COLUMNS), "selected at step"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", *titles])
     rows = []
     for label, report in results.items():
         cells = [_cell(report["metrics"][m], report.get("metrics_std", {}).get(m), seeds) for m in metrics]
         accuracy, accuracy_std = report.get("accuracy", {}), report.get("accuracy_std", {})
         cells += [_cell(accuracy.get(c), accuracy_std.get(c), seeds, 100.0) for c in ACCURACY_COLUMNS]
+        for key, _, kind in FAILURE_COLUMNS:
+            cells.append(_cell(accuracy.get(key), accuracy_std.get(key), seeds, 100.0 if kind == "fraction" else 1.0))
         cells.append(str(report.get("selected_at_step", "")))
         rows.append(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     note = (
         f"Test split, {summary.get('pairs', {}).get('test', '?')} pairs; {seeds} seed{'s' if seeds > 1 else ''}. "
-        "Caption metrics x100; change / type / object / distinct: correctness accuracy in %."
+        "Caption metrics x100; change / type / object / distinct: correctness accuracy in %; miss (change pairs "
+        "captioned 'no change'), false pos. (distractors captioned with a change) and move as add/drop in %; "
+        "unparsed: change pairs whose caption the grammar cannot read (counted wrong)."
     )
     return f"<table><tr>{head}</tr>{''.join(rows)}</table><p class='note'>{html.escape(note)}</p>"
 
@@ -160,7 +168,7 @@ def curves_png(folder: Path) -> bytes | None:
 def curves_figure(folder: Path) -> Any:
     """The training curves (stage-1 loss, stage-2 loss, validation CIDEr against steps), None without logs.
 
-    Losses are drawn on a log scale, each model with its own line style and markers: the three stage-2 losses
+    Losses are drawn on a log scale, each model with its own line style and markers: the four stage-2 losses
     differ by a few percent and, on a linear scale, lay on top of one another.
     """
     from matplotlib.figure import Figure  # Figure + savefig use the Agg renderer: no display, no pyplot state
@@ -179,7 +187,7 @@ def curves_figure(folder: Path) -> Any:
 
 
 # (line, marker, marker size, filled) per model: hollow markers of falling size nest where the curves coincide.
-LINE_STYLES = (("-", "o", 8, False), ("--", "s", 5.5, False), (":", "^", 4, True))
+LINE_STYLES = (("-", "o", 8, False), ("--", "s", 5.5, False), ("-.", "D", 4.5, False), (":", "^", 4, True))
 
 
 def _minor_log_label(value: float, _position: int) -> str:
@@ -294,7 +302,8 @@ def stage1_procedure_html(folder: Path, k: int = 2) -> str:
     cache_dir, data = folder / "procedures", folder / "data"
     if not cache_dir.is_dir() or not data.is_dir():
         return (
-            "<p class='note'>no procedure cache (the demo ran with --procedures crossfade, or this is not a demo)</p>"
+            "<p class='note'>no procedure cache (the demo ran with --procedures crossfade or truth, or this is not "
+            "a demo)</p>"
         )
     from procap.procedure import ProcedureCache  # h5py (the [train] extra): only a demo folder with a cache needs it
 

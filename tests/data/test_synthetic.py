@@ -116,3 +116,115 @@ def test_generate_bounds_its_multipliers_before_allocating(tmp_path, arguments, 
     with PeakMemory() as peak, pytest.raises(ProCapError, match=f"^{name} must be"):
         generate(tmp_path / "synth", **{"scenes": 2, "size": 32, "progress": False, **arguments})
     assert peak.growth < 64 * 2**20 and not (tmp_path / "synth").exists()
+
+
+# ------------------------------------------------------------------------------------------------ viewpoints
+
+
+def _changed_share(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of pixels that differ visibly (by more than 8 of 255 in some channel)."""
+    return float((np.abs(a.astype(int) - b.astype(int)).max(axis=-1) > 8).mean())
+
+
+@pytest.mark.parametrize("viewpoint", ["distractor", "strong"])
+def test_viewpoint_benchmarks_are_deterministic_and_hold_the_same_scenes(tmp_path, viewpoint):
+    generate(tmp_path / "a", scenes=10, size=24, seed=5, progress=False, viewpoint=viewpoint)
+    generate(tmp_path / "b", scenes=10, size=24, seed=5, progress=False, viewpoint=viewpoint)
+    generate(tmp_path / "c", scenes=10, size=24, seed=6, progress=False, viewpoint=viewpoint)
+    generate(tmp_path / "none", scenes=10, size=24, seed=5, progress=False)
+    for name in ("scenes.json", "change_captions.json", "no_change_captions.json", "splits.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    for index in range(10):
+        for folder, pattern in (("sc_images", "semantic"), ("nsc_images", "nonsemantic")):
+            path = f"{folder}/CLEVR_{pattern}_{index:06d}.png"
+            assert np.array_equal(_read(tmp_path / "a" / path), _read(tmp_path / "b" / path)), path
+    jittered = json.loads((tmp_path / "a" / "scenes.json").read_text())
+    other_seed = json.loads((tmp_path / "c" / "scenes.json").read_text())
+    plain = json.loads((tmp_path / "none" / "scenes.json").read_text())
+    assert jittered["viewpoint"] == viewpoint and plain["viewpoint"] == "none"
+    assert [s["after_view"] for s in jittered["scenes"]] != [s["after_view"] for s in other_seed["scenes"]]
+    # only the views differ from the seed's `none` benchmark: objects, changes, captions and splits are its own
+    for with_view, without in zip(jittered["scenes"], plain["scenes"]):
+        assert "after_view" in with_view and "after_view" not in without
+        assert {k: v for k, v in with_view.items() if "view" not in k} == {
+            k: v for k, v in without.items() if "view" not in k
+        }
+        assert with_view["view"] == without["view"]
+    for name in ("change_captions.json", "no_change_captions.json", "splits.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "none" / name).read_bytes(), name
+    before = _read(tmp_path / "a/images/CLEVR_default_000003.png")
+    assert np.array_equal(before, _read(tmp_path / "none/images/CLEVR_default_000003.png"))
+
+
+@pytest.mark.parametrize(("viewpoint", "moves"), [("none", False), ("distractor", True), ("strong", True)])
+def test_the_semantic_pair_moves_the_view_only_with_a_viewpoint(tmp_path, viewpoint, moves):
+    generate(tmp_path, scenes=10, size=32, seed=2, progress=False, viewpoint=viewpoint)
+    shares = []
+    for index in range(10):
+        before = _read(tmp_path / f"images/CLEVR_default_{index:06d}.png")
+        after = _read(tmp_path / f"sc_images/CLEVR_semantic_{index:06d}.png")
+        distractor = _read(tmp_path / f"nsc_images/CLEVR_nonsemantic_{index:06d}.png")
+        shares.append(_changed_share(before, after))
+        assert _changed_share(before, distractor) > 0.3  # distractors always move the view and light
+    # Measured at 64 px over 30 scenes: without a viewpoint the change pair changes 2-13 % of the pixels (one
+    # object), with one 41-99 % (the whole view), like the distractors.
+    if moves:
+        assert min(shares) > 0.3, shares
+    else:
+        assert max(shares) < 0.2, shares
+
+
+def test_view_jitter_stays_in_the_issued_ranges():
+    from procap.data.synthetic import DISTRACTOR_JITTER, STRONG_JITTER, make_scene
+
+    def offsets(view: dict, base: dict) -> dict[str, float]:
+        return {
+            "dx": view["dx"],
+            "dy": view["dy"],
+            "scale": view["scale"] - 1.0,
+            "light": view["light"] - base["light"],
+            "brightness": view["brightness"] - 1.0,
+        }
+
+    expected = {
+        ("none", "distractor_view"): DISTRACTOR_JITTER,
+        ("distractor", "after_view"): DISTRACTOR_JITTER,
+        ("distractor", "distractor_view"): DISTRACTOR_JITTER,
+        ("strong", "after_view"): STRONG_JITTER,
+        ("strong", "distractor_view"): STRONG_JITTER,
+    }
+    assert STRONG_JITTER["dx"] == (0.03, 0.07) and STRONG_JITTER["dy"] == (0.02, 0.05)
+    assert STRONG_JITTER["scale"] == (0.04, 0.10) and DISTRACTOR_JITTER["light"] == (0.3, 0.7)
+    for (viewpoint, key), ranges in expected.items():
+        signs = {name: set() for name in ranges}
+        for index in range(200):
+            scene = make_scene(index, 11, viewpoint=viewpoint)
+            assert scene["view"]["dx"] == scene["view"]["dy"] == 0.0 and scene["view"]["scale"] == 1.0
+            for name, value in offsets(scene[key], scene["view"]).items():
+                low, high = ranges[name]
+                # views are stored rounded to 4 decimals, so a draw may land half a unit of the last place outside
+                assert low - 1e-4 <= abs(value) <= high + 1e-4, (viewpoint, key, name, value)
+                signs[name].add(value > 0)
+        assert all(found == {True, False} for found in signs.values()), (viewpoint, key, signs)
+    assert "after_view" not in make_scene(0, 11)  # `none`: the change pair keeps the before image's view
+
+
+@pytest.mark.parametrize("viewpoint", ["distractor", "strong"])
+def test_render_intermediate_endpoints_under_a_viewpoint(tmp_path, viewpoint):
+    generate(tmp_path, scenes=5, size=32, seed=2, progress=False, viewpoint=viewpoint)
+    for index in range(5):
+        before = _read(tmp_path / f"images/CLEVR_default_{index:06d}.png")
+        for distractor, after_path in (
+            (False, f"sc_images/CLEVR_semantic_{index:06d}.png"),
+            (True, f"nsc_images/CLEVR_nonsemantic_{index:06d}.png"),
+        ):
+            frames = [render_intermediate(tmp_path, index, t, distractor=distractor) for t in (0.0, 0.5, 1.0)]
+            assert np.array_equal(frames[0], before)
+            assert np.array_equal(frames[-1], _read(tmp_path / after_path))
+            assert not np.array_equal(frames[1], frames[0]) and not np.array_equal(frames[1], frames[-1])
+
+
+def test_a_viewpoint_outside_the_choices_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ProCapError, match="viewpoint must be one of none, distractor, strong, got 'sideways'"):
+        generate(tmp_path / "out", scenes=2, size=16, seed=0, progress=False, viewpoint="sideways")
+    assert not (tmp_path / "out").exists()

@@ -55,6 +55,16 @@ def test_paper_presets_keep_the_paper_model():
     )
     for name in ("clevr", "spot", "edit"):
         assert PRESETS[name].pixel_cnn == PRESETS[name].window_glimpse == 0
+        assert not PRESETS[name].difference_visible_ends
+
+
+def test_checkpoints_from_before_the_leak_fix_keep_their_difference_embedding():
+    from procap.config import ProCapConfig, config_from_dict
+
+    tiny = get_preset("tiny")
+    assert tiny.difference_embedding and tiny.difference_visible_ends  # the fix is on in the preset
+    written_before = {k: v for k, v in tiny.to_dict().items() if k != "difference_visible_ends"}
+    assert not config_from_dict(ProCapConfig, written_before).difference_visible_ends  # read as they were trained
 
 
 def test_space_to_depth_layout_and_inverse():

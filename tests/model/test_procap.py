@@ -80,7 +80,7 @@ def test_stage1_msm_reads_the_positive_rows(model, config):
     out = model.stage1_loss(frames, captions, mask_params=params)
     # The same computation by hand, with only the positive sequences (rows do not interact).
     visual, mask = model.apply_masking(model.embed_frames(frames), params)
-    visual = model.with_difference(visual, model.frame_features(frames))
+    visual = model.with_difference(visual, model.frame_features(frames), visible=~mask)
     seq = model.encoder.stage1_sequence(model.encoder.embed_caption(captions), visual)
     logits = model.encoder.msm_head(model.encoder(seq)[:, 6 + 2 :])
     expected, _ = msm_loss(logits, model.frame_codes(frames), mask)
@@ -221,7 +221,8 @@ def test_procedure_queries_sit_between_before_and_after(config):
 
 
 def test_difference_embedding_adds_the_change_at_each_position_to_every_frame(config):
-    model = ProCap(config.replace(difference_embedding=True))
+    # the embedding as it was first built (checkpoints from before difference_visible_ends still run it)
+    model = ProCap(config.replace(difference_embedding=True, difference_visible_ends=False))
     assert not hasattr(ProCap(config.replace(difference_embedding=False)).encoder, "difference_proj")
     frames = _frames(2, config)
     before, after = frames[:, 0], frames[:, -1]
@@ -238,6 +239,61 @@ def test_difference_embedding_adds_the_change_at_each_position_to_every_frame(co
     # Swapping before and after changes the frames' order but not the change embedding.
     swapped = model.procedure_tokens(after, before)
     torch.testing.assert_close(swapped[:, 16:32], tokens[:, 16:32])
+
+
+def _difference(model: ProCap, frames: torch.Tensor) -> torch.Tensor:
+    features = model.frame_features(frames)
+    return model.encoder.embed_difference(features[:, 0], features[:, -1])  # (B, n, D)
+
+
+def test_difference_on_visible_ends_leaves_the_queries_alone(config):
+    model = ProCap(config.replace(difference_embedding=True, difference_visible_ends=True))
+    frames = _frames(2, config)
+    before, after = frames[:, 0], frames[:, -1]
+    tokens = model.procedure_tokens(before, after)
+    diff, visual, pos = _difference(model, frames), model.embed_frames(frames[:, [0, -1]]), model.positions()
+    torch.testing.assert_close(tokens[:, :16], visual[:, :16] + pos[:16] + diff)
+    torch.testing.assert_close(tokens[:, 16:32], (model.mask_embedding + pos[16:32]).expand(2, -1, -1))  # no diff
+    torch.testing.assert_close(tokens[:, 32:], visual[:, 16:] + pos[32:] + diff)
+    # explicit frames: the middle frame is a frame, not an end, and gets no difference either
+    explicit = model.with_difference(model.embed_frames(frames) + pos, model.frame_features(frames))
+    torch.testing.assert_close(explicit[:, 16:32], model.embed_frames(frames)[:, 16:32] + pos[16:32])
+
+
+def _stage1_visual(model: ProCap, frames: torch.Tensor, masks: MaskParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positive rows' visual tokens of the stage-1 sequence and their mask."""
+    captions = random_captions(frames.shape[0], 8, model.config.vocab_size)
+    seq, mask = model._stage1_sequences(frames, captions, masks, torch.Generator().manual_seed(1))
+    start = 2 + captions.shape[1]  # [e_align] [caption] [e_csy] [visual]
+    return seq[: frames.shape[0], start : start + mask.shape[1]], mask
+
+
+@pytest.mark.parametrize("visible_ends", [False, True])
+def test_a_masked_end_is_unreadable_only_with_the_difference_on_visible_ends(config, visible_ends):
+    model = ProCap(config.replace(difference_embedding=True, difference_visible_ends=visible_ends)).eval()
+    masks = _fixed_masks(model, 2, RANDOM_PATCH, patch_prob=0.5)
+    frames = _frames(2, config, seed=3)
+    other = frames.clone()
+    other[:, -1] = torch.rand(other[:, -1].shape, generator=torch.Generator().manual_seed(9))  # another after image
+    tokens, mask = _stage1_visual(model, frames, masks)
+    tokens_other, mask_other = _stage1_visual(model, other, masks)
+    assert torch.equal(mask, mask_other) and mask.any() and (~mask).any()
+    masked = mask.unsqueeze(-1).expand_as(tokens)
+    if visible_ends:
+        # a masked token is e_m plus its position whatever the images: nothing of the after image reaches it
+        torch.testing.assert_close(tokens[masked], tokens_other[masked], rtol=0, atol=0)
+        # a visible middle-frame token carries its own frame alone (the difference stays on the ends)
+        n = model.config.tokens_per_frame
+        diff = _difference(model, frames)
+        plain = ProCap(config.replace(difference_embedding=True, difference_visible_ends=False))
+        plain.load_state_dict(model.state_dict())
+        reference, _ = _stage1_visual(plain.eval(), frames, masks)
+        visible_middle = (~mask[:, n : 2 * n]).unsqueeze(-1)
+        torch.testing.assert_close(
+            tokens[:, n : 2 * n] * visible_middle, (reference[:, n : 2 * n] - diff) * visible_middle
+        )
+    else:  # the leak the flag closes: masked tokens differ with the (hidden) after image
+        assert not torch.equal(tokens[masked], tokens_other[masked])
 
 
 def test_width_scaled_init_is_the_paper_init_at_paper_width():

@@ -1,0 +1,76 @@
+"""`procap demo`: the benchmark's viewpoint and the stage-1 procedure source passed through to its runs, and the
+failure kinds in its tables and metrics.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from procap.checkpoint import read_checkpoint_metadata
+from procap.commands.demo_pipeline import aggregate, format_failures, run_demo
+from procap.errors import ProCapError
+from tests.support import micro_demo_budget
+
+
+@pytest.mark.slow
+def test_demo_with_a_viewpoint_and_truth_procedures(tmp_path):
+    summary = run_demo(
+        tmp_path, budget=micro_demo_budget(), procedures="truth", viewpoint="distractor", progress=False, jobs=1
+    )
+    assert summary["viewpoint"] == "distractor" and summary["procedures"] == "truth"
+    assert summary["keyframes"] == {}  # no cache, so no confidence scores to describe
+    scenes = json.loads((tmp_path / "data" / "scenes.json").read_text())
+    assert scenes["viewpoint"] == "distractor" and all("after_view" in s for s in scenes["scenes"])
+    assert not (tmp_path / "procedures").exists()
+    stage1 = read_checkpoint_metadata(tmp_path / "stage1" / "stage1.safetensors")
+    assert stage1["extra"]["procedures"] == "truth"
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["viewpoint"] == "distractor"
+    for report in written["results"].values():
+        accuracy = report["accuracy"]
+        for key in ("miss_rate", "false_positive_rate", "move_as_add_drop"):
+            assert accuracy[key] is None or 0.0 <= accuracy[key] <= 1.0, key
+        assert accuracy["unparsed"] == accuracy["unparsed_changes"] + accuracy["unparsed_distractors"]
+        assert sum(sum(row.values()) for row in accuracy["confusion"].values()) == accuracy["pairs"]
+        assert set(report["seeds"][0]["accuracy"]) >= {"miss_rate", "false_positive_rate", "unparsed_changes"}
+
+
+def test_demo_refuses_an_unknown_viewpoint_or_source_before_writing(tmp_path):
+    with pytest.raises(ProCapError, match="viewpoint must be one of"):
+        run_demo(tmp_path, budget=micro_demo_budget(), viewpoint="sideways")
+    with pytest.raises(ValueError, match="procedures must be one of interpolated, crossfade, truth"):
+        run_demo(tmp_path, budget=micro_demo_budget(), procedures="flow")
+    assert not any(tmp_path.iterdir())
+
+
+def _report(seed: int, miss: float, false_positive: float, unparsed: int) -> dict:
+    accuracy = {"change": 0.5, "type": 0.5, "object": 0.25, "new_value": None, "distinct": 1.0, "miss_rate": miss}
+    accuracy |= {"false_positive_rate": false_positive, "move_as_add_drop": None, "unparsed_changes": unparsed}
+    return {"seed": seed, "metrics": {"CIDEr": 100.0}, "accuracy": accuracy}
+
+
+def test_the_failure_table_shows_each_kind_with_its_spread():
+    results = {"static pair (k=0)": aggregate([_report(0, 0.1, 0.2, 3), _report(1, 0.3, 0.0, 1)], ["CIDEr"])}
+    table = format_failures(results).splitlines()
+    assert [t in table[0] for t in ("miss", "false pos.", "unparsed", "move as add/drop")] == [True] * 4
+    row = table[2]
+    assert row.startswith("static pair (k=0)")
+    # miss 20 +- 14.1 %, false positives 10 +- 14.1 %, unparsed 2 +- 1.4 change captions, no move pairs
+    assert row.split()[3:] == ["20.0", "±14.1", "10.0", "±14.1", "2.0", "±1.4", "n/a"]
+
+
+def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_path):
+    from procap.commands.demo_pipeline import FULL, stage_configs
+
+    budget = dataclasses.replace(micro_demo_budget(), stage2_lr=1e-3, stage2_encoder_lr=2e-4)
+    configs = stage_configs(budget, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
+    for name in ("procap", "stage1_static"):  # a pre-trained encoder
+        resolved = configs[name].resolved()
+        assert (resolved.encoder_lr, resolved.decoder_lr) == (2e-4, 1e-3), name
+    for name in ("procap_no_stage1", "static"):  # a random encoder learns at the decoder's rate
+        resolved = configs[name].resolved()
+        assert resolved.encoder_lr == resolved.decoder_lr == 1e-3, name
+    # the full demo: stage 1 on every training pair, its encoder fine-tuned below the decoder
+    assert FULL.stage1_pairs is None and FULL.stage2_encoder_lr < FULL.stage2_lr
