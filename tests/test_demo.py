@@ -9,7 +9,8 @@ import pytest
 from report_checks import check_report_html
 
 # ProCap's bounds on the quick demo's 60 test pairs (30 changes): change detected >= 95 % and change type >= 80 %, as
-# asked. Measured on one thread, as CI runs it (docs/training.md): change 100 %, type 93.3 % (28 of 30 changes).
+# asked. Measured with one thread a run, as CI runs it (docs/training.md): change 98.3 %, type 86.7 % (26 of 30
+# changes) since the difference embedding stays off masked tokens and queries (100 % and 93.3 % before).
 QUICK_CHANGE = 0.95
 QUICK_TYPE = 0.8
 
