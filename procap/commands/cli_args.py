@@ -291,7 +291,7 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
 
 def _relative_to_config(value: str, folder: Path, key: str) -> str:
     """``value`` of the config key ``key`` with a relative path joined to the config file's ``folder``."""
-    if key == "procedures" and value == "crossfade":
+    if key == "procedures" and value in PROCEDURE_SOURCES:  # a source's name, not a cache folder
         return value
     prefix, sep, rest = value.partition(":") if key == "init_encoder" else ("", "", value)
     if not rest or os.path.isabs(os.path.expanduser(rest)):

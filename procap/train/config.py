@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from procap.config import LR_DECAYS
+from procap.config import LR_DECAYS, PROCEDURE_SOURCES
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
@@ -33,7 +33,7 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
 # is read against that file's folder (procap.commands.cli_args.read_config_file), so that a replay started from
 # another folder reads the same data and writes the same run folder.
 PATH_FIELDS = ("data", "out", "init", "vqgan", "procedures", "init_encoder")
-NOT_A_PATH = {"procedures": "crossfade"}  # the value of a path field that names no file
+NOT_A_PATH = {"procedures": PROCEDURE_SOURCES}  # values of a path field that name no file
 PATH_PREFIX = {"init_encoder": "clip:"}  # the path follows this prefix
 
 
@@ -42,7 +42,7 @@ def map_paths(values: dict[str, Any], convert: Callable[[str], str]) -> dict[str
     values = dict(values)
     for field in PATH_FIELDS:
         value = values.get(field)
-        if not isinstance(value, str) or not value or value == NOT_A_PATH.get(field):
+        if not isinstance(value, str) or not value or value in NOT_A_PATH.get(field, ()):
             continue
         prefix = PATH_PREFIX.get(field, "")
         if prefix and value.startswith(prefix):
@@ -152,7 +152,7 @@ class TrainConfig:
         needs = {}
         if self.stage == "train":
             needs["pycocoevalcap"] = "the validation scores"
-        if self.stage == "pretrain" and self.procedures != "crossfade":
+        if self.stage == "pretrain" and self.procedures not in PROCEDURE_SOURCES:
             needs["h5py"] = f"the procedure cache {self.procedures}"
         if "tensorboard" in self.loggers:
             needs["tensorboard"] = "--logger tensorboard"

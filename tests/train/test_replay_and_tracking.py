@@ -205,16 +205,18 @@ def test_a_replay_from_another_folder_reads_the_same_data(tmp_path, small_model,
     assert _losses(again) == _losses(first)
 
 
-def test_relative_paths_in_a_config_file_are_read_against_its_folder(tmp_path, clevr_root, monkeypatch):
+@pytest.mark.parametrize("source", ["crossfade", "truth"])
+def test_relative_paths_in_a_config_file_are_read_against_its_folder(tmp_path, clevr_root, monkeypatch, source):
     configs = tmp_path / "configs"
     configs.mkdir()
     data = os.path.relpath(clevr_root, configs)
-    options = {"data": data, "out": "../runs/x", "preset": "tiny", "procedures": "crossfade", "steps": 3}
+    options = {"data": data, "out": "../runs/x", "preset": "tiny", "procedures": source, "steps": 3}
     (configs / "c.json").write_text(json.dumps(options))
     monkeypatch.chdir(clevr_root)  # anywhere else
     config = config_from_args("pretrain", _parse("pretrain", "--config", str(configs / "c.json")))
     assert (config.data, config.out) == (str(clevr_root), str(tmp_path / "runs" / "x"))
-    assert config.procedures == "crossfade"  # a name, not a path
+    assert config.procedures == source  # a name, not a path
+    assert config.replay_dict()["procedures"] == source and "h5py" not in config.optional_packages()
 
 
 def test_a_resumed_runs_config_replays_as_a_new_run(tmp_path, small_model, clevr_root):
