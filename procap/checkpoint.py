@@ -41,19 +41,8 @@ __all__ = [
 def load_checkpoint(
     path: Path | str, map_location: str | torch.device = "cpu"
 ) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
-    """Rebuild a ProCap model and its vocabulary from a checkpoint written by :func:`save_checkpoint`.
-
-    Args:
-        path: the ``.safetensors`` file.
-        map_location: device for the returned model.
-
-    Returns:
-        ``(model, vocab, metadata)``: the model in eval mode on ``map_location``, the Vocabulary, and the
-        decoded metadata dict (``config``, ``vocab``, ``extra``, ...).
-
-    Raises:
-        ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
-    """
+    """``(ProCap, vocab, metadata)`` from a checkpoint written by :func:`save_checkpoint`:
+    :func:`procap.model.checkpoint_file.read_checkpoint` with the model class named."""
     return read_checkpoint(ProCap, path, map_location)
 
 

@@ -29,12 +29,8 @@ def load_pretrained(
     token: str | bool | None = None,
     force_download: bool = False,
 ) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
-    """``(model, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``.
-
-    The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
-    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else. ``token``
-    and ``force_download`` go to the Hub download.
-    """
+    """``(ProCap, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``:
+    :func:`procap.model.pretrained.read_pretrained` with the model class named."""
     return read_pretrained(
         ProCap,
         name_or_path,

@@ -130,6 +130,11 @@ class CachedDecoder(nn.Module):
         if tokens.shape[1] > self.max_positions():
             raise ValueError(f"{tokens.shape[1]} tokens exceed max_caption_len {self.max_positions()}")
 
+    def check_max_len(self, max_len: int) -> None:
+        """Refuse a decoding length (BOS included) outside ``[2, max_caption_len]``."""
+        if not 2 <= max_len <= self.max_positions():
+            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+
     def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         """Eager greedy decoding under this decoder's rule, full prefix every step: (B, N, D) -> (B, max_len - 1)."""
         raise NotImplementedError
@@ -157,8 +162,7 @@ class CachedDecoder(nn.Module):
         Returns:
             A fresh :class:`DecodingState`; call :meth:`prefill` before decoding.
         """
-        if not 2 <= max_len <= self.max_positions():
-            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+        self.check_max_len(max_len)
         heads = self.layers[0].self_attn.heads
         vocab, dim = self.output_weight().shape
         head_dim = dim // heads
@@ -268,8 +272,7 @@ class CaptionDecoder(CachedDecoder):
         """Buffers of a cached decode, and the weights in the fused step's layout (taken now: set up again after the
         weights change). ``dtype`` and ``device`` must be the weights'; other arguments as
         :meth:`CachedDecoder.setup_caches`."""
-        if not 2 <= max_len <= self.max_positions():
-            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+        self.check_max_len(max_len)
         weight = self.embed.weight
         if dtype != weight.dtype or not same_device(device, weight.device):
             raise ValueError(
