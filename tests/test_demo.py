@@ -92,6 +92,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
         assert report["speed"]["tokens_per_s"] > 0 and report["pairs"] == summary["pairs"]["test"]
         assert "total" in report["by_type"] and "no_change" in report["by_type"]
     assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
+    # ProCap minus each other cell, on change / type / object, with an interval around each difference
+    assert len(summary["paired"]) == 9 and "95 % interval" in out
+    assert all(r["low"] <= r["difference"] <= r["high"] for r in summary["paired"])
     assert summary["results"]["stage 1, static pair (k=0)"]["num_keyframes"] == 0
     assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2
     for report in summary["results"].values():
