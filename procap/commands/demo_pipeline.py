@@ -430,18 +430,23 @@ def paired_comparisons(predictions: dict[str, list[dict[str, str]]], truths: dic
 
 
 def paired_from_folder(out: str | Path) -> list[dict[str, Any]]:
-    """:func:`paired_comparisons` of a finished demo folder, read from its seeds' ``results.json`` files."""
+    """:func:`paired_comparisons` of a demo folder, read from its seeds' ``results.json`` files.
+
+    Every seed whose four models were evaluated counts, so a demo stopped between seeds is compared over the seeds
+    it finished.
+    """
     from procap.data.datasets import load_split
     from procap.eval.correctness import scene_truths
     from procap.eval.metrics import read_predictions
 
     out = Path(out)
-    summary = read_json(out / "metrics.json", "demo metrics file")
-    seeds = summary["seeds"]
-    predictions = {
-        name: [read_predictions(run_folder(out, s, seeds[0]) / name / "results.json") for s in seeds]
-        for name, _ in MODELS
-    }
+    if not (out / "data" / "scenes.json").is_file():
+        raise ProCapError(f"{out} is not a demo folder: {out / 'data' / 'scenes.json'} does not exist.")
+    folders = [out, *sorted(out.glob("seed*"), key=lambda f: int(f.name[4:]) if f.name[4:].isdigit() else -1)]
+    finished = [f for f in folders if all((f / name / "results.json").is_file() for name, _ in MODELS)]
+    if not finished:
+        raise ProCapError(f"{out} holds no seed whose four models were evaluated (no */results.json).")
+    predictions = {name: [read_predictions(f / name / "results.json") for f in finished] for name, _ in MODELS}
     test = [p for p in load_split("clevr-change", out / "data", "test") if p.id in predictions["procap"][0]]
     return paired_comparisons(predictions, scene_truths(out / "data", test))
 
