@@ -309,7 +309,15 @@ def build_procedures(
 
 
 def evaluate_run(
-    name: str, checkpoint: Path, pairs: list, metrics, cache: ImageCache, device: str, out: Path, truths: dict
+    name: str,
+    checkpoint: Path,
+    pairs: list,
+    metrics,
+    cache: ImageCache,
+    device: str,
+    out: Path,
+    truths: dict,
+    progress: bool = True,
 ) -> dict[str, Any]:
     from procap.checkpoint import load_checkpoint
     from procap.eval.split import evaluate_model
@@ -331,6 +339,7 @@ def evaluate_run(
         out=out / name,
         extra=extra,
         truths=truths,
+        progress=progress,
     )
 
 
@@ -699,7 +708,7 @@ def run_demo(
         best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
         clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
         for name, _ in MODELS:
-            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths)
+            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths, progress)
             per_model[name].append({**report, "seed": run_seed})
         clock.done()
 
