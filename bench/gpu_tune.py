@@ -76,12 +76,12 @@ VARIANTS: dict[str, Variant] = {
     "gn_fold_finalize": Variant(
         "all + the GN finalize folded into the apply kernel's prologue (two launches per norm instead of three)",
         fold_finalize=True,
-        estimate_ms_b32=0.3,
+        estimate_ms_b32=0.1,
     ),
     "encoder_add_norm": Variant(
         "all + the encoder's residual add and the next LayerNorm in one kernel (the decoder's add_layer_norm)",
         {"fused_encoder": {"add_norm": True}},
-        estimate_ms_b32=0.4,
+        estimate_ms_b32=0.35,
     ),
     "encoder_gelu_epilogue": Variant(
         "all + the encoder MLP's bias + GELU in the fc1 GEMM epilogue (cuBLASLt; tanh-approximated, the model's "
@@ -93,7 +93,7 @@ VARIANTS: dict[str, Variant] = {
         "all + every prepared change (gn_fold_finalize, encoder_add_norm, encoder_gelu_epilogue)",
         {"fused_encoder": {"add_norm": True, "gelu_epilogue": True}},
         fold_finalize=True,
-        estimate_ms_b32=1.8,
+        estimate_ms_b32=1.5,
     ),
 }
 DEFAULT_VARIANTS = ("all", "gn_fold_finalize", "encoder_add_norm", "encoder_gelu_epilogue", "prepared", "baseline")

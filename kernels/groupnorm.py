@@ -20,6 +20,10 @@ with the statistics of group ``g`` over all H*W positions and the group's C/G ch
 3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
    (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
 
+Opt-in for inference (:func:`set_fold_finalize`, the ``gn_fold_finalize`` variant of ``bench/gpu_tune.py``): 2 and 3 in
+one launch, ``_group_norm_apply_folded_kernel``, whose programs each merge the partials of the groups their channel
+tile touches (the finalize's arithmetic, in its order) and then normalise a range of rows.
+
 ``in_bias`` is the bias of the convolution that produced x, run without it (``procap.fast.vqgan_encoder``): ATen
 would add it in a separate, non-vectorised pass. When the sum is not needed afterwards it is never stored: the apply
 kernel adds the bias again as it reads x. Each add is rounded to the storage dtype as the reference's eager add is,

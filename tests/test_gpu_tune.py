@@ -52,7 +52,7 @@ def test_prepared_variants_carry_their_written_estimates(capsys):
     assert tune.VARIANTS["gn_fold_finalize"].fold_finalize and not tune.VARIANTS["all"].fold_finalize
     assert tune.DEFAULT_VARIANTS[0] == "all"  # the token gate compares every variant with the Captioner's defaults
     assert tune.main(["--list"]) == 0
-    assert "[estimate: -0.3 ms at b32]" in capsys.readouterr().out
+    assert "[estimate: -0.1 ms at b32]" in capsys.readouterr().out
 
 
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
