@@ -4,10 +4,11 @@
 #   bash bench/gpu_check.sh setup     # the extension (carried, or built in place), the GPU-facing tests with -n
 #   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
 #   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
+#   bash bench/gpu_check.sh train     # one optimizer step of stage 1 and stage 2, fused kernels against eager
 #   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, a top-kernel table each, the table last
 #   bash bench/gpu_check.sh suite     # the whole test suite with -n 14 (the quick demo deselected), wheels from .whl/
 #
-# `all` runs setup, e2e and kernels in a row. What a lent machine needs (docs/gpu.md, "Running on a lent machine"):
+# `all` runs setup, e2e, kernels and train in a row. What a lent machine needs (docs/gpu.md, "Running on a lent machine"):
 #
 # - No virtual environment and no pip: the image's python3 (itself a virtualenv interpreter, so a venv made from it
 #   would not see torch) runs the checkout directly with PYTHONPATH set to the repository root.
@@ -39,16 +40,16 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
     --out) OUT_DIR="$2"; shift ;;
-    setup|e2e|kernels|profile|suite) STEPS+=("$1") ;;
-    all) STEPS+=(setup e2e kernels) ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, profile, suite, all;" \
+    setup|e2e|kernels|train|profile|suite) STEPS+=("$1") ;;
+    all) STEPS+=(setup e2e kernels train) ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, train, profile, suite, all;" \
          "options: --dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
   shift
 done
 if [ ${#STEPS[@]} -eq 0 ]; then
-  echo "gpu_check.sh: name a step: setup, e2e, kernels, profile, suite or all" >&2
+  echo "gpu_check.sh: name a step: setup, e2e, kernels, train, profile, suite or all" >&2
   exit 2
 fi
 PYTHON="${PYTHON:-python3}"
@@ -165,6 +166,13 @@ step_kernels() {
   run_bounded kernels kernel_bench "$PYTHON" -m pytest bench/test_masking.py bench/test_vq.py \
     bench/test_groupnorm.py bench/test_attention.py --benchmark-only -q -p no:cacheprovider \
     ${GPU_CHECK_KERNELS_K:+-k "$GPU_CHECK_KERNELS_K"} --benchmark-json="$PARTS/kernels.bench.json"
+}
+
+step_train() {
+  # stage 1 and stage 2 at batch 8 and 32 (clevr, bf16 autocast) with the fused kernels and the eager references;
+  # the dry run: the tiny preset at batch 2 on the CPU
+  run_bounded train train_bench "$PYTHON" -m pytest bench/test_train.py --benchmark-only -q -p no:cacheprovider \
+    --benchmark-json="$PARTS/train.bench.json"
 }
 
 step_profile() {

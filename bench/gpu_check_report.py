@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-STEPS = ("setup", "e2e", "kernels", "profile", "suite")  # the steps of bench/gpu_check.sh
+STEPS = ("setup", "e2e", "kernels", "train", "profile", "suite")  # the steps of bench/gpu_check.sh
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -102,8 +102,9 @@ def benchmarks(bench_path: Path) -> list[dict[str, Any]]:
 
 
 def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The headline figures: TPS at k = 2 per provider and batch, stage shares at each batch, kernel rates."""
-    out: dict[str, Any] = {"e2e_k2": [], "stages": {}, "kernels": []}
+    """The headline figures: TPS at k = 2 per provider and batch, stage shares at each batch, kernel rates, and the
+    training steps (``"train"``: stage, kernels, batch, items/s, ms per step, peak memory)."""
+    out: dict[str, Any] = {"e2e_k2": [], "stages": {}, "kernels": [], "train": []}
     keys = ("provider", "batch", "capture_memory", "tps_paper", "latency_s_per_batch", "mfu", "speedup_vs_eager_fp32")
     for entry in results.get("e2e", []):
         if entry.get("k") == 2 and "tps_paper" in entry:
@@ -113,6 +114,9 @@ def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for entry in results.get("kernels", []):
         keys = ("name", "seconds_per_call", "gbps", "bandwidth_fraction", "gflops", "tflops")
         out["kernels"].append({k: entry.get(k) for k in keys if k in entry})
+    for entry in results.get("train", []):  # bench/test_train.py: one optimizer step, fused kernels against eager
+        keys = ("stage", "kernels", "batch", "items_per_s", "ms_per_step", "peak_memory_gb")
+        out["train"].append({k: entry.get(k) for k in keys})
     return out
 
 

@@ -1,11 +1,12 @@
 """A/B timing of named fast-path variants in one process on one model: CUDA events at batch 1 and 32, a correctness
 gate per variant, a top-kernel table per variant, and a compact table printed last.
 
-    python bench/gpu_tune.py --variants baseline,whole_graph,fold_bias,all --batches 1,32 --out tune.json
+    python bench/gpu_tune.py --variants all,gn_fold_finalize,encoder_add_norm,prepared --batches 1,32 --out tune.json
     python bench/gpu_tune.py --list
 
 One random-weight model (``--preset``, k = ``--k``) is built once; every variant is a ``Captioner`` over a copy of it
-with the variant's options (and the group-norm statistics kernel it names). Per variant and batch: the first call
+with the variant's options (and the group-norm kernel switch it names), and carries its written estimate of the
+milliseconds it saves at batch 32 (``--list`` prints it; the results keep it beside the measurement). Per variant and batch: the first call
 (capture, cuDNN autotuning, compilation) is timed apart as ``setup_s``, then ``--iters`` calls are timed with CUDA
 events, one pair of events around each call (the median is reported, with TPS counting 24 tokens per caption as
 the paper does, and MFU from the model FLOPs of the reference graph). The gate: the decoder memory of the largest
@@ -39,10 +40,16 @@ FUSED_ENCODER_ONLY_BIAS = {"downsample_4x4": False, "input_channels": None}
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration of the fast path: Captioner keyword arguments."""
+    """One configuration of the fast path: Captioner keyword arguments, and kernel switches set around its run.
+
+    ``estimate_ms_b32``: the written prediction of the milliseconds it saves at batch 32 against ``all`` (from the
+    profile of docs/gpu.md), recorded before it is measured and kept beside the measurement in the results.
+    """
 
     description: str
     captioner: dict[str, Any] = field(default_factory=dict)
+    fold_finalize: bool = False  # procap.kernels.groupnorm.set_fold_finalize while the variant runs
+    estimate_ms_b32: float | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -64,8 +71,32 @@ VARIANTS: dict[str, Variant] = {
     "conv_in8": Variant("down4x4 + conv_in on 8 input channels", {**BASELINE, "fused_vqgan": True}),
     "all": Variant("every change: the Captioner's defaults", {}),
     "all_compile": Variant("all + torch.compile", {"torch_compile": True}),
+    # Prepared without a GPU (issue 38), estimates from the 2026-11-26 b32 profile (docs/gpu.md, "prepared, not yet
+    # measured"); each is "all" plus one change, then all of them together.
+    "gn_fold_finalize": Variant(
+        "all + the GN finalize folded into the apply kernel's prologue (two launches per norm instead of three)",
+        fold_finalize=True,
+        estimate_ms_b32=0.1,
+    ),
+    "encoder_add_norm": Variant(
+        "all + the encoder's residual add and the next LayerNorm in one kernel (the decoder's add_layer_norm)",
+        {"fused_encoder": {"add_norm": True}},
+        estimate_ms_b32=0.35,
+    ),
+    "encoder_gelu_epilogue": Variant(
+        "all + the encoder MLP's bias + GELU in the fc1 GEMM epilogue (cuBLASLt; tanh-approximated, the model's "
+        "GELU is erf: gated by memory and token agreement)",
+        {"fused_encoder": {"add_norm": False, "gelu_epilogue": True}},
+        estimate_ms_b32=1.1,
+    ),
+    "prepared": Variant(
+        "all + every prepared change (gn_fold_finalize, encoder_add_norm, encoder_gelu_epilogue)",
+        {"fused_encoder": {"add_norm": True, "gelu_epilogue": True}},
+        fold_finalize=True,
+        estimate_ms_b32=1.5,
+    ),
 }
-DEFAULT_VARIANTS = ("baseline", "whole_graph", "fold_bias", "down4x4", "conv_in8", "all")
+DEFAULT_VARIANTS = ("all", "gn_fold_finalize", "encoder_add_norm", "encoder_gelu_epilogue", "prepared", "baseline")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -244,15 +275,21 @@ class TuneSession:
         from telemetry import mfu  # bench/ is on sys.path (see the end of this file)
 
         from procap.fast import Captioner
+        from procap.kernels import groupnorm
 
         variant, args = VARIANTS[name], self.args
+        fold_before = groupnorm.set_fold_finalize(variant.fold_finalize)  # before the capture: graphs keep it
         try:
             options = copy.deepcopy(variant.captioner)
             captioner = Captioner(
                 self.model, None, device=self.device, dtype=torch.bfloat16, max_len=STEPS + 1,
                 batch_sizes=tuple(args.batches), copy_model=True, **options,
             )  # fmt: skip
-            result: dict[str, Any] = {"description": variant.description, "batches": {}}
+            result: dict[str, Any] = {
+                "description": variant.description,
+                "estimate_ms_b32": variant.estimate_ms_b32,
+                "batches": {},
+            }
             torch.cuda.reset_peak_memory_stats(self.device)
             for batch in args.batches:
                 before, after = (image[:batch] for image in self.images)
@@ -284,6 +321,7 @@ class TuneSession:
                 result["top_kernels"] = self._profile(captioner, args.profile_batch, args.top)
             return result
         finally:
+            groupnorm.set_fold_finalize(fold_before)
             torch.cuda.empty_cache()
 
     def _profile(self, captioner: Any, batch: int, top: int) -> list[dict[str, Any]]:
@@ -311,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
         for name, variant in VARIANTS.items():
-            print(f"{name:<20} {variant.description}")
+            estimate = "" if variant.estimate_ms_b32 is None else f" [estimate: -{variant.estimate_ms_b32} ms at b32]"
+            print(f"{name:<22} {variant.description}{estimate}")
         return 0
     import torch
 

@@ -176,6 +176,10 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
                     y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
                         x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum
                     )
+                    # the inference forward with the finalize folded into the apply kernel (gn_fold_finalize)
+                    groupnorm.group_norm_fwd(
+                        x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum, fold_finalize=True
+                    )
                     if write_sum is False:
                         continue  # the backward reads the written sum
                     for ds in (None, x):
@@ -216,7 +220,18 @@ def _launch_decode(config: Any, pairs: int) -> None:
         )
 
 
-LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add, _launch_decode)
+def _launch_encoder(config: Any, pairs: int) -> None:
+    from procap.kernels import layernorm
+
+    d = config.enc_dim
+    rows = pairs * config.num_frames * config.grid_size**2  # the stage-2 sequence's visual tokens
+    for dtype in DTYPES:
+        x = torch.empty(rows, d, dtype=dtype)
+        weight = torch.empty(d, dtype=dtype)
+        layernorm.add_layer_norm_triton(x, x, weight, weight, 1e-5)  # residual + LayerNorm between encoder blocks
+
+
+LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add, _launch_decode, _launch_encoder)
 
 
 def kernel_modules() -> list[str]:

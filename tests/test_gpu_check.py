@@ -71,7 +71,7 @@ def test_results_go_to_out_as_few_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(["caches.tgz", "parts.tgz", "result.json", *built])
     report = json.loads((out / "result.json").read_text())
     assert [s["step"] for s in report["steps"]] == ["profile"] and report["steps"][0]["ok"]
-    assert report["missing"] == ["setup", "e2e", "kernels", "suite"]
+    assert report["missing"] == ["setup", "e2e", "kernels", "train", "suite"]
     with tarfile.open(out / "parts.tgz") as parts:
         names = {Path(n).as_posix().lstrip("./") for n in parts.getnames()}
     assert {"steps/profile.json", "tune.log"} <= names
@@ -108,6 +108,11 @@ def test_report_assembles_the_parts(tmp_path):
         ]
     }
     (tmp_path / "e2e.bench.json").write_text(json.dumps(bench))
+    train = {"stage": "stage1", "kernels": "fused", "batch": 8, "items_per_s": 120.0, "ms_per_step": 66.7}
+    train_bench = {
+        "benchmarks": [{"name": "test_train_step", "stats": {"median": 0.07, "rounds": 10}, "extra_info": train}]
+    }
+    (tmp_path / "train.bench.json").write_text(json.dumps(train_bench))
     out = tmp_path / "result.json"
     assert _report_module().main(["--parts", str(tmp_path), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -115,9 +120,10 @@ def test_report_assembles_the_parts(tmp_path):
     assert report["commands"] == ["bash bench/gpu_check.sh setup"] and report["date"]
     counts = {"tests": 5, "failures": 1, "errors": 0, "skipped": 2, "passed": 2, "failed_ids": [], "error_ids": []}
     assert report["tests"]["tests"] == counts
-    assert report["missing"] == ["e2e", "kernels", "profile", "suite"] and report["tune"] is None
+    assert report["missing"] == ["e2e", "kernels", "train", "profile", "suite"] and report["tune"] is None
     assert report["summary"]["suite"] is None  # no suite step ran
     assert report["summary"]["e2e_k2"][0]["tps_paper"] == 76800.0
+    assert report["summary"]["train"] == [{**train, "peak_memory_gb": None}]
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -143,7 +149,14 @@ def test_report_runs_as_a_script(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["missing"] == ["setup", "e2e", "kernels", "profile", "suite"]
+    assert json.loads((tmp_path / "r.json").read_text())["missing"] == [
+        "setup",
+        "e2e",
+        "kernels",
+        "train",
+        "profile",
+        "suite",
+    ]
 
 
 def test_report_names_failing_tests_by_their_pytest_ids(tmp_path):
@@ -230,7 +243,7 @@ def test_suite_dry_run_installs_the_carried_wheels_and_counts_the_tests(tmp_path
     assert (site / "gpu_check_probe" / "__init__.py").is_file() and not (site / "gpu_check_shadow").exists()
     assert "pytest-1.0-py3-none-any.whl not used" in done.stderr
     report = json.loads((tmp_path / "out" / "result.json").read_text())
-    assert report["missing"] == ["setup", "e2e", "kernels", "profile"]
+    assert report["missing"] == ["setup", "e2e", "kernels", "train", "profile"]
     suite = report["summary"]["suite"]
     assert suite["counts"] == {"passed": 1, "failures": 1, "errors": 1, "skipped": 1, "tests": 4}
     # ids are relative to pytest's rootdir, which for a probe outside the checkout depends on where tmp_path lies

@@ -153,6 +153,10 @@ class Captioner:
             bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
             GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
+        fused_encoder: the procedure encoder's inference forms (:meth:`procap.model.encoder.ProcedureEncoder.
+            use_fused_blocks`): False (the default, the readable stack), True (residual add + LayerNorm in one
+            kernel), or a dict of its keyword arguments (e.g. ``{"gelu_epilogue": True}``: the MLP's GELU in the
+            GEMM epilogue, tanh-approximated on CUDA).
 
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
     read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
@@ -185,6 +189,7 @@ class Captioner:
         length_penalty: float = 1.0,
         strategy: DecodingStrategy | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
+        fused_encoder: bool | dict[str, Any] = False,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:
@@ -206,6 +211,7 @@ class Captioner:
         self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
         self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
+        self.fused_encoder = fused_encoder
         self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
         # what the weights record they were trained on (``procap.data.domain``); None: unknown, never warned about
         self.domain = read_domain(getattr(model, "pretrained_info", None))
@@ -312,6 +318,10 @@ class Captioner:
         if self.fused_vqgan:
             options = {} if self.fused_vqgan is True else dict(self.fused_vqgan)
             model.vqgan.use_fused_encoder(channels_last=channels_last, **options)
+        if self.fused_encoder:
+            model.encoder.use_fused_blocks(**({} if self.fused_encoder is True else dict(self.fused_encoder)))
+        else:
+            model.encoder.use_fused_blocks(add_norm=False, gelu_epilogue=False)
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
         if channels_last and not self.fused_vqgan:  # the fused encoder lays its input out itself

@@ -11,6 +11,11 @@ there), because the mask embedding and the positional tables are model-level par
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.attention.attention`.
 
+Opt-in for inference (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual
+add and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's),
+and the MLP's bias + GELU in the first GEMM's epilogue (``torch._addmm_activation``; tanh-approximated on CUDA, so
+not the model's erf GELU there: docs/gpu.md).
+
 The ``authors`` variant (``config.variant``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.enc_prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
 inference) and carries their attention-mask quirk (:func:`authors_prefix_mask`); with CLIP-style blocks
@@ -25,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from procap import kernels
 from procap.config import ProCapConfig
 from procap.model.layers import FeedForward, MultiHeadAttention
 
@@ -81,6 +87,7 @@ class ProcedureEncoder(nn.Module):
             ]
         )
         self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
+        self.fused_add_norm = False  # use_fused_blocks
         merged = z * config.token_merge**2  # channels of one encoder token's m x m latent cells
         # departure (docs/model.md): per-channel standardisation of the tokenizer's features (running statistics,
         # no affine); a well-trained VQGAN's channels carry offsets of ~2 standard deviations that a per-token
@@ -234,11 +241,48 @@ class ProcedureEncoder(nn.Module):
         seq = torch.cat([prefix, visual_tokens], dim=1)
         return seq, authors_prefix_mask(self.prefix.shape[0], seq.shape[1], seq.device)
 
+    def use_fused_blocks(self, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
+        """Inference forms of the stack (both off by default; gradients always take the readable forward).
+
+        Args:
+            add_norm: each residual add and the LayerNorm after it (the next sublayer's, or the final one) in one
+                kernel, :func:`procap.kernels.add_layer_norm`: read two tensors, write two, instead of an add and
+                a LayerNorm (read three, write two). The sublayer's output buffer becomes the residual stream.
+            gelu_epilogue: the MLP's ``fc1`` bias and GELU in the GEMM (:attr:`FeedForward.gelu_epilogue`). Exact on
+                the CPU; tanh-approximated on CUDA, where the model's GELU is erf.
+        """
+        self.fused_add_norm = bool(add_norm)
+        for layer in self.layers:
+            layer.mlp.gelu_epilogue = bool(gelu_epilogue)
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm (if any); ``attn_mask`` (N, N) bool."""
+        if self.fused_add_norm and not torch.is_grad_enabled():
+            return self._forward_add_norm(x, attn_mask)
         for layer in self.layers:
             x = layer(x, attn_mask)
         return self.norm(x)
+
+    def _forward_add_norm(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`forward` with every ``x + sublayer(...)`` fused with the LayerNorm that reads it.
+
+        The sublayer's output is a fresh buffer: the kernel adds the stream into it in place (``out + x``, the same
+        bits as the readable ``x + out``) and returns the norm; the input ``x`` is never written.
+        """
+        layers = list(self.layers)
+        y = layers[0].norm1(x)
+        for i, layer in enumerate(layers):
+            out = layer.attn(y, attn_mask=attn_mask).contiguous()
+            y = kernels.add_layer_norm(out, x, layer.norm2.weight, layer.norm2.bias, layer.norm2.eps)
+            x = out
+            out = layer.mlp(y).contiguous()
+            norm = layers[i + 1].norm1 if i + 1 < len(layers) else self.norm
+            if isinstance(norm, nn.LayerNorm):
+                y = kernels.add_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
+            else:  # no final norm (CLIP-style blocks)
+                y = out.add_(x)
+            x = out
+        return y
 
 
 class PixelCNN(nn.Module):

@@ -96,8 +96,17 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.dropout = nn.Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
+        # Opt-in (ProcedureEncoder.use_fused_blocks), inference only: fc1's bias and the GELU in the GEMM's epilogue,
+        # ``torch._addmm_activation(use_gelu=True)``. That op's GELU is erf on the CPU but tanh-approximated on CUDA
+        # (cuBLASLt's GELU epilogue, and ATen's fallback matches it), while this module's ``gelu`` is erf: on a GPU
+        # the fused form is an approximation of the model, measured before it may become a default.
+        self.gelu_epilogue = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu_epilogue and self.activation is ACTIVATIONS["gelu"] and not torch.is_grad_enabled():
+            flat = x.reshape(-1, x.shape[-1])
+            h = torch._addmm_activation(self.fc1.bias, flat, self.fc1.weight.t(), use_gelu=True)
+            return self.dropout(self.fc2(self.dropout(h.view(*x.shape[:-1], -1))))
         return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
 
 
