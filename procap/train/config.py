@@ -10,14 +10,15 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from procap.config import LR_DECAYS, PROCEDURE_SOURCES
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
+
+if TYPE_CHECKING:
+    import torch
 
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
 # Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's
@@ -167,6 +168,8 @@ class TrainConfig:
         return map_paths(self.to_dict(), absolute_path) | {"resume": False, "overwrite": False}
 
     def torch_device(self) -> torch.device:
+        import torch  # here, not at the top: the command line builds its parsers from this module without torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
