@@ -98,7 +98,9 @@ def test_the_summary_says_how_the_runs_shared_the_machine(threads, jobs, expecte
     assert describe_parallelism({"threads": threads, "jobs": jobs}) == expected
 
 
-def test_the_summary_line_uses_it(capsys):
+def test_the_summary_line_uses_it(capsys, monkeypatch):
+    monkeypatch.setattr(demo_pipeline, "format_table", lambda results, metrics: "table")
+    monkeypatch.setattr(demo_pipeline, "format_failures", lambda results: "failures")
     summary = {"threads": 3, "jobs": 3, "total_s": 12.0, "phases_s": {"stage1": 2.0}}
     demo_pipeline.print_summary({}, [], [], summary, None)
     last = capsys.readouterr().out.strip().splitlines()[-1]

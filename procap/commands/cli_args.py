@@ -383,7 +383,6 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
                 "(--preset tiny for a small CPU run)"
             )
     check_args(args)
-    tokenizer_note = default_tokenizer(stage, args)
     if given_preset and stage != "vqgan" and getattr(args, "init", None):
         check_init_preset(args.init, given_preset)
     try:
@@ -398,6 +397,9 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
         from procap.eval.metrics import require_java
 
         require_java(config.val_metrics, "of the config file's val_metrics")
+    tokenizer_note = default_tokenizer(stage, args)  # after the cheap checks: it reads the shipped file's header
+    if getattr(args, "vqgan", None) != config.vqgan:
+        config = dataclasses.replace(config, vqgan=args.vqgan)
 
     from procap.train.run_folder import check_run_folder
 
