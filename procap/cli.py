@@ -159,8 +159,8 @@ def one_line_warnings() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["--version"]:
-        # Answered before the parser is built: building it imports every command module, and through them torch
-        # (2.5-3 s), for one line that needs none of it.
+        # Answered before the parser is built: building it imports every command module (torch-free, but still
+        # tens of modules) for one line that needs none of them.
         print(version_line())
         return 0
     parser = build_parser()

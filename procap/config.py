@@ -34,6 +34,9 @@ MAX_BEAMS = 256
 VIEWPOINTS = ("none", "distractor", "strong")
 # Stage-1 frame sources that need no procedure cache; any other --procedures value names a cache folder.
 PROCEDURE_SOURCES = ("crossfade", "truth")
+# `--vqgan untrained` (TrainConfig.vqgan): train on the preset's randomly initialised tokenizer, as asked for by name
+# (smoke runs, timing); the command line never falls back to it by itself.
+UNTRAINED_VQGAN = "untrained"
 # What the demo trains stage 1 on: a source above, or "interpolated" (it builds a cache with procap prepare).
 DEMO_PROCEDURES = ("interpolated", *PROCEDURE_SOURCES)
 

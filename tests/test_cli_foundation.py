@@ -62,7 +62,7 @@ def test_score_writes_metrics(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert json.loads((tmp_path / "a" / "b" / "m.json").read_text())["ROUGE_L"] > 0.9
+    assert json.loads((tmp_path / "a" / "b" / "m.json").read_text())["ROUGE-L"] > 90
 
 
 @pytest.mark.parametrize(

@@ -112,8 +112,8 @@ def test_bleu_one_to_four_are_scored_and_displayed(monkeypatch):
     shown = score_captions(predictions, pairs, ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr"])
     assert list(shown) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr"]
     assert shown["BLEU-1"] >= shown["BLEU-2"] >= shown["BLEU-3"] >= shown["BLEU-4"] > 90
-    table = metrics.format_table(metrics.score(predictions, REFS, ["bleu", "cider"]))
-    assert table.splitlines()[0].split() == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"]
+    table = metrics.format_table(metrics.paper_scale(metrics.score(predictions, REFS, ["bleu", "cider"])))
+    assert table.splitlines()[0].split() == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr"]
 
 
 def test_without_java_meteor_and_spice_are_skipped_with_one_line(monkeypatch):

@@ -176,7 +176,7 @@ def test_score_out_to_a_pipe(tmp_path, capsys):
     argv = ["score", "--pred", str(tmp_path / "p.json"), "--refs", str(tmp_path / "r.json"), "--metrics", "bleu"]
     assert main([*argv, "--out", str(fifo)]) == 0
     reader.join(10)
-    assert "Bleu_4" in json.loads(got[0]) and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert "BLEU-4" in json.loads(got[0]) and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 # -- names at the file system's limit -------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES
+from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
-from procap.train.config import TrainConfig, map_paths
+from procap.train.config import STAGE_DEFAULTS, TrainConfig, map_paths
 from procap.validate import MAX_SEED, MAX_WORKERS
 
 
@@ -38,7 +38,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     g.add_argument(
         "--preset",
         help=f"model preset: {', '.join(sorted(PRESETS))} (default: the paper's preset of --dataset; tiny for a "
-        "small CPU run)",
+        "small CPU run)" + ("; with --init the checkpoint's model is trained" if stage != "vqgan" else ""),
     )
     g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
     g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
@@ -54,17 +54,38 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU; default off)",
     )
     o = parser.add_argument_group("optimisation")
-    o.add_argument("--steps", type=int, help="optimisation steps (wins over --epochs)")
-    o.add_argument("--epochs", type=int, help="epochs over the training pairs")
+    defaults = STAGE_DEFAULTS[stage]
+    o.add_argument(
+        "--steps",
+        type=int,
+        help="optimisation steps (wins over --epochs"
+        + (f"; default {defaults['steps']:,}" if "steps" in defaults else "")
+        + ")",
+    )
+    o.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs over the training pairs" + (f" (default {defaults['epochs']})" if "epochs" in defaults else ""),
+    )
     o.add_argument(
         "--batch-size",
         type=int,
-        help="batch size per process (paper: 8 stage 1, 16 stage 2, global); the global batch is "
-        "batch size x processes (torchrun) x --grad-accum and is logged at the start",
+        help=f"batch size per process (default {STAGE_DEFAULTS[stage]['batch_size']}"
+        + (", the paper's global batch" if stage != "vqgan" else "")
+        + "); the global batch is batch size x processes (torchrun) x --grad-accum and is logged at the start",
     )
     o.add_argument("--grad-accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
-    o.add_argument("--lr", type=float, help="peak learning rate (stage 2: encoder and decoder)")
-    o.add_argument("--warmup-steps", type=int, help="linear warm-up steps (stage 1 / VQGAN)")
+    o.add_argument(
+        "--lr",
+        type=float,
+        help="peak learning rate of both the encoder and the decoder (default: --encoder-lr and --decoder-lr)"
+        if stage == "train"
+        else f"peak learning rate (default {STAGE_DEFAULTS[stage]['lr']:g})",
+    )
+    if stage != "train":  # stage 2 warms up over --warmup-frac of its steps instead
+        o.add_argument(
+            "--warmup-steps", type=int, help=f"linear warm-up steps (default {STAGE_DEFAULTS[stage]['warmup_steps']:,})"
+        )
     o.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (paper: none)")
     o.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
     o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
@@ -131,10 +152,22 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         )
     if stage in ("pretrain", "train"):
         m = parser.add_argument_group("model")
-        m.add_argument("--vqgan", help="VQGAN weights from `procap vqgan` (default: the preset's untrained tokenizer)")
-        m.add_argument("--num-keyframes", type=int, help="k (default: the preset's, 2)")
+        m.add_argument(
+            "--vqgan",
+            metavar="FILE",
+            help="frozen VQGAN tokenizer of a new model: weights from `procap vqgan`, or 'untrained' for the preset's "
+            "random one (smoke runs only). Default: the tokenizer shipped in the package where it fits the preset "
+            "(tiny, 64 px synthetic scenes); other presets need it. Not used with --init, whose checkpoint carries "
+            "its tokenizer",
+        )
+        m.add_argument(
+            "--num-keyframes",
+            type=int,
+            help="k, the keyframes (procedure queries) per pair (default: the preset's, 2; with --init the "
+            "checkpoint's)" + ("; 0 gives the static-pair baseline" if stage == "train" else ""),
+        )
     if stage == "pretrain":
-        m.add_argument("--init", help="continue from an earlier stage-1 checkpoint")
+        m.add_argument("--init", help="continue from an earlier stage-1 checkpoint (its model and tokenizer)")
         m.add_argument(
             "--init-encoder",
             metavar="clip:PATH",
@@ -147,7 +180,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
             "benchmark in --data) or a procedure cache path",
         )
     if stage == "train":
-        m.add_argument("--init", help="stage-1 checkpoint (omit for the static-pair baseline from scratch)")
+        m.add_argument(
+            "--init",
+            help="stage-1 checkpoint to start from (`procap pretrain`'s stage1.safetensors), its model and tokenizer. "
+            "Without it a new model is trained from scratch with the preset's k = 2 procedure queries (ProCap "
+            "without stage 1); add --num-keyframes 0 for the static-pair baseline",
+        )
         o.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
         o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
         o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
@@ -213,7 +251,7 @@ def check_args(args: argparse.Namespace) -> None:
     if getattr(args, "resume", None) and not (Path(args.out) / "last.safetensors").is_file():
         raise ProCapError(f"--resume: {args.out} holds no last.safetensors to continue from.")
     for flag in ("init", "vqgan"):
-        if getattr(args, flag, None):
+        if getattr(args, flag, None) and not (flag == "vqgan" and args.vqgan == UNTRAINED_VQGAN):
             validate.input_file(getattr(args, flag), f"--{flag}")
     procedures = getattr(args, "procedures", None)
     if procedures and procedures not in PROCEDURE_SOURCES and not Path(procedures).exists():
@@ -293,6 +331,8 @@ def _relative_to_config(value: str, folder: Path, key: str) -> str:
     """``value`` of the config key ``key`` with a relative path joined to the config file's ``folder``."""
     if key == "procedures" and value in PROCEDURE_SOURCES:  # a source's name, not a cache folder
         return value
+    if key == "vqgan" and value == UNTRAINED_VQGAN:
+        return value
     prefix, sep, rest = value.partition(":") if key == "init_encoder" else ("", "", value)
     if not rest or os.path.isabs(os.path.expanduser(rest)):
         return value
@@ -357,11 +397,44 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
         from procap.eval.metrics import require_java
 
         require_java(config.val_metrics, "of the config file's val_metrics")
+    tokenizer_note = default_tokenizer(stage, args)  # after the cheap checks: it reads the shipped file's header
+    if getattr(args, "vqgan", None) != config.vqgan:
+        config = dataclasses.replace(config, vqgan=args.vqgan)
 
     from procap.train.run_folder import check_run_folder
 
     check_run_folder(config)  # --out from the command line or a --config file: the same rules, before any work
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
-    if note:
-        print(note, file=sys.stderr, flush=True)
+    for line in (note, tokenizer_note):
+        if line:
+            print(line, file=sys.stderr, flush=True)
     return config
+
+
+def default_tokenizer(stage: str, args: argparse.Namespace) -> str | None:
+    """Fill in ``--vqgan`` for a run that builds a new model without one: the tokenizer shipped in the package when
+    it fits the preset (returns the line that says so), else a refusal naming ``--vqgan``.
+
+    A new model's tokenizer used to be the preset's untrained one, without a word: a run then trained on random
+    features. ``--vqgan untrained`` still asks for that by name; a run from ``--init`` keeps the checkpoint's.
+
+    Raises:
+        ProCapError: no ``--vqgan`` for a preset the shipped tokenizer does not fit.
+    """
+    if stage == "vqgan" or getattr(args, "vqgan", None) or getattr(args, "init", None):
+        return None
+    from procap.assets import demo_tokenizer_path
+    from procap.model.vqgan import VQGAN
+
+    shipped = demo_tokenizer_path()
+    if VQGAN.read_config(shipped) != PRESETS[args.preset].vqgan:
+        raise ProCapError(
+            f"--vqgan is required with the {args.preset} preset: the package ships a tokenizer for the tiny preset "
+            f"only; train one with `procap vqgan --preset {args.preset} ...` and pass its vqgan.safetensors, or pass "
+            f"--vqgan {UNTRAINED_VQGAN} to train on a random tokenizer (smoke runs)."
+        )
+    args.vqgan = str(shipped)
+    return (
+        f"procap {stage}: no --vqgan given: using the tokenizer shipped in the package ({shipped.name}, fitted on "
+        f"the 64 px synthetic benchmark; --vqgan FILE for your own, --vqgan {UNTRAINED_VQGAN} for a random one)"
+    )

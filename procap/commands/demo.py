@@ -52,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit a new VQGAN tokenizer (the budget's steps) instead of using the one shipped in the package",
     )
     parser.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars, and one status line of the runs training side by side (default on; --no-progress: "
+        "neither, only the timestamped lines)",
     )
 
 

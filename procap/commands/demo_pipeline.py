@@ -24,14 +24,22 @@ initialisation and batch order. Budgets depart from the paper where a CPU run ne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
+import queue as queue_module
+import shutil
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
@@ -543,6 +551,155 @@ def _train_in_worker(
     return name, best, {name: time.perf_counter() - start}
 
 
+class _LinesToParent(io.TextIOBase):
+    """A worker's stdout or stderr: each whole line goes to the parent, which prints it with the demo's clock
+    above its progress line (two processes writing one terminal would cut into each other's lines)."""
+
+    def __init__(self, queue: Any, stream: str) -> None:
+        self.queue, self.stream, self.pending = queue, stream, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.queue.put((self.stream, line))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _start_worker(queue: Any) -> None:
+    """Pool initializer: the worker's output lines go to the parent through ``queue``."""
+    sys.stdout = _LinesToParent(queue, "out")
+    sys.stderr = _LinesToParent(queue, "err")
+
+
+def _live_log(out: Path, since: float) -> Path | None:
+    """The log.jsonl a stage-2 run in ``out`` is writing now: in ``out``, or in the folder beside it where a run that
+    replaces an earlier one trains (:class:`procap.train.run_folder.RunFolder`); a log not written since ``since``
+    (epoch seconds) is the earlier run's."""
+    candidates = [out / "log.jsonl", *out.parent.glob(f".{out.name[:32]}.replacing-*/log.jsonl")]
+    live = []
+    for path in candidates:
+        with contextlib.suppress(OSError):  # a folder swapped in or removed between the listing and the stat
+            if path.stat().st_mtime >= since:
+                live.append((path.stat().st_mtime, path))
+    return max(live)[1] if live else None
+
+
+def _last_step(path: Path) -> dict[str, Any] | None:
+    """The last training record (``step``, ``items_per_s``) of a log.jsonl, or None."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if isinstance(record, dict) and "items_per_s" in record:
+            return record
+    return None
+
+
+class SideBySideMonitor:
+    """The parent's view of the stage-2 runs training in worker processes.
+
+    A thread prints the workers' output lines (validation scores, warnings) stamped with the demo's clock and, with
+    progress on, one status line of every run: its steps and steps per second, read from the log.jsonl it writes.
+    On a terminal the line is redrawn in place every second; elsewhere (a log file) it is printed every
+    :attr:`EVERY_S` seconds. Without progress only the stamped lines are printed.
+    """
+
+    EVERY_S = 30.0
+
+    def __init__(self, configs: dict[str, TrainConfig], clock: Clock, queue: Any, progress: bool) -> None:
+        self.configs, self.clock, self.queue, self.progress = configs, clock, queue, progress
+        self.since = time.time()
+        self.done: set[str] = set()
+        self.terminal = progress and sys.stdout.isatty()
+        self.drawn = False
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._forward()  # what the workers wrote last
+        with self.lock:
+            self._clear()
+
+    def say(self, text: str, stream: Any = None) -> None:
+        """Print one line, stamped with the demo's clock, above the status line."""
+        with self.lock:
+            self._clear()
+            print(f"[{self.clock.total:6.1f}s] {text}", file=stream or sys.stdout, flush=True)
+            self._draw()
+
+    def finished(self, name: str) -> None:
+        self.done.add(name)
+
+    def status(self) -> str:
+        """``stage 2: procap 120/300 2.4 steps/s | static 80/450 1.9 steps/s | ...``, runs by their folder names."""
+        parts = []
+        for name, _ in MODELS:
+            cfg = self.configs[name]
+            if name in self.done:
+                parts.append(f"{name} done")
+                continue
+            log = _live_log(Path(cfg.out), self.since)
+            record = _last_step(log) if log else None
+            if record is None:
+                parts.append(f"{name} {'starting' if log else 'waiting'}")
+                continue
+            rate = float(record["items_per_s"]) / max(1, (cfg.batch_size or 1) * cfg.grad_accum)
+            parts.append(f"{name} {record['step']}/{cfg.steps} {rate:.1f} steps/s")
+        return "stage 2: " + " | ".join(parts)
+
+    def _clear(self) -> None:
+        if self.drawn:
+            sys.stdout.write("\r\x1b[K")
+            sys.stdout.flush()
+            self.drawn = False
+
+    def _draw(self) -> None:
+        if not self.terminal:
+            return
+        width = shutil.get_terminal_size().columns
+        sys.stdout.write("\r" + f"[{self.clock.total:6.1f}s] {self.status()}"[: max(20, width - 1)])
+        sys.stdout.flush()
+        self.drawn = True
+
+    def _forward(self) -> None:
+        while True:
+            try:
+                stream, line = self.queue.get_nowait()
+            except queue_module.Empty:
+                return
+            self.say(line, sys.stderr if stream == "err" else sys.stdout)
+
+    def _run(self) -> None:
+        printed = time.monotonic()
+        while not self.stop.wait(1.0):
+            self._forward()
+            if self.terminal:
+                with self.lock:
+                    self._draw()
+            elif self.progress and time.monotonic() - printed >= self.EVERY_S:
+                self.say(self.status())
+                printed = time.monotonic()
+
+
 def train_seed(
     seed: int,
     configs: dict[str, TrainConfig],
@@ -569,7 +726,8 @@ def train_seed(
     pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
     clock.done()
     if jobs > 1:
-        return _train_side_by_side(seed, configs, splits, vocab, clock, jobs)
+        # the configs' progress is the demo's --progress / --no-progress
+        return _train_side_by_side(seed, configs, splits, vocab, clock, jobs, configs["procap"].progress)
     best = {}
     for name, label in MODELS:
         cfg = configs[name]
@@ -580,7 +738,7 @@ def train_seed(
 
 
 def _train_side_by_side(
-    seed: int, configs: dict[str, TrainConfig], splits: dict, vocab, clock: Clock, jobs: int
+    seed: int, configs: dict[str, TrainConfig], splits: dict, vocab, clock: Clock, jobs: int, progress: bool = True
 ) -> dict[str, Path]:
     import functools
     import multiprocessing
@@ -596,20 +754,31 @@ def _train_side_by_side(
     )
     run = functools.partial(_train_in_worker, configs=quiet, splits=splits, vocab=vocab, threads=threads)
     best = {}
-    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it. The pool is
-    # terminated on the way out, so a run that fails (or Ctrl-C) stops the others instead of waiting for them.
-    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
+    context = multiprocessing.get_context("spawn")
+    lines = context.Queue()  # the workers' output lines, printed by the parent (SideBySideMonitor)
+    pool = context.Pool(jobs, initializer=_start_worker, initargs=(lines,))
+    finished = False
     try:
-        for name, checkpoint, seconds in pool.imap_unordered(run, labels):
-            best[name] = checkpoint
-            for phase, value in seconds.items():
-                clock.add(phase, value)
-            if clock.verbose:
-                print(f"         seed {seed}: {labels[name]} done ({seconds[name]:.0f} s of stage 2)", flush=True)
-        pool.close()
+        with SideBySideMonitor(quiet, clock, lines, progress) as monitor:
+            for name, checkpoint, seconds in pool.imap_unordered(run, labels):
+                best[name] = checkpoint
+                monitor.finished(name)
+                for phase, value in seconds.items():
+                    clock.add(phase, value)
+                if clock.verbose:
+                    monitor.say(f"seed {seed}: {labels[name]} done ({seconds[name]:.0f} s of stage 2)")
+            # Let the workers exit on their own: terminating them skipped their clean-up, and the semaphores they
+            # held were reported as leaked when the demo ended.
+            pool.close()
+            pool.join()
+            finished = True
     finally:
-        pool.terminate()
-        pool.join()
+        if not finished:  # a run failed (or Ctrl-C): stop the others instead of waiting for them
+            pool.terminate()
+            pool.join()
+        lines.close()
+        lines.join_thread()
     clock.done()
     return best
 
@@ -761,6 +930,19 @@ def print_summary(results: dict, metrics, samples: list, summary: dict, note: st
             print(f"    {label:<27} {row[label]}")
         print(f"    {'reference':<27} {row['references'][0]}")
     print(
-        f"\ntotal {summary['total_s']:.0f} s on {summary['threads']} threads; phases: "
+        f"\ntotal {summary['total_s']:.0f} s, {describe_parallelism(summary)}; phases: "
         + ", ".join(f"{k} {v:.0f}s" for k, v in summary["phases_s"].items())
+    )
+
+
+def describe_parallelism(summary: dict) -> str:
+    """How the demo used the machine: ``on 2 threads``, or with stage 2 side by side ``stage 2 as 3 processes x 1
+    thread side by side (the rest on 3 threads)``."""
+    threads, jobs = summary["threads"], summary.get("jobs", 1)
+    if jobs <= 1:
+        return f"on {threads} thread{'s' if threads != 1 else ''}"
+    each = max(1, threads // jobs)
+    return (
+        f"stage 2 as {jobs} processes x {each} thread{'s' if each != 1 else ''} side by side "
+        f"(the rest on {threads} thread{'s' if threads != 1 else ''})"
     )

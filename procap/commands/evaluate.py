@@ -7,6 +7,7 @@ import sys
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS, MAX_BEAMS
+from procap.eval.metrics import METRICS_SPELLING_HELP
 
 HELP = (
     "Evaluate a checkpoint on a split: BLEU-1..4/METEOR/ROUGE-L/CIDEr/SPICE "
@@ -33,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         nargs="+",
-        help="subset of BLEU-1 BLEU-2 BLEU-3 BLEU-4 METEOR ROUGE-L CIDEr SPICE, any spelling (default: all; METEOR "
-        "and SPICE are skipped with a one-line note when Java, or SPICE's CoreNLP jars, are missing)",
+        help=f"metrics to compute, {METRICS_SPELLING_HELP} (default: all; METEOR and SPICE are skipped with a "
+        "one-line note when Java, or SPICE's CoreNLP jars, are missing); scores are x100 in the table and "
+        "metrics.json",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
     parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
@@ -79,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         metrics = metric_names(args.metrics) if args.metrics else None
     except ProCapError as exc:
-        raise ProCapError(f"--metrics: {exc}") from None
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r}: {exc}") from None
+    if args.metrics and not metrics:
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r} names no metric.")
     if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
         for name, why in unavailable_metrics(metrics).items():
             raise ProCapError(f"--metrics: {name} cannot run here: {why}.")

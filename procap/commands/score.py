@@ -14,6 +14,7 @@ import sys
 
 from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
+from procap.eval.metrics import METRICS_SPELLING_HELP
 
 HELP = "Score predicted captions against references (BLEU-1..4, METEOR, ROUGE-L, CIDEr; SPICE on request)."
 
@@ -35,9 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--types", default=None, help="optional {id: change type} for a per-type breakdown")
     parser.add_argument(
         "--metrics",
-        default="bleu,meteor,rouge,cider",
-        help="comma-separated subset of BLEU-1..BLEU-4,METEOR,ROUGE-L,CIDEr,SPICE, any spelling; any BLEU brings all "
-        "four orders (default: bleu,meteor,rouge,cider; METEOR and SPICE need Java, SPICE also its CoreNLP jars)",
+        nargs="+",
+        default=["bleu", "meteor", "rouge", "cider"],
+        help=f"metrics to compute, {METRICS_SPELLING_HELP}; any BLEU brings all four orders (default: bleu meteor "
+        "rouge cider; METEOR and SPICE need Java, SPICE also its CoreNLP jars)",
     )
     parser.add_argument(
         "--allow-partial",
@@ -45,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="score predictions that cover only some ids of the references (refused by default: the scores of a "
         "part are not those of the split); the report states the coverage either way",
     )
-    parser.add_argument("--out", default=None, help="write the scores as JSON here")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write the scores as JSON here (else one JSON line on stdout); both the table and the JSON give scores "
+        "x100, as the papers do, under the names BLEU-1 ... CIDEr",
+    )
 
 
 def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str] | None, str]:
@@ -76,16 +83,16 @@ def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pr
 
 def run(args: argparse.Namespace) -> int:
     from procap import validate
-    from procap.eval.metrics import check_type_names, format_table, metric_names, read_predictions, score
+    from procap.eval.metrics import check_type_names, format_table, metric_names, paper_scale, read_predictions, score
     from procap.files import atomic_write_json
     from procap.json_files import read_json
 
     try:
-        metrics = metric_names(m.strip() for m in args.metrics.split(",") if m.strip())
+        metrics = metric_names(args.metrics)
     except ProCapError as exc:
-        raise ProCapError(f"--metrics {args.metrics!r}: {exc}") from None
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r}: {exc}") from None
     if not metrics:
-        raise ProCapError(f"--metrics {args.metrics!r} names no metric.")
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r} names no metric.")
     if args.out:
         validate.output_file(args.out, "--out")
     predictions = read_predictions(args.pred)
@@ -112,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             f"prediction file {args.pred} covers {len(predictions)} of the {len(references)} ids of {source}, and "
             "scores of a part are not those of the whole; predict every id, or pass --allow-partial to score these."
         )
-    results = {**score(predictions, references, metrics, types), "coverage": coverage}
+    results = {**paper_scale(score(predictions, references, metrics, types)), "coverage": coverage}
     if len(predictions) < len(references):
         print(f"scored {len(predictions)} of the {len(references)} ids of {source} (--allow-partial)", file=sys.stderr)
     print(format_table(results))

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +32,8 @@ from procap.json_files import read_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
 # (BLEU-4, bleu, Bleu_4, BLEU-1, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, SPICE, ...) resolves through
-# metric_name(). The LEVIR-CC tables report all four BLEU orders; the CLEVR-Change tables add SPICE.
+# metric_name(); metric_names() reads a whole list (commas or spaces between names) for every command and the
+# library. The LEVIR-CC tables report all four BLEU orders; the CLEVR-Change tables add SPICE.
 METRIC_TABLE: dict[str, tuple[str, str]] = {
     "BLEU-1": ("bleu", "Bleu_1"),
     "BLEU-2": ("bleu", "Bleu_2"),
@@ -48,10 +50,19 @@ NEEDS_JAVA = ("METEOR", "SPICE")
 _SPELLINGS = {"bleu": "BLEU-4", "meteor": "METEOR", "rouge": "ROUGE-L", "rougel": "ROUGE-L", "spice": "SPICE"}
 _SPELLINGS |= {f"bleu{n}": f"BLEU-{n}" for n in range(1, 5)}
 _SPELLINGS |= {"cider": "CIDEr", "ciderd": "CIDEr"}
+# A word that only ends a name ("BLEU 4", "ROUGE L", "CIDEr D"): joined to the word before it, not a name of its own.
+_NAME_ENDINGS = ("1", "2", "3", "4", "l", "d")
+# What every --metrics help says about the spellings metric_names() reads.
+METRICS_SPELLING_HELP = (
+    "names separated by commas or spaces, in any case: BLEU (= BLEU-4), BLEU-1..BLEU-4, METEOR, ROUGE-L (or rouge), "
+    "CIDEr (or CIDEr-D), SPICE; e.g. 'BLEU-4 CIDEr' or bleu,cider"
+)
+# The scale of every score a command prints or writes: x100, as the papers print them, under the table's names.
+SCORE_SCALE = 100.0
 
 
 def metric_name(name: str) -> str:
-    """The :data:`METRIC_TABLE` name of any common spelling (case, ``-``, ``_`` and spaces ignored).
+    """The :data:`METRIC_TABLE` name of any common spelling of one metric (case, ``-``, ``_`` and spaces ignored).
 
     Raises:
         ProCapError: the name is none of the table's in any spelling.
@@ -62,9 +73,44 @@ def metric_name(name: str) -> str:
     return _SPELLINGS[key]
 
 
-def metric_names(names: Iterable[str]) -> list[str]:
-    """:func:`metric_name` of each, duplicates dropped, order kept."""
-    return list(dict.fromkeys(metric_name(n) for n in names))
+def metric_names(names: str | Iterable[str]) -> list[str]:
+    """The :data:`METRIC_TABLE` names of a list of metrics in any spelling, duplicates dropped, order kept.
+
+    The one reading of metric names: ``procap evaluate --metrics``, ``procap score --metrics``, ``--val-metrics`` and
+    the library all call it. ``names`` is one string or several; each may hold several names separated by commas or
+    white space (``"bleu,cider"``, ``"BLEU-4 CIDEr"``, ``["BLEU-4", "rouge,cider"]``), and a name may itself contain
+    a space before its order or variant (``"BLEU 4"``, ``"ROUGE L"``).
+
+    Raises:
+        ProCapError: a name is none of the table's in any spelling.
+    """
+    words: list[str] = []
+    for item in [names] if isinstance(names, str) else names:
+        for word in re.split(r"[,\s]+", str(item)):
+            if not word:
+                continue
+            if words and word.lower().strip("-_") in _NAME_ENDINGS:
+                words[-1] += word  # "BLEU 4": one name written with a space
+            else:
+                words.append(word)
+    return list(dict.fromkeys(metric_name(word) for word in words))
+
+
+def paper_scale(results: dict[str, Any]) -> dict[str, Any]:
+    """:func:`score`'s raw result (pycocoevalcap's keys, fractions) as the commands show it: the table's names and
+    x :data:`SCORE_SCALE`, in the table's order; ``by_type`` groups likewise (their ``count`` kept), any other
+    entry unchanged.
+    """
+    shown: dict[str, Any] = {
+        name: SCORE_SCALE * float(results[key]) for name, (_, key) in METRIC_TABLE.items() if key in results
+    }
+    raw_keys = {key for _, key in METRIC_TABLE.values()}
+    for key, value in results.items():
+        if key == "by_type":
+            shown[key] = {group: paper_scale(values) for group, values in value.items()}
+        elif key not in raw_keys:
+            shown[key] = value
+    return shown
 
 
 def java_available() -> bool:
@@ -446,10 +492,11 @@ def read_references(path: str | os.PathLike) -> dict[str, list[str]]:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """A small text table of the main metrics (and the per-type rows when present)."""
-    columns = [key for _, key in METRIC_TABLE.values() if key in results]
+    """A small text table of the scores of :func:`paper_scale` (x100, the table's names), one row for all pairs and
+    one per change type when present."""
+    columns = [name for name in METRIC_TABLE if name in results]
     rows = [("all", results)] + list(results.get("by_type", {}).items())
     lines = [f"{'':<12}" + "".join(f"{c:>10}" for c in columns)]
     for name, values in rows:
-        lines.append(f"{name:<12}" + "".join(f"{100 * values[c]:>10.1f}" for c in columns))
+        lines.append(f"{name:<12}" + "".join(f"{values[c]:>10.1f}" for c in columns))
     return "\n".join(lines)

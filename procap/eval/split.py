@@ -11,7 +11,15 @@ import torch
 
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy
-from procap.eval.metrics import METRIC_TABLE, METRICS, available_metrics, metric_names, score, write_results
+from procap.eval.metrics import (
+    METRIC_TABLE,
+    METRICS,
+    SCORE_SCALE,
+    available_metrics,
+    metric_names,
+    score,
+    write_results,
+)
 from procap.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -96,7 +104,7 @@ def score_captions(
     names = metric_names(metrics)
 
     def display(raw: dict[str, float]) -> dict[str, float]:
-        return {m: 100.0 * float(raw[METRIC_TABLE[m][1]]) for m in names}
+        return {m: SCORE_SCALE * float(raw[METRIC_TABLE[m][1]]) for m in names}
 
     references = {p.id: list(p.captions) for p in pairs}
     predictions = {p.id: predictions[p.id] for p in pairs}

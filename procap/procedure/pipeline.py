@@ -182,12 +182,18 @@ def synthesized(
     # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
     ctx = mp.get_context("spawn")
     pool = ctx.Pool(workers, initializer=_init_worker, initargs=init)
+    finished = False
     try:
         yield from pool.imap(_synthesize, jobs, chunksize=4)
+        # The workers exit on their own once every pair is done: terminating them skipped their clean-up, which
+        # `procap demo` reported at exit as leaked semaphores.
         pool.close()
-    finally:
-        pool.terminate()
         pool.join()
+        finished = True
+    finally:
+        if not finished:  # an error, Ctrl-C or a consumer that stopped early: stop the workers now
+            pool.terminate()
+            pool.join()
 
 
 def _init_worker_inline(

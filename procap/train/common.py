@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from procap.config import get_preset
+from procap.config import UNTRAINED_VQGAN, get_preset
 from procap.data import Vocabulary, get_dataset, load_split
 from procap.data.domain import TRAINED_ON, training_domain
 from procap.errors import ProCapError
@@ -42,7 +42,7 @@ def new_model(preset: str, vocab: Vocabulary, vqgan_path: str | None, **override
     except ValueError as exc:  # e.g. --num-keyframes larger than the preset's generated frames
         raise ProCapError(f"preset {preset} with {overrides}: {exc}") from None
     model = ProCap(config)
-    if vqgan_path:
+    if vqgan_path and vqgan_path != UNTRAINED_VQGAN:
         load_vqgan_into(model, vqgan_path)
     return model
 

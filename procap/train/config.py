@@ -10,14 +10,15 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from procap.config import LR_DECAYS, PROCEDURE_SOURCES
+from procap.config import LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
+
+if TYPE_CHECKING:
+    import torch
 
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
 # Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's
@@ -33,7 +34,7 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
 # is read against that file's folder (procap.commands.cli_args.read_config_file), so that a replay started from
 # another folder reads the same data and writes the same run folder.
 PATH_FIELDS = ("data", "out", "init", "vqgan", "procedures", "init_encoder")
-NOT_A_PATH = {"procedures": PROCEDURE_SOURCES}  # values of a path field that name no file
+NOT_A_PATH = {"procedures": PROCEDURE_SOURCES, "vqgan": (UNTRAINED_VQGAN,)}  # values of a path field that name no file
 PATH_PREFIX = {"init_encoder": "clip:"}  # the path follows this prefix
 
 
@@ -95,7 +96,9 @@ class TrainConfig:
     workers: int = 0
     init: str | None = None  # stage 2: stage-1 checkpoint; stage 1: optional checkpoint to continue from
     init_encoder: str | None = None  # stage 1: "clip:PATH", CLIP ViT blocks into a new encoder
-    vqgan: str | None = None  # VQGAN weights (procap vqgan output) loaded into the frozen tokenizer
+    # VQGAN weights (procap vqgan output) loaded into the frozen tokenizer of a new model; None or "untrained": the
+    # preset's random one (the command line fills in the package's tokenizer where it fits the preset, else refuses)
+    vqgan: str | None = None
     procedures: str = "crossfade"  # stage 1 frame source: crossfade (stand-in) or an HDF5 procedure cache
     num_keyframes: int | None = None
     max_pairs: int | None = None  # use only the first N training pairs (smoke runs)
@@ -167,6 +170,8 @@ class TrainConfig:
         return map_paths(self.to_dict(), absolute_path) | {"resume": False, "overwrite": False}
 
     def torch_device(self) -> torch.device:
+        import torch  # here, not at the top: the command line builds its parsers from this module without torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)

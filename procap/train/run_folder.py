@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from procap.config import UNTRAINED_VQGAN
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, input_overlap, refuse_inputs
 from procap.json_files import read_json
@@ -77,6 +78,7 @@ def run_inputs(cfg: TrainConfig) -> list[tuple[str, str]]:
     named = [("--data", cfg.data), ("--init", cfg.init), ("--vqgan", cfg.vqgan), ("--procedures", cfg.procedures)]
     if cfg.init_encoder and ":" in cfg.init_encoder:
         named.append(("--init-encoder", cfg.init_encoder.split(":", 1)[1]))
+    named = [(flag, path) for flag, path in named if not (flag == "--vqgan" and path == UNTRAINED_VQGAN)]
     return [(flag, path) for flag, path in named if path and os.path.exists(path)]
 
 

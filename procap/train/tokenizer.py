@@ -14,13 +14,13 @@ commands that reproduce it and the probe figures it was shipped with (:func:`emb
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from procap.assets import DEMO_TOKENIZER, demo_tokenizer_path
 from procap.data import load_split
 from procap.data.images import load_image
 from procap.data.synthetic import changed_object
@@ -29,12 +29,12 @@ from procap.json_files import read_json
 from procap.model.vqgan import VQGAN
 
 PROBE_ATTRIBUTES = ("color", "shape", "material", "size")
-EMBEDDED_TOKENIZER = "demo_tokenizer.safetensors"
+EMBEDDED_TOKENIZER = DEMO_TOKENIZER
 
 
 def embedded_tokenizer_path() -> Path:
     """Path of the demo's embedded tokenizer inside the installed package."""
-    return Path(str(resources.files("procap.assets").joinpath(EMBEDDED_TOKENIZER)))
+    return demo_tokenizer_path()
 
 
 def embedded_tokenizer_info() -> dict[str, Any]:

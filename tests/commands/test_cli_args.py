@@ -34,10 +34,16 @@ def _in_a_folder_with_data(tmp_path, monkeypatch):
 
 
 def test_flags_map_onto_the_config_and_paper_defaults_fill_the_rest():
-    cfg = config_from_args("train", _parse("train", "--data", "d", "--dataset", "spot-the-diff", "--steps", "5"))
+    untrained = ("--vqgan", "untrained")  # a new spot model needs a tokenizer (tests/commands/test_train_help.py)
+    cfg = config_from_args(
+        "train", _parse("train", "--data", "d", "--dataset", "spot-the-diff", "--steps", "5", *untrained)
+    )
     assert (cfg.stage, cfg.data, cfg.steps, cfg.dataset) == ("train", "d", 5, "spot-the-diff")
     assert cfg.resolved().encoder_lr == DATASETS["spot-the-diff"].encoder_lr
-    assert config_from_args("pretrain", _parse("pretrain", "--data", "d", "--lr-start", "1e-7")).lr_start == 1e-7
+    assert (
+        config_from_args("pretrain", _parse("pretrain", "--data", "d", "--lr-start", "1e-7", *untrained)).lr_start
+        == 1e-7
+    )
 
 
 @pytest.mark.parametrize(
