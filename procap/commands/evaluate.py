@@ -149,9 +149,9 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         if args.fast or args.beams != 1:
             raise ProCapError("--ablate runs with the oracle's greedy decoding: leave out --fast and --beams.")
         parts = tuple(args.ablate)
-        if "change" in parts and not model.config.change_token:
+        if "change" in parts and not model.departures.change_token:
             raise ProCapError("--ablate change: this checkpoint's model has no change token.")
-        if "window" in parts and not model.config.change_window:
+        if "window" in parts and not model.departures.change_window:
             raise ProCapError("--ablate window: this checkpoint's model has no change window.")
         if "queries" in parts and model.config.num_keyframes == 0:
             raise ProCapError("--ablate queries: this checkpoint's model has no procedure queries (k = 0).")
