@@ -70,19 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
     from procap import validate
     from procap.checkpoint import check_can_caption, load_checkpoint
-    from procap.data import load_split
-    from procap.errors import ProCapError
-    from procap.eval.metrics import metric_names, unavailable_metrics
     from procap.eval.split import evaluate_model
     from procap.files import atomic_write_json
 
-    try:
-        metrics = metric_names(args.metrics) if args.metrics else None
-    except ProCapError as exc:
-        raise ProCapError(f"--metrics: {exc}") from None
-    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
-        for name, why in unavailable_metrics(metrics).items():
-            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
+    metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
@@ -93,12 +84,7 @@ def run(args: argparse.Namespace) -> int:
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
-    split_pairs = load_split(args.dataset, args.data, args.split)
-    pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
-    if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
-        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
-    if not pairs:
-        raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    split_pairs, pairs = _pairs_to_evaluate(args)
     from procap.batch_memory import check_checkpoint_batch
 
     what = f"{args.split} pairs"
@@ -135,6 +121,35 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
     return 0
+
+
+def _checked_metrics(args: argparse.Namespace) -> list[str] | None:
+    """The metrics ``--metrics`` names (None: the default set), refused now if this machine cannot compute one."""
+    from procap.errors import ProCapError
+    from procap.eval.metrics import metric_names, unavailable_metrics
+
+    try:
+        metrics = metric_names(args.metrics) if args.metrics else None
+    except ProCapError as exc:
+        raise ProCapError(f"--metrics: {exc}") from None
+    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
+        for name, why in unavailable_metrics(metrics).items():
+            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
+    return metrics
+
+
+def _pairs_to_evaluate(args: argparse.Namespace) -> tuple[list, list]:
+    """The split's pairs and the first ``--max-pairs`` of them, the ones evaluated (never none)."""
+    from procap.data import load_split
+    from procap.errors import ProCapError
+
+    split_pairs = load_split(args.dataset, args.data, args.split)
+    pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
+    if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
+        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
+    if not pairs:
+        raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    return split_pairs, pairs
 
 
 def _generator(args: argparse.Namespace, model, vocab, device):
