@@ -53,6 +53,9 @@ from procap.model.vqgan import VQGAN
 class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
     """ProCap: change captioning by imagining the change procedure.
 
+    The encoder's input sequences, the departures from the paper (``departures``) and the memory layout are
+    :class:`procap.model.sequence.SequenceAssembly`'s; this class adds the losses and generation.
+
     Attributes:
         vqgan: frozen :class:`VQGAN` (no gradients, always in eval mode).
         encoder: :class:`ProcedureEncoder` (stack, input embeddings, MSM/align/csy heads).

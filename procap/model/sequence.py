@@ -5,15 +5,18 @@
 embeddings, so checkpoints keep their keys):
 
 - stage 1: VQGAN features -> visual tokens -> masking with e_m and axial positions -> the departures' difference
-  embedding and change tokens -> ``[e_align, e_T, e_csy, e_I]`` (:meth:`SequenceAssembly.stage1_sequences`);
+  embedding and change tokens -> ``[e_align, e_T, e_csy, e_I]`` (:meth:`SequenceAssembly.stage1_sequence`, for
+  the 3B rows of a stage-1 batch ``_stage1_sequences``);
 - stage 2: ``{e_bef, e_m x k*n, e_aft}`` + positions, or the positions over explicit frames, then the same
   departures (:meth:`SequenceAssembly.procedure_tokens`, :meth:`SequenceAssembly.frame_tokens`), run through the
   encoder with the ``authors`` prefix and the change broadcast where the config has them
   (:meth:`SequenceAssembly.encode_memory`);
 - the memory's parts (:meth:`SequenceAssembly.memory_parts`).
 
-It is also the one place of the model's forward that reads ``config.departures`` (:attr:`SequenceAssembly.departures`);
-:class:`procap.model.encoder.ProcedureEncoder` reads them once, when it builds the embeddings they need.
+The model reads ``config.departures`` through :attr:`SequenceAssembly.departures`, and its forward only here (the
+stage-1 loss asks it for ``token_merge``, the MSM head's cells per token);
+:class:`procap.model.encoder.ProcedureEncoder` reads them once, when it builds the embeddings they need, and
+:func:`procap.model.procap.init_stds` for the initialisation.
 """
 
 from __future__ import annotations
