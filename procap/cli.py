@@ -8,15 +8,18 @@ Modules are imported lazily so that ``procap --help`` stays fast and a command's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import select
 import signal
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 from procap import __version__
-from procap.errors import ProCapError
+from procap.errors import ProCapError, ProCapWarning
 from procap.extras import DISTRIBUTION, missing_extra_message
 from procap.files import OutputError, os_error_in, protect_inputs
 from procap.validate import output_apart
@@ -127,6 +130,32 @@ def _os_failure(exc: Exception, args: argparse.Namespace) -> str:
     return f"procap {args.command} stopped on an operating-system error ({message}, errno {number})."
 
 
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Show each :class:`~procap.errors.ProCapWarning` as one line on stderr, ``procap: warning: <message>``, instead
+    of Python's two (file, line and source); every other warning goes where it went before."""
+    previous = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if issubclass(category, ProCapWarning):
+            print(f"procap: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["--version"]:
@@ -143,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs = input_arguments(parser, args)
         if getattr(args, "out", None):
             output_apart(args.out, "--out", inputs)
-        with protect_inputs(inputs):
+        with protect_inputs(inputs), one_line_warnings():
             code = int(args._run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, where the handlers below still apply
         return code

@@ -14,6 +14,8 @@ from tests.report_checks import check_report_html
 # changes) since the difference embedding stays off masked tokens and queries (100 % and 93.3 % before).
 QUICK_CHANGE = 0.95
 QUICK_TYPE = 0.8
+# Share of identical pairs (a test image as both before and after) that ProCap must call "no change".
+IDENTICAL_NO_CHANGE = 0.9
 
 
 def echo_phases(monkeypatch, capsys) -> None:
@@ -91,6 +93,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
         assert report["speed"]["tokens_per_s"] > 0 and report["pairs"] == summary["pairs"]["test"]
         assert "total" in report["by_type"] and "no_change" in report["by_type"]
     assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
+    # ProCap minus each other cell, on change / type / object, with an interval around each difference
+    assert len(summary["paired"]) == 9 and "95 % interval" in out
+    assert all(r["low"] <= r["difference"] <= r["high"] for r in summary["paired"])
     assert summary["results"]["stage 1, static pair (k=0)"]["num_keyframes"] == 0
     assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2
     for report in summary["results"].values():
@@ -131,4 +136,24 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
     found = check_report_html(tmp_path / "report.html", {s["change_type"] for s in samples})
     # curves; before, after and imagined strip per example; the explicit procedure of a cached training pair
     assert len(found["images"]) == 1 + 3 * len({s["change_type"] for s in samples}) + 1
+    # identical images are no change: the benchmark's still distractor pairs taught the model to say so
+    verdicts = identical_pair_verdicts(tmp_path)
+    assert sum(verdicts) >= IDENTICAL_NO_CHANGE * len(verdicts), verdicts
     print(f"quick demo took {elapsed:.0f} s")
+
+
+def identical_pair_verdicts(out, count: int = 12) -> list[bool]:
+    """Whether the demo's ProCap says "no change" for each of ``count`` test images given as both before and after."""
+    import dataclasses
+
+    from procap.checkpoint import load_checkpoint
+    from procap.data.datasets import load_split
+    from procap.eval.correctness import parse_caption
+    from procap.eval.split import caption_pairs
+
+    pairs = load_split("clevr-change", out / "data", "test")
+    befores = list({p.before_path: p for p in pairs}.values())[:count]
+    identical = [dataclasses.replace(p, after_path=p.before_path) for p in befores]
+    model, vocab, _ = load_checkpoint(out / "procap" / "best.safetensors")
+    captions, _ = caption_pairs(model, vocab, identical, progress=False)
+    return [parse_caption(text).claims_no_change for text in captions.values()]

@@ -320,7 +320,15 @@ def build_procedures(
 
 
 def evaluate_run(
-    name: str, checkpoint: Path, pairs: list, metrics, cache: ImageCache, device: str, out: Path, truths: dict
+    name: str,
+    checkpoint: Path,
+    pairs: list,
+    metrics,
+    cache: ImageCache,
+    device: str,
+    out: Path,
+    truths: dict,
+    progress: bool = True,
 ) -> dict[str, Any]:
     from procap.checkpoint import load_checkpoint
     from procap.eval.split import evaluate_model
@@ -342,6 +350,7 @@ def evaluate_run(
         out=out / name,
         extra=extra,
         truths=truths,
+        progress=progress,
     )
 
 
@@ -416,6 +425,66 @@ def format_failures(results: dict[str, dict]) -> str:
     lines.append(
         "(miss: change pairs captioned 'no change', false pos.: distractors captioned with a change, move as "
         "add/drop: move pairs, in %; unparsed: change pairs whose caption the grammar cannot read, counted wrong)"
+    )
+    return "\n".join(lines)
+
+
+# (model, baseline) run folders of the paired comparisons: ProCap against each of the 2 x 2's other cells
+PAIRED_COMPARISONS = (("procap", "static"), ("procap", "stage1_static"), ("procap", "procap_no_stage1"))
+
+
+def paired_comparisons(predictions: dict[str, list[dict[str, str]]], truths: dict) -> list[dict[str, Any]]:
+    """ProCap minus each other cell on every paired figure, seeds paired in order, bootstrap over test pairs.
+
+    ``predictions`` maps a run folder name (:data:`MODELS`) to its test predictions, one ``{id: caption}`` per seed.
+    """
+    from procap.eval.paired import PAIRED_FIGURES, paired_difference
+
+    labels = dict(MODELS)
+    rows = []
+    for model, baseline in PAIRED_COMPARISONS:
+        for figure in PAIRED_FIGURES:
+            result = paired_difference(figure, predictions[model], predictions[baseline], truths)
+            rows.append({"model": labels[model], "baseline": labels[baseline], **result})
+    return rows
+
+
+def paired_from_folder(out: str | Path) -> list[dict[str, Any]]:
+    """:func:`paired_comparisons` of a demo folder, read from its seeds' ``results.json`` files.
+
+    Every seed whose four models were evaluated counts, so a demo stopped between seeds is compared over the seeds
+    it finished.
+    """
+    from procap.data.datasets import load_split
+    from procap.eval.correctness import scene_truths
+    from procap.eval.metrics import read_predictions
+
+    out = Path(out)
+    if not (out / "data" / "scenes.json").is_file():
+        raise ProCapError(f"{out} is not a demo folder: {out / 'data' / 'scenes.json'} does not exist.")
+    folders = [out, *sorted(out.glob("seed*"), key=lambda f: int(f.name[4:]) if f.name[4:].isdigit() else -1)]
+    finished = [f for f in folders if all((f / name / "results.json").is_file() for name, _ in MODELS)]
+    if not finished:
+        raise ProCapError(f"{out} holds no seed whose four models were evaluated (no */results.json).")
+    predictions = {name: [read_predictions(f / name / "results.json") for f in finished] for name, _ in MODELS}
+    test = [p for p in load_split("clevr-change", out / "data", "test") if p.id in predictions["procap"][0]]
+    return paired_comparisons(predictions, scene_truths(out / "data", test))
+
+
+def format_paired(rows: list[dict[str, Any]]) -> str:
+    """The paired comparisons as a table: difference in points with its 95 % interval, and each seed's."""
+    head = f"{'ProCap (k=2) minus':<28}{'figure':>8}{'difference':>12}{'95 % interval':>18}   per seed"
+    lines = [head, "-" * (len(head) + 12)]
+    for row in rows:
+        interval = f"[{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]"
+        seeds = " ".join(f"{100 * d:+.1f}" for d in row["per_seed"])
+        lines.append(
+            f"{row['baseline']:<28}{row['figure']:>8}{100 * row['difference']:>+12.1f}{interval:>18}   {seeds}"
+        )
+    pairs = {row["figure"]: row["pairs"] for row in rows}
+    lines.append(
+        "(points of accuracy, mean over seeds; interval: bootstrap over test pairs, both models on each resample; "
+        f"pairs: {', '.join(f'{k} {v}' for k, v in pairs.items())})"
     )
     return "\n".join(lines)
 
@@ -623,11 +692,12 @@ def run_demo(
         best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
         clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
         for name, _ in MODELS:
-            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths)
+            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths, progress)
             per_model[name].append({**report, "seed": run_seed})
         clock.done()
 
     results = {label: aggregate(per_model[name], metrics) for name, label in MODELS}
+    paired = paired_comparisons({name: [r["predictions"] for r in per_model[name]] for name, _ in MODELS}, truths)
     first_reports = {label: per_model[name][0] for name, label in MODELS}
     samples = write_samples(pick_samples(test, 6), first_reports, cache, out)
     summary = {
@@ -644,6 +714,7 @@ def run_demo(
         "jobs": jobs,
         "pairs": {"train": len(splits["train"]), "val": len(splits["val"]), "test": len(test)},
         "results": results,
+        "paired": paired,
         "phases_s": clock.phases,
         "total_s": round(clock.total, 1),
         "note": note,
@@ -716,6 +787,8 @@ def print_summary(results: dict, metrics, samples: list, summary: dict, note: st
     print(format_table(results, metrics))
     print()
     print(format_failures(results))
+    print()
+    print(format_paired(summary["paired"]))
     if note:
         print(note)
     print("\nexamples (test split, first seed):")

@@ -35,6 +35,9 @@ class DatasetSpec:
         nested_scores: its similarity score file nests entries under ``<group prefix>_sim_matrixes``.
         paper_preset: the model preset trained on it in the paper (``procap.config.PRESETS``); training from
             scratch without ``--preset`` uses it.
+        source_image_size: ``(width, height)`` of its images as published, when they all share one (None when
+            they vary); ``procap convert --dataset`` records it for the out-of-domain check
+            (:mod:`procap.data.domain`), where training reads it from the images themselves.
     """
 
     name: str
@@ -46,6 +49,7 @@ class DatasetSpec:
     change_types: tuple[str, ...] = ()
     nested_scores: bool = False
     paper_preset: str = "clevr"
+    source_image_size: tuple[int, int] | None = None
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -62,6 +66,7 @@ DATASETS: dict[str, DatasetSpec] = {
             encoder_lr=5e-5,
             change_types=("color", "material", "add", "drop", "move"),
             nested_scores=True,
+            source_image_size=(480, 320),  # CLEVR's renderer size
         ),
         DatasetSpec(
             "spot-the-diff",
@@ -91,6 +96,7 @@ DATASETS: dict[str, DatasetSpec] = {
             min_count=6,
             encoder_lr=5e-5,
             paper_preset="levir",
+            source_image_size=(256, 256),
         ),
     )
 }

@@ -21,6 +21,10 @@ holds every type (given at least 3 scenes per type).
   pixels no longer tells a change from a distractor (in CLEVR-Change both kinds of pair are jittered);
 - ``strong``: both kinds of pair get larger shifts and zooms.
 
+Under every ``viewpoint`` a share of the distractor pairs (:data:`STILL_SHARE`) is *still*: no camera or light
+change at all, so the "after" image is pixel-identical to the before image and a model learns to say "no change"
+when nothing changed (without them, every no-change pair of training moves the camera).
+
 Objects, changes, captions and splits do not depend on ``viewpoint`` (the views come from a random stream of
 their own), so the three benchmarks of a seed hold the same scenes. The view is interpolated with the object
 (:func:`render_state`), so the ground-truth intermediate states stay well defined under any viewpoint.
@@ -118,6 +122,9 @@ DISTRACTOR_JITTER = {
     "light": (0.3, 0.7),
     "brightness": (0.06, 0.14),
 }
+# Share of the distractor pairs that keep the before image's view exactly (pixel-identical pairs), drawn per scene
+# from a stream of its own so that objects, changes and the other views do not move.
+STILL_SHARE = 0.2
 STRONG_JITTER = {**DISTRACTOR_JITTER, "dx": (0.03, 0.07), "dy": (0.02, 0.05), "scale": (0.04, 0.10)}
 # viewpoint -> (jitter of the semantic after image or None for the before image's view, jitter of the distractor)
 VIEW_JITTER: dict[str, tuple[dict[str, tuple[float, float]] | None, dict[str, tuple[float, float]]]] = {
@@ -215,7 +222,8 @@ def make_scene(index: int, seed: int, kind: str | None = None, viewpoint: str = 
     """Sample scene `index` (before objects, one change, the views), deterministic in (seed, index, viewpoint).
 
     The scene holds ``view`` (the before image's), ``distractor_view`` and, unless ``viewpoint`` is ``none``,
-    ``after_view`` (the semantic after image's).
+    ``after_view`` (the semantic after image's). A still scene (:data:`STILL_SHARE`) has ``distractor_view``
+    equal to ``view`` and ``still: true``.
     """
     check_viewpoint(viewpoint)
     kind = kind or CHANGE_TYPES[index % len(CHANGE_TYPES)]
@@ -244,6 +252,9 @@ def make_scene(index: int, seed: int, kind: str | None = None, viewpoint: str = 
         scene["after_view"] = vars(_jittered_view(view_rng, view, after_jitter))
         if distractor_jitter is not DISTRACTOR_JITTER:
             scene["distractor_view"] = vars(_jittered_view(view_rng, view, distractor_jitter))
+    if random.Random(f"procap-synth-still:{seed}:{index}").random() < STILL_SHARE:
+        scene["distractor_view"] = dict(scene["view"])
+        scene["still"] = True
     return scene
 
 

@@ -143,12 +143,14 @@ def evaluate_model(
     extra: dict[str, Any] | None = None,
     truths: dict[str, Any] | None = None,
     generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Caption ``pairs`` (greedily with ``model.generate``, or with ``generate``) and score them; writes
     ``results.json`` and ``metrics.json`` under ``out``.
 
     Args:
         generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, beam search).
+        progress: a bar over the captioning batches (:func:`caption_pairs`).
         truths: optional ground truth per pair id (:func:`procap.eval.correctness.scene_truths`); when given, the
             report adds ``"accuracy"`` (change / type / object / new value / distinct, see
             :func:`procap.eval.correctness.caption_accuracy`).
@@ -161,7 +163,7 @@ def evaluate_model(
     if metrics is None:
         metrics, note = default_metrics()
     predictions, speed = caption_pairs(
-        model, vocab, pairs, batch_size=batch_size, cache=cache, device=device, generate=generate
+        model, vocab, pairs, batch_size=batch_size, cache=cache, device=device, generate=generate, progress=progress
     )
     report: dict[str, Any] = {**(extra or {}), "pairs": len(pairs)}
     if all(p.change_type is not None for p in pairs):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ import torch
 from procap import validate
 from procap.attention import BACKENDS
 from procap.checkpoint import check_can_caption, load_checkpoint
-from procap.errors import ProCapError
+from procap.data.domain import batch_facts, domain_problem, read_domain
+from procap.errors import OutOfDomainWarning, ProCapError
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
@@ -152,6 +154,11 @@ class Captioner:
             GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
 
+    Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
+    read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
+    synthetic model given 640 x 480 photographs) the Captioner warns once, with an
+    :class:`~procap.errors.OutOfDomainWarning`, and captions them all the same; set ``domain = None`` to silence it.
+
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
         >>> captioner(["bef.png"], ["aft.png"])
@@ -200,6 +207,9 @@ class Captioner:
         self.attention_backend = attention_backend
         self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
         self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
+        # what the weights record they were trained on (``procap.data.domain``); None: unknown, never warned about
+        self.domain = read_domain(getattr(model, "pretrained_info", None))
+        self._domain_warned = False
         self.model = copy.deepcopy(model) if copy_model else model
         self._configure()
         self.model = self._prepare(self.model)
@@ -460,11 +470,28 @@ class Captioner:
                 tensors, or (B, 3, S, S) float tensors in [0, 1].
         """
         self._require_vocab()
+        self._check_domain(befores, afters)
+        return self._caption(befores, afters)
+
+    def _caption(self, befores: Any, afters: Any) -> list[str]:
         before, after = self.images(befores), self.images(afters)
         if before.shape[0] != after.shape[0]:
             raise ProCapError(f"got {before.shape[0]} before images but {after.shape[0]} after images")
         tokens = self.generate(before, after).cpu().tolist()
         return [self.model.caption_text(self.vocab, row) for row in tokens]
+
+    def _check_domain(self, befores: Any, afters: Any) -> None:
+        """Warn once (:class:`~procap.errors.OutOfDomainWarning`) when images are far from the training domain.
+
+        The rule is :func:`procap.data.domain.domain_problem`: sizes before the resize, and a camera's EXIF given to a
+        synthetic-scene model. Paths are read for their header only; after one warning nothing more is read.
+        """
+        if self._domain_warned or self.domain is None:
+            return
+        problem = domain_problem(self.domain, [*batch_facts(befores), *batch_facts(afters)])
+        if problem is not None:
+            self._domain_warned = True
+            warnings.warn(problem, OutOfDomainWarning, stacklevel=3)  # the line that called the Captioner
 
     def _require_vocab(self) -> None:
         if self.vocab is None:
@@ -472,4 +499,6 @@ class Captioner:
 
     def caption(self, before: Any, after: Any) -> str:
         """Caption one pair (a path, PIL image, numpy array or tensor each)."""
-        return self([before], [after])[0]
+        self._require_vocab()
+        self._check_domain([before], [after])
+        return self._caption([before], [after])[0]

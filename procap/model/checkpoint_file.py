@@ -2,7 +2,8 @@
 
 A model checkpoint is one ``.safetensors`` file. Its header metadata (string -> string) carries everything
 needed to rebuild the model: the :class:`~procap.config.ProCapConfig` as JSON, the vocabulary as a JSON
-word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics...).
+word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics, and ``trained_on``: the data the
+model was trained on, :mod:`procap.data.domain`; a checkpoint without it loads as one of unknown domain).
 Loading reads tensors and JSON only, so opening an untrusted checkpoint runs no code.
 
 Saving is handed the model and loading the class to build (:func:`read_checkpoint`), so nothing here names
@@ -117,7 +118,8 @@ def read_checkpoint(
 
     Returns:
         ``(model, vocab, metadata)``: the model in eval mode on ``map_location``, the Vocabulary, and the
-        decoded metadata dict (``config``, ``vocab``, ``extra``, ...).
+        decoded metadata dict (``config``, ``vocab``, ``extra``, ...). The model carries ``extra`` as
+        ``model.pretrained_info`` (what ``save_pretrained`` keeps: the stage, scores, ``trained_on``...).
 
     Raises:
         ProCapError: the file is missing, unreadable, not a ProCap checkpoint, or its tensors do not fit the config.
@@ -142,4 +144,6 @@ def read_checkpoint(
     model = model_class(config)
     load_weights(model, restore_aliases(tensors, aliases, path), path)
     model.to(map_location).eval()
+    # what the weights record (stage, metrics, the training domain...), kept by a later ``save_pretrained``
+    model.pretrained_info = metadata.get("extra") if isinstance(metadata.get("extra"), dict) else {}
     return model, vocab, metadata

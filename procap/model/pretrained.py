@@ -25,6 +25,7 @@ from torch import nn
 from procap import validate
 from procap.config import ProCapConfig, nest_departures
 from procap.data import DATASETS, Vocabulary
+from procap.data.domain import describe_domain, read_domain
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION
 from procap.files import atomic_write_json, atomic_write_text
@@ -75,7 +76,8 @@ def write_pretrained(
         model: a :class:`procap.model.procap.ProCap`.
         directory: the folder (created; files already there are replaced).
         vocab: its :class:`procap.data.Vocabulary` (default: ``model.vocab``, set by ``from_pretrained``).
-        dataset: the training data, for the model card (e.g. ``"clevr-change"``).
+        dataset: the training data, for the model card (e.g. ``"clevr-change"``; default: the one recorded with
+            the weights, their ``trained_on`` record included).
         metrics: measured scores for the card, e.g. ``{"CIDEr": 112.3}`` (default: those recorded with the model).
         license: the card's licence field (a Hub licence id); default ``mit`` for weights trained with procap and
             ``other`` for the authors' converted weights (:func:`card_license`).
@@ -93,7 +95,7 @@ def write_pretrained(
     info = {
         **recorded,
         **(extra or {}),
-        "dataset": dataset if dataset is not None else recorded.get("dataset"),
+        "dataset": dataset if dataset is not None else recorded.get("dataset") or _recorded_dataset(recorded),
         "metrics": metrics if metrics is not None else recorded.get("metrics", {}),
         "license": license or recorded.get("license"),
     }
@@ -103,6 +105,12 @@ def write_pretrained(
     vocab.save(directory / VOCAB_NAME)
     atomic_write_text(directory / CARD_NAME, model_card(model, len(vocab), info, repo_id))
     return directory
+
+
+def _recorded_dataset(info: dict[str, Any]) -> str | None:
+    """The loader name the ``trained_on`` record of the weights holds, if any."""
+    record = read_domain(info)
+    return record["dataset"] if record else None
 
 
 def converted_from_authors(model: nn.Module, info: dict[str, Any]) -> bool:
@@ -118,12 +126,38 @@ def card_license(model: nn.Module, info: dict[str, Any]) -> str:
     return "other" if converted_from_authors(model, info) else "mit"
 
 
-def _training_data(dataset: str | None) -> str:
-    """The card's line on the training data: the benchmark's usual name when procap knows the dataset."""
-    if not dataset:
-        return "Not recorded."
-    spec = DATASETS.get(dataset)
-    return f"{spec.title} (procap's loader `{dataset}`)." if spec else f"{dataset}."
+def _training_data(dataset: str | None, info: dict[str, Any]) -> list[str]:
+    """The card's section on the training data: the benchmark's usual name when procap knows the dataset, and the
+    ``trained_on`` record of the weights (:mod:`procap.data.domain`) with what it means for other images."""
+    spec = DATASETS.get(dataset) if dataset else None
+    named = f"{spec.title} (procap's loader `{dataset}`)." if spec else (f"{dataset}." if dataset else "")
+    record = read_domain(info)
+    if record is None:  # weights from before the record, or a model never trained by procap
+        return [named or "Not recorded."]
+    source = record["source_image_size"]
+    rows = [
+        ("dataset", record["title"]),
+        ("loader", f"`{record['dataset']}`" if record["dataset"] else "not recorded"),
+        ("synthetic scenes", {True: "yes (`procap synth`)", False: "no", None: "not recorded"}[record["synthetic"]]),
+        # the folder's name only: the full path stays in the weights' metadata, not on a public page
+        ("dataset folder", f"`{Path(record['data']).name}`" if record["data"] else "not recorded"),
+        ("training images", f"{source[0]} x {source[1]} px" if source else "not recorded"),
+        ("model input", f"{record['image_size']} px" if record["image_size"] else "not recorded"),
+        ("preset", f"`{record['preset']}`" if record["preset"] else "not recorded"),
+    ]
+    lines = [named, ""] if named else []
+    lines += ["| trained on | |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in rows), ""]
+    if record["synthetic"]:
+        lines.append(
+            "These weights know synthetic scenes only: on photographs or images of another size their captions are "
+            "guesses, and `procap caption` / `Captioner` warn (`OutOfDomainWarning`) when given such images."
+        )
+    else:
+        lines.append(
+            "`procap caption` / `Captioner` warn (`OutOfDomainWarning`) when given images far from these "
+            f"({describe_domain(record)})."
+        )
+    return lines
 
 
 def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
@@ -177,7 +211,7 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         "",
         "## Training data",
         "",
-        _training_data(dataset),
+        *_training_data(dataset, info),
         "",
         "## Measured scores",
         "",

@@ -4,11 +4,12 @@ Captioning and scoring a split (``caption_pairs``, ``score_captions``) live in :
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from procap.config import get_preset
 from procap.data import Vocabulary, get_dataset, load_split
+from procap.data.domain import TRAINED_ON, training_domain
 from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
@@ -44,3 +45,10 @@ def new_model(preset: str, vocab: Vocabulary, vqgan_path: str | None, **override
     if vqgan_path:
         load_vqgan_into(model, vqgan_path)
     return model
+
+
+def with_domain(cfg: TrainConfig, pairs: Sequence[Any], model: ProCap) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What a stage adds to the ``extra`` metadata of every checkpoint it writes: the ``trained_on`` record of its
+    training pairs (:mod:`procap.data.domain`), read once."""
+    record = training_domain(cfg.dataset, pairs, model.config.image_size, model.config.name, cfg.data)
+    return lambda extra: {**extra, TRAINED_ON: record}

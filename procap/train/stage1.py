@@ -22,7 +22,7 @@ from procap.extras import require_all
 from procap.kernels.masking import MaskParams, mask_from_params
 from procap.model.procap import without_procedure_queries
 from procap.train import distributed
-from procap.train.common import build_vocab, load_pairs, new_model
+from procap.train.common import build_vocab, load_pairs, new_model, with_domain
 from procap.train.config import TrainConfig
 from procap.train.datasets import ProcedureDataset, make_procedure_source
 from procap.train.loop import Trainer
@@ -122,6 +122,7 @@ def pretrain(
     ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)
     config = model.config
+    facts = with_domain(cfg, pairs, model)
     source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
     if hasattr(source, "check_pairs"):  # a procedure cache: every training pair is there and well typed
         source.check_pairs(pairs)
@@ -151,15 +152,15 @@ def pretrain(
         dataset,
         loss_fn,
         lambda total: stage1_optimizer(model, cfg, total),
-        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, facts(extra)),
         load_weights=weight_loader(model),
         name="stage1",
         weight_fn=masked_positions if per_item else None,
     )
 
     def save_final(folder: Path) -> None:
-        facts = {"stage": "stage1", "step": trainer.state.step, "procedures": cfg.procedures}
-        save_checkpoint(folder / "stage1.safetensors", model, vocab, facts)
+        final = {"stage": "stage1", "step": trainer.state.step, "procedures": cfg.procedures}
+        save_checkpoint(folder / "stage1.safetensors", model, vocab, facts(final))
 
     trainer.fit(finish=save_final)  # the final checkpoint is written before the run is marked finished
     distributed.barrier(ctx)

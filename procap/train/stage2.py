@@ -22,7 +22,7 @@ from procap.eval.split import caption_pairs, score_captions
 from procap.extras import require_all
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
-from procap.train.common import load_pairs
+from procap.train.common import load_pairs, with_domain
 from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
 from procap.train.loop import Trainer
@@ -145,6 +145,7 @@ def train(
     _, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)
     config = model.config
+    facts = with_domain(cfg, pairs, model)
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
     max_len = decode_length(vocab, pairs, config.max_caption_len)
@@ -163,7 +164,7 @@ def train(
         dataset,
         loss_fn,
         lambda total: stage2_optimizer(model, cfg, total),
-        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, extra),
+        save_weights=lambda path, extra: save_checkpoint(path, model, vocab, facts(extra)),
         load_weights=weight_loader(model),
         validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
         metric=SELECT_METRIC,

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from procap.data.synthetic import generate, render_intermediate
+from procap.config import VIEWPOINTS
+from procap.data.synthetic import generate, make_scene, render_intermediate, render_state
 from procap.errors import ProCapError
 
 
@@ -165,7 +166,12 @@ def test_the_semantic_pair_moves_the_view_only_with_a_viewpoint(tmp_path, viewpo
         after = _read(tmp_path / f"sc_images/CLEVR_semantic_{index:06d}.png")
         distractor = _read(tmp_path / f"nsc_images/CLEVR_nonsemantic_{index:06d}.png")
         shares.append(_changed_share(before, after))
-        assert _changed_share(before, distractor) > 0.3  # distractors always move the view and light
+        if make_scene(index, seed=2, viewpoint=viewpoint).get(
+            "still"
+        ):  # a still distractor is the before image exactly
+            assert np.array_equal(before, distractor)
+        else:  # the others move the view and light
+            assert _changed_share(before, distractor) > 0.3
     # Measured at 64 px over 30 scenes: without a viewpoint the change pair changes 2-13 % of the pixels (one
     # object), with one 41-99 % (the whole view), like the distractors.
     if moves:
@@ -175,7 +181,7 @@ def test_the_semantic_pair_moves_the_view_only_with_a_viewpoint(tmp_path, viewpo
 
 
 def test_view_jitter_stays_in_the_issued_ranges():
-    from procap.data.synthetic import DISTRACTOR_JITTER, STRONG_JITTER, make_scene
+    from procap.data.synthetic import DISTRACTOR_JITTER, STRONG_JITTER
 
     def offsets(view: dict, base: dict) -> dict[str, float]:
         return {
@@ -200,6 +206,9 @@ def test_view_jitter_stays_in_the_issued_ranges():
         for index in range(200):
             scene = make_scene(index, 11, viewpoint=viewpoint)
             assert scene["view"]["dx"] == scene["view"]["dy"] == 0.0 and scene["view"]["scale"] == 1.0
+            if key == "distractor_view" and scene.get("still"):  # still: the before image's view exactly
+                assert scene[key] == scene["view"]
+                continue
             for name, value in offsets(scene[key], scene["view"]).items():
                 low, high = ranges[name]
                 # views are stored rounded to 4 decimals, so a draw may land half a unit of the last place outside
@@ -228,3 +237,19 @@ def test_a_viewpoint_outside_the_choices_is_refused_before_anything_is_written(t
     with pytest.raises(ProCapError, match="viewpoint must be one of none, distractor, strong, got 'sideways'"):
         generate(tmp_path / "out", scenes=2, size=16, seed=0, progress=False, viewpoint="sideways")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_share_of_the_distractors_is_still_under_every_viewpoint(tmp_path):
+    """Still distractors are pixel-identical to their before image; the others are not; the share is STILL_SHARE."""
+    from procap.data.synthetic import STILL_SHARE
+
+    for viewpoint in VIEWPOINTS:
+        scenes = [make_scene(i, seed=4, viewpoint=viewpoint) for i in range(400)]
+        still = [s["index"] for s in scenes if s.get("still")]
+        assert abs(len(still) / len(scenes) - STILL_SHARE) < 0.05, (viewpoint, len(still))
+        # the same scenes are still under every viewpoint, and being still moves no object and no change
+        assert still == [s["index"] for s in (make_scene(i, seed=4) for i in range(400)) if s.get("still")]
+        for scene in scenes[:40]:
+            before = render_state(scene, 0.0, 32)
+            distractor = render_state(scene, 1.0, 32, distractor=True)
+            assert np.array_equal(before, distractor) == bool(scene.get("still")), scene["index"]

@@ -1,0 +1,122 @@
+"""Paired comparisons of two models captioning the same test pairs, with bootstrap intervals over the pairs.
+
+Two models evaluated on one test split differ by a few pairs; whether that gap is more than noise depends on how
+many pairs decided it. :func:`paired_difference` scores each pair for both models with the caption correctness of
+:mod:`procap.eval.correctness` (one figure: ``change``, ``type`` or ``object``), takes the difference of the two
+means and a percentile bootstrap interval, resampling test pairs with replacement and scoring both models on the
+same resample (the pairing). With several training seeds per model (one prediction set per seed, all on the same
+pairs), the difference is the mean over seeds and each resample of the pairs is applied to every seed, so the
+interval covers the test set's sampling while the seeds' spread is reported beside it.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from procap.errors import ProCapError
+from procap.eval.correctness import PairTruth, parse_caption
+
+# figure -> (which pairs count, whether a prediction is right about that pair)
+PAIRED_FIGURES = ("change", "type", "object")
+MAX_RESAMPLES = 100_000
+
+
+def _counts(figure: str, truth: PairTruth) -> bool:
+    if figure == "change":
+        return True
+    if figure == "type":
+        return truth.is_change
+    return truth.is_change and truth.object is not None
+
+
+def _right(figure: str, caption: str, truth: PairTruth) -> bool:
+    parsed = parse_caption(caption)
+    if figure == "change":
+        return parsed.detects(truth)
+    if figure == "type":
+        return parsed.names_type_of(truth)
+    return parsed.object == truth.object
+
+
+def pair_hits(figure: str, predictions: Mapping[str, str], truths: Mapping[str, PairTruth]) -> dict[str, bool]:
+    """Per pair id, whether ``predictions`` is right about it for ``figure``, over the pairs the figure counts."""
+    if figure not in PAIRED_FIGURES:
+        raise ProCapError(f"figure must be one of {', '.join(PAIRED_FIGURES)}, got {figure!r}.")
+    return {i: _right(figure, predictions[i], t) for i, t in truths.items() if i in predictions and _counts(figure, t)}
+
+
+def paired_difference(
+    figure: str,
+    model: Sequence[Mapping[str, str]],
+    baseline: Sequence[Mapping[str, str]],
+    truths: Mapping[str, PairTruth],
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """How much more often ``model`` is right than ``baseline`` about ``figure``, with a bootstrap interval.
+
+    Args:
+        figure: ``change`` (all pairs), ``type`` (change pairs) or ``object`` (change pairs with a known object).
+        model, baseline: one ``{pair id: caption}`` per training seed, the same number for both, in seed order
+            (seed i of one is paired with seed i of the other).
+        truths: ground truth per pair id (:func:`procap.eval.correctness.scene_truths`).
+        resamples: bootstrap resamples of the test pairs (1 to 100,000).
+        level: the interval's coverage, in (0, 1).
+        seed: the resampling's random seed.
+
+    Returns:
+        ``{"figure", "pairs", "seeds", "model_accuracy", "baseline_accuracy", "difference", "low", "high",
+        "level", "per_seed"}``: the mean
+        accuracies over seeds, their difference (model - baseline, fractions), the interval's bounds and each seed's
+        difference.
+
+    Raises:
+        ProCapError: naming the argument, for an unknown figure, seed counts that differ or are zero, prediction
+            sets that do not cover the same pairs, or a resample count or level out of range.
+    """
+    if not model or len(model) != len(baseline):
+        raise ProCapError(
+            f"model and baseline need one prediction set per seed, the same number of each; got {len(model)} and "
+            f"{len(baseline)}."
+        )
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ProCapError(f"resamples must be between 1 and {MAX_RESAMPLES:,}, got {resamples}.")
+    if not 0.0 < level < 1.0:
+        raise ProCapError(f"level must be in (0, 1), got {level}.")
+    hits_model = [pair_hits(figure, p, truths) for p in model]
+    hits_baseline = [pair_hits(figure, p, truths) for p in baseline]
+    ids = sorted(hits_model[0])
+    if not ids:
+        raise ProCapError(f"no test pair counts for {figure!r}: the predictions cover none of the truths' pairs.")
+    if any(sorted(h) != ids for h in hits_model + hits_baseline):
+        raise ProCapError("model and baseline predictions must cover the same test pairs in every seed.")
+    # per pair: the mean over seeds of (model right) - (baseline right); the resamples draw from these
+    gaps = [statistics.fmean(int(m[i]) - int(b[i]) for m, b in zip(hits_model, hits_baseline)) for i in ids]
+    rng = random.Random(seed)
+    n = len(ids)
+    draws = sorted(statistics.fmean(rng.choices(gaps, k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    low = draws[min(resamples - 1, int(tail * resamples))]
+    high = draws[min(resamples - 1, max(0, int((1.0 - tail) * resamples) - 1))]
+
+    def accuracy(hits: list[dict[str, bool]]) -> float:
+        return statistics.fmean(statistics.fmean(h.values()) for h in hits)
+
+    return {
+        "figure": figure,
+        "pairs": n,
+        "seeds": len(model),
+        "model_accuracy": accuracy(hits_model),
+        "baseline_accuracy": accuracy(hits_baseline),
+        "difference": statistics.fmean(gaps),
+        "low": low,
+        "high": high,
+        "level": level,
+        "per_seed": [
+            statistics.fmean(m.values()) - statistics.fmean(b.values()) for m, b in zip(hits_model, hits_baseline)
+        ],
+    }

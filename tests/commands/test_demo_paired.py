@@ -1,0 +1,53 @@
+"""The demo's paired comparisons, read back from a finished demo folder (tools/paired_study.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from procap.commands.demo_pipeline import MODELS, format_paired, paired_from_folder, run_folder
+from procap.data.datasets import load_split
+from procap.data.synthetic import generate
+from procap.eval.metrics import write_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_demo_folder(out: Path, seeds: list[int]) -> list:
+    """A demo folder whose ProCap is right on every test pair and whose other cells always say "no change"."""
+    generate(out / "data", scenes=30, size=16, seed=0, progress=False)
+    test = load_split("clevr-change", out / "data", "test")
+    for seed in seeds:
+        for name, _ in MODELS:
+            captions = {p.id: (p.captions[0] if name == "procap" else "there is no change") for p in test}
+            (run_folder(out, seed, seeds[0]) / name).mkdir(parents=True)
+            write_results(run_folder(out, seed, seeds[0]) / name / "results.json", captions)
+    return test
+
+
+def test_paired_rows_from_a_finished_folder(tmp_path):
+    test = fake_demo_folder(tmp_path, [5, 6])
+    (tmp_path / "seed7" / "procap").mkdir(parents=True)  # a seed stopped before its evaluation does not count
+    rows = paired_from_folder(tmp_path)
+    assert len(rows) == 9 and {r["baseline"] for r in rows} == {label for name, label in MODELS if name != "procap"}
+    changes = sum(p.change_type != "no_change" for p in test)
+    for row in rows:
+        assert row["seeds"] == 2 and len(row["per_seed"]) == 2
+        if row["figure"] == "change":  # right on the change pairs, tied on the distractors
+            assert row["pairs"] == len(test)
+            assert abs(row["difference"] - changes / len(test)) < 1e-9
+        else:  # the baselines name no type and no object
+            assert row["difference"] == row["model_accuracy"] == 1.0 and row["pairs"] == changes
+    assert "stage 1, static pair (k=0)" in format_paired(rows)
+
+
+def test_the_tool_writes_paired_json_and_refuses_a_folder_without_a_demo(tmp_path):
+    fake_demo_folder(tmp_path / "demo", [0])
+    tool = [sys.executable, str(ROOT / "tools" / "paired_study.py")]
+    done = subprocess.run([*tool, str(tmp_path / "demo")], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads((tmp_path / "demo" / "paired.json").read_text())) == 9 and "interval" in done.stdout
+    missing = subprocess.run([*tool, str(tmp_path / "nothing")], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert missing.returncode == 2 and "scenes.json" in missing.stderr and "Traceback" not in missing.stderr

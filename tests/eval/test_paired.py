@@ -1,0 +1,92 @@
+"""Paired bootstrap comparisons (procap.eval.paired): the figures, the pairing, the interval and the checks."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from procap.errors import ProCapError
+from procap.eval.correctness import NO_CHANGE, PairTruth
+from procap.eval.paired import pair_hits, paired_difference
+
+RED_CUBE = {"size": "small", "color": "red", "material": "rubber", "shape": "cube"}
+RIGHT = "the small red rubber cube changed to blue"
+WRONG_OBJECT = "the large gray metal sphere changed to blue"
+NO = "there is no change"
+
+
+def truths(changes: int, distractors: int) -> dict[str, PairTruth]:
+    rows = {f"c{i}": PairTruth("color", dict(RED_CUBE), "blue") for i in range(changes)}
+    rows.update({f"d{i}": PairTruth(NO_CHANGE) for i in range(distractors)})
+    return rows
+
+
+def test_each_figure_counts_its_own_pairs():
+    truth = truths(2, 2)
+    predictions = {"c0": RIGHT, "c1": WRONG_OBJECT, "d0": NO, "d1": RIGHT}
+    assert pair_hits("change", predictions, truth) == {"c0": True, "c1": True, "d0": True, "d1": False}
+    assert pair_hits("type", predictions, truth) == {"c0": True, "c1": True}
+    assert pair_hits("object", predictions, truth) == {"c0": True, "c1": False}
+
+
+def test_a_gap_decided_by_many_pairs_excludes_zero_and_one_by_few_does_not():
+    truth = truths(200, 0)
+    better = {i: RIGHT for i in truth}
+    worse = {i: (WRONG_OBJECT if n % 2 else RIGHT) for n, i in enumerate(truth)}  # right on half
+    wide = paired_difference("object", [better], [worse], truth, resamples=500)
+    assert (
+        wide["model_accuracy"] == 1.0 and wide["baseline_accuracy"] == 0.5 and wide["difference"] == pytest.approx(0.5)
+    )
+    assert 0.38 < wide["low"] < 0.5 < wide["high"] < 0.62
+    few = truths(6, 0)
+    one_apart = {i: RIGHT for i in few}
+    one_wrong = {**one_apart, "c0": WRONG_OBJECT}
+    narrow = paired_difference("object", [one_apart], [one_wrong], few, resamples=500)
+    assert narrow["low"] <= 0.0 < narrow["high"]
+
+
+def test_the_pairing_cancels_what_both_models_get_wrong():
+    """Both models miss the same hard pairs: the paired interval is as narrow as the disagreement allows."""
+    truth = truths(100, 0)
+    hard = {f"c{i}" for i in range(50)}
+    model = {i: WRONG_OBJECT if i in hard else RIGHT for i in truth}
+    baseline = {**model, "c99": WRONG_OBJECT}
+    result = paired_difference("object", [model], [baseline], truth, resamples=400)
+    assert result["difference"] == pytest.approx(0.01)
+    assert result["low"] >= 0.0 and result["high"] <= 0.04  # unpaired, the two 50 % accuracies would span +-14 %
+
+
+def test_seeds_average_and_are_reported_one_by_one():
+    truth = truths(40, 40)
+    rng = random.Random(3)
+    model = [{i: rng.choice((RIGHT, NO)) for i in truth} for _ in range(3)]
+    baseline = [{i: NO for i in truth} for _ in range(3)]
+    result = paired_difference("change", model, baseline, truth, resamples=200)
+    expected = [statistics.fmean(pair_hits("change", m, truth).values()) - 0.5 for m in model]
+    assert result["per_seed"] == pytest.approx(expected)
+    assert result["difference"] == pytest.approx(statistics.fmean(expected))
+    assert result["seeds"] == 3 and result["pairs"] == 80 and result["low"] <= result["difference"] <= result["high"]
+    # deterministic in its seed
+    assert paired_difference("change", model, baseline, truth, resamples=200) == result
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"figure": "bleu"}, "figure"),
+        ({"baseline": []}, "model and baseline"),
+        ({"resamples": 0}, "resamples"),
+        ({"resamples": 10**6}, "resamples"),
+        ({"level": 1.0}, "level"),
+        ({"baseline": [{"c0": RIGHT}]}, "same test pairs"),
+        ({"truths": {"x": PairTruth(NO_CHANGE)}}, "no test pair"),
+    ],
+)
+def test_bad_arguments_get_one_sentence(arguments, named):
+    truth = truths(2, 2)
+    predictions = [{i: NO for i in truth}]
+    call = {"figure": "change", "model": predictions, "baseline": predictions, "truths": truth, **arguments}
+    with pytest.raises(ProCapError, match=named):
+        paired_difference(**call)
