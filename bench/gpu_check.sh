@@ -239,7 +239,7 @@ print(d, 'with its jars' if glob.glob(d + '/tokenizer/*.jar') else 'without its 
   local tests="${GPU_CHECK_SUITE_TESTS:-}" workers=""
   if [ -z "$tests" ]; then
     tests="tests"  # the dry run: two small files, one of them scoring captions through pycocoevalcap
-    [ "$DRY_RUN" = 0 ] || tests="tests/test_choices.py tests/test_evaluate.py::test_perfect_predictions_beat_wrong_ones"
+    [ "$DRY_RUN" = 0 ] || tests="tests/test_choices.py tests/eval/test_evaluate.py::test_perfect_predictions_beat_wrong_ones"
   fi
   local checkpoint=tests/convert/data/clevr_like/model.chkpt
   # the machine's copy of 2026-11-26 lacked the authors' checkpoint, which most of tests/convert reads

@@ -93,6 +93,87 @@ class MaskingConfig:
 
 
 @dataclass
+class Departures:
+    """The ``tiny`` preset's departures from the paper (docs/model.md, "Departures"), all off in the paper presets.
+
+    On in ``tiny``, where the measured CPU-budget runs need them. Each is an addition the paper's model does not
+    have; with every field at its default the model is the paper's.
+    """
+
+    # A per-position |after - before| feature embedding added to every frame's tokens, and an init std scaled to
+    # the width (0.02 at the paper's widths 768 / 512, larger when narrower).
+    difference_embedding: bool = False
+    width_scaled_init: bool = False
+    # ``difference_visible_ends``: the difference embedding goes only to the before and after frames' tokens that
+    # stage 1 leaves visible, never to a masked token or a procedure query. Off, it is added to every token after
+    # masking, built from the unmasked ends: a masked end stays readable (MSM copies it) and every stage-2 query
+    # carries the pair's difference by construction. On in ``tiny``; off reads older checkpoints as they were
+    # trained (a file that does not name it predates it).
+    difference_visible_ends: bool = False
+    # Naming the changed object (docs/model.md): ``difference_mode`` "absolute" is LayerNorm(|after - before|) (its
+    # first version), "joint" an MLP of the signed per-cell [before, after, after - before]; ``token_merge`` m folds
+    # m x m latent cells into one encoder token (space to depth: the sequence shrinks m^2-fold, no cell is averaged
+    # away); ``change_token`` appends one token pooled over the latent cells weighted by how much each changed.
+    difference_mode: str = "absolute"
+    token_merge: int = 1
+    change_token: bool = False
+    change_pixels: bool = False  # the change token also pools the raw pixels of each latent cell (before, after)
+    # ``change_window`` w > 0 also appends the w x w latent cells around the strongest change as tokens of their
+    # own (a pooled token keeps colour and material but loses shape and size); ``change_broadcast`` adds the change
+    # token's encoder output to every memory token, so the decoder reads it whatever it attends to.
+    change_window: int = 0
+    change_broadcast: bool = False
+    # ``pixel_cnn`` c > 0: a small CNN with c channels, trained with the captioner, reads the before and after
+    # images and adds [before, after, after - before] of its features to every latent cell the change tokens read
+    # (the frozen tokenizer keeps colour and size but blurs shape).
+    pixel_cnn: int = 0
+    # ``window_glimpse`` c > 0: a CNN with c channels reads the change window's pixels at full resolution (before,
+    # after and their difference); its c features per window cell join that cell's token input: shape lives below
+    # the cell's size.
+    window_glimpse: int = 0
+    standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
+
+    def check(self, latent_size: int) -> None:
+        """Refuse a combination the model cannot build; ``latent_size`` bounds the change window."""
+        if self.difference_mode not in DIFFERENCE_MODES:
+            raise ValueError(f"difference_mode must be one of {DIFFERENCE_MODES}, got {self.difference_mode!r}")
+        if self.change_window < 0 or self.change_window > latent_size:
+            raise ValueError(f"change_window must be in [0, {latent_size}] latent cells, got {self.change_window}")
+        if (self.change_window or self.change_broadcast or self.pixel_cnn) and not self.change_token:
+            raise ValueError(
+                "change_window, change_broadcast and pixel_cnn build on the change token: set change_token=True"
+            )
+        if self.pixel_cnn < 0:
+            raise ValueError(f"pixel_cnn must be >= 0 channels, got {self.pixel_cnn}")
+        if self.window_glimpse < 0:
+            raise ValueError(f"window_glimpse must be >= 0 channels, got {self.window_glimpse}")
+        if self.window_glimpse and not self.change_window:
+            raise ValueError("window_glimpse reads the change window's pixels: set change_window > 0")
+
+
+DEPARTURE_FIELDS = frozenset(f.name for f in dataclasses.fields(Departures))
+
+
+def nest_departures(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the departure flags written at the top level (configs saved before they were grouped, and
+    keyword overrides such as ``get_preset("tiny", token_merge=2)``) moved into its ``departures`` entry.
+
+    A flat flag overrides the same flag inside ``departures``; flags named nowhere keep :class:`Departures`'
+    defaults, which is how a file from before a flag existed was trained.
+    """
+    flat = {name: value for name, value in data.items() if name in DEPARTURE_FIELDS}
+    if not flat:
+        return data
+    nested = data.get("departures", {})
+    if isinstance(nested, Departures):
+        nested = dataclasses.asdict(nested)
+    if not isinstance(nested, dict):
+        return data  # a malformed entry: left for the type checks to name
+    rest = {name: value for name, value in data.items() if name not in DEPARTURE_FIELDS}
+    return {**rest, "departures": {**nested, **flat}}
+
+
+@dataclass
 class ProCapConfig:
     """Everything that shapes the ProCap model (both stages)."""
 
@@ -122,40 +203,9 @@ class ProCapConfig:
     dec_ffn: int = 2048
     dec_layers: int = 2
     label_smoothing: float = 0.1
-    # Departures from the paper (docs/model.md), off in the paper presets, on in ``tiny`` where the measured
-    # CPU-budget runs need them: a per-position |after - before| feature embedding added to every frame's
-    # tokens, and an init std scaled to the width (0.02 at the paper's widths 768 / 512, larger when narrower).
-    difference_embedding: bool = False
-    width_scaled_init: bool = False
-    # ``difference_visible_ends``: the difference embedding goes only to the before and after frames' tokens that
-    # stage 1 leaves visible, never to a masked token or a procedure query. Off, it is added to every token after
-    # masking, built from the unmasked ends: a masked end stays readable (MSM copies it) and every stage-2 query
-    # carries the pair's difference by construction. On in ``tiny`` (docs/model.md); off reads older checkpoints as
-    # they were trained.
-    difference_visible_ends: bool = False
-    # More departures of the ``tiny`` preset (docs/model.md, "Naming the changed object"): ``difference_mode``
-    # "absolute" is LayerNorm(|after - before|) (its first version), "joint" an MLP of the signed per-cell
-    # [before, after, after - before]; ``token_merge`` m folds m x m latent cells into one encoder token (space to
-    # depth: the sequence shrinks m^2-fold, no cell is averaged away); ``change_token`` appends one token pooled
-    # over the latent cells weighted by how much each changed.
-    difference_mode: str = "absolute"
-    token_merge: int = 1
-    change_token: bool = False
-    change_pixels: bool = False  # the change token also pools the raw pixels of each latent cell (before, after)
-    # ``change_window`` w > 0 also appends the w x w latent cells around the strongest change as tokens of their
-    # own (a pooled token keeps colour and material but loses shape and size); ``change_broadcast`` adds the change
-    # token's encoder output to every memory token, so the decoder reads it whatever it attends to.
-    change_window: int = 0
-    change_broadcast: bool = False
-    # ``pixel_cnn`` c > 0: a small CNN with c channels, trained with the captioner, reads the before and after
-    # images and adds [before, after, after - before] of its features to every latent cell the change tokens read
-    # (the frozen tokenizer keeps colour and size but blurs shape).
-    pixel_cnn: int = 0
-    # ``window_glimpse`` c > 0: a CNN with c channels reads the change window's pixels at full resolution (before,
-    # after and their difference); its c features per window cell join that cell's token input: shape lives below
-    # the cell's size.
-    window_glimpse: int = 0
-    standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
+    # Departures from the paper (docs/model.md), off in the paper presets, on in ``tiny``: one group, read in one
+    # place of the model (``ProCap.departures``).
+    departures: Departures = field(default_factory=Departures)
     # stage-1 losses and augmentations
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     msm_weight: float = 1.0
@@ -168,6 +218,8 @@ class ProCapConfig:
             self.vqgan = VQGANConfig(**self.vqgan)
         if isinstance(self.masking, dict):
             self.masking = MaskingConfig(**self.masking)
+        if isinstance(self.departures, dict):
+            self.departures = Departures(**self.departures)
         self.negative_probs = tuple(float(p) for p in self.negative_probs)
         if self.enc_dim % self.enc_heads or self.dec_dim % self.dec_heads:
             raise ValueError("enc_dim/dec_dim must be divisible by enc_heads/dec_heads")
@@ -177,20 +229,7 @@ class ProCapConfig:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.enc_activation not in ENC_ACTIVATIONS:
             raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
-        if self.difference_mode not in DIFFERENCE_MODES:
-            raise ValueError(f"difference_mode must be one of {DIFFERENCE_MODES}, got {self.difference_mode!r}")
-        if self.change_window < 0 or self.change_window > self.latent_size:
-            raise ValueError(f"change_window must be in [0, {self.latent_size}] latent cells, got {self.change_window}")
-        if (self.change_window or self.change_broadcast or self.pixel_cnn) and not self.change_token:
-            raise ValueError(
-                "change_window, change_broadcast and pixel_cnn build on the change token: set change_token=True"
-            )
-        if self.pixel_cnn < 0:
-            raise ValueError(f"pixel_cnn must be >= 0 channels, got {self.pixel_cnn}")
-        if self.window_glimpse < 0:
-            raise ValueError(f"window_glimpse must be >= 0 channels, got {self.window_glimpse}")
-        if self.window_glimpse and not self.change_window:
-            raise ValueError("window_glimpse reads the change window's pixels: set change_window > 0")
+        self.departures.check(self.latent_size)
         if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
             raise ValueError(
                 f"the {self.variant} variant takes enc_prefix_tokens "
@@ -205,7 +244,7 @@ class ProCapConfig:
     @property
     def grid_size(self) -> int:
         """Encoder token grid side: the latent grid, or its m x m merged cells with ``token_merge`` m."""
-        return self.latent_size // self.token_merge
+        return self.latent_size // self.departures.token_merge
 
     @property
     def tokens_per_frame(self) -> int:
@@ -215,7 +254,8 @@ class ProCapConfig:
     @property
     def memory_tokens(self) -> int:
         """Decoder memory length: T * n_I, plus the change token and its window's cells when there are."""
-        return self.num_frames * self.tokens_per_frame + int(self.change_token) + self.change_window**2
+        extra = self.departures
+        return self.num_frames * self.tokens_per_frame + int(extra.change_token) + extra.change_window**2
 
     @property
     def num_frames(self) -> int:
@@ -227,6 +267,8 @@ class ProCapConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProCapConfig:
+        """The config of ``data``, its departure flags nested or at the top level (:func:`nest_departures`)."""
+        data = nest_departures(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -234,6 +276,9 @@ class ProCapConfig:
         return cls(**data)
 
     def replace(self, **changes: Any) -> ProCapConfig:
+        """A copy with ``changes``; a departure flag may be named on its own (``replace(token_merge=2)``)."""
+        if DEPARTURE_FIELDS & set(changes):
+            changes = nest_departures({"departures": self.departures, **changes})
         return dataclasses.replace(self, **changes)
 
 
@@ -284,18 +329,20 @@ PRESETS: dict[str, ProCapConfig] = {
         dec_layers=2,
         dropout=0.0,
         label_smoothing=0.0,
-        difference_embedding=True,
-        width_scaled_init=True,
-        difference_visible_ends=True,
-        difference_mode="joint",
-        token_merge=4,
-        change_token=True,
-        change_pixels=True,
-        change_window=5,
-        change_broadcast=True,
-        pixel_cnn=32,
-        window_glimpse=32,
-        standardize_features=True,
+        departures=Departures(
+            difference_embedding=True,
+            width_scaled_init=True,
+            difference_visible_ends=True,
+            difference_mode="joint",
+            token_merge=4,
+            change_token=True,
+            change_pixels=True,
+            change_window=5,
+            change_broadcast=True,
+            pixel_cnn=32,
+            window_glimpse=32,
+            standardize_features=True,
+        ),
     ),
 }
 
@@ -336,6 +383,8 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "dec_heads": (1, 256),
         "dec_ffn": (1, 65536),
         "dec_layers": (1, 128),
+    },
+    Departures: {
         "token_merge": (1, 16),
         "change_window": (0, 4096),
         "pixel_cnn": (0, 4096),
@@ -362,6 +411,14 @@ _TUPLE_BOUNDS: dict[type, dict[str, tuple[type, int, int, float, float]]] = {  #
         "block_aspect_range": (float, 2, 2, 0.01, 100.0),
     },
 }
+
+
+# The dataclass fields of ProCapConfig that are configs themselves, checked field by field under their name.
+_SUB_CONFIGS: tuple[tuple[str, type], ...] = (
+    ("vqgan", VQGANConfig),
+    ("masking", MaskingConfig),
+    ("departures", Departures),
+)
 
 
 def _is_number(value: Any, kind: type) -> bool:
@@ -403,15 +460,15 @@ def check_config(config: VQGANConfig | ProCapConfig) -> None:
         TypeError: ``vqgan`` or ``masking`` is not a config object.
     """
     if isinstance(config, ProCapConfig):
-        for name, kind in (("vqgan", VQGANConfig), ("masking", MaskingConfig)):
+        for name, kind in _SUB_CONFIGS:
             if not isinstance(getattr(config, name), kind):
                 raise TypeError(f"{name} must be an object of {kind.__name__} fields")
-        _check_fields(VQGANConfig, vars(config.vqgan), "vqgan.")
-        _check_fields(MaskingConfig, vars(config.masking), "masking.")
-        if config.image_size % (config.vqgan.downsample_factor * config.token_merge):
+            _check_fields(kind, vars(getattr(config, name)), f"{name}.")
+        merge = config.departures.token_merge
+        if config.image_size % (config.vqgan.downsample_factor * merge):
             raise ValueError(
                 f"image_size {config.image_size} is not a multiple of the VQGAN's downsampling "
-                f"factor {config.vqgan.downsample_factor} times token_merge {config.token_merge}"
+                f"factor {config.vqgan.downsample_factor} times token_merge {merge}"
             )
     _check_fields(type(config), vars(config), "")
 
@@ -419,11 +476,13 @@ def check_config(config: VQGANConfig | ProCapConfig) -> None:
 def _build_checked(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise TypeError(f"expected an object of {cls.__name__} fields, got {type(data).__name__}")
+    if cls is ProCapConfig:
+        data = nest_departures(data)  # a file written before the departures were grouped
     unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)}, key=str)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields: {unknown[:5]}")
     _check_fields(cls, data, "")  # before construction: __post_init__ would fail on wrong types with no field name
-    for name, kind in (("vqgan", VQGANConfig), ("masking", MaskingConfig)):
+    for name, kind in _SUB_CONFIGS:
         if cls is ProCapConfig and isinstance(data.get(name), dict):
             _check_fields(kind, data[name], f"{name}.")
     config = cls(**data)

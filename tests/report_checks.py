@@ -1,4 +1,4 @@
-"""Checks of a demo ``report.html`` shared by tests/test_report.py and tests/test_demo.py."""
+"""Checks of a demo ``report.html`` shared by tests/viz/test_report.py and tests/test_demo.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ import json
 import time
 
 import pytest
-from report_checks import check_report_html
+
+from tests.report_checks import check_report_html
 
 # ProCap's bounds on the quick demo's 60 test pairs (30 changes): change detected >= 95 % and change type >= 80 %, as
 # asked. Measured with one thread a run, as CI runs it (docs/training.md): change 98.3 %, type 86.7 % (26 of 30

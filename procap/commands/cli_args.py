@@ -21,6 +21,13 @@ from procap.validate import MAX_SEED, MAX_WORKERS
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     """Flags for one training stage (``vqgan``, ``pretrain`` or ``train``)."""
+    _add_data_arguments(parser, stage)
+    optimisation = _add_optimisation_arguments(parser, stage)
+    _add_model_arguments(parser, stage, optimisation)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
+    """The "data and output" group: what a run reads and where it writes."""
     g = parser.add_argument_group("data and output")
     g.add_argument(
         "--config",
@@ -53,6 +60,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         action=argparse.BooleanOptionalAction,
         help="keep frozen-VQGAN features of every training image in memory (small datasets, CPU; default off)",
     )
+
+
+def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> argparse._ArgumentGroup:
+    """The "optimisation" group (steps, lr, saving, tracking); returned so that ``train`` adds its lr flags to it."""
     o = parser.add_argument_group("optimisation")
     defaults = STAGE_DEFAULTS[stage]
     o.add_argument(
@@ -150,6 +161,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
             help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
             "or --grad-accum > 1), so it matches a split run with the same global batch",
         )
+    return o
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisation: argparse._ArgumentGroup) -> None:
+    """The "model" group of ``pretrain`` and ``train``, and ``train``'s lr flags and "validation" group."""
     if stage in ("pretrain", "train"):
         m = parser.add_argument_group("model")
         m.add_argument(
@@ -186,10 +202,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
             "Without it a new model is trained from scratch with the preset's k = 2 procedure queries (ProCap "
             "without stage 1); add --num-keyframes 0 for the static-pair baseline",
         )
-        o.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
-        o.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
-        o.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
-        o.add_argument(
+        optimisation.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
+        optimisation.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
+        optimisation.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
+        optimisation.add_argument(
             "--encoder-warmup",
             action=argparse.BooleanOptionalAction,
             help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default; "

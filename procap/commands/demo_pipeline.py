@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import Self
@@ -46,6 +46,9 @@ from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.json_files import read_json
 from procap.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from procap.data.vocab import Vocabulary
 
 PRESET = "tiny"
 IMAGE_SIZE = 64
@@ -183,19 +186,7 @@ def stage_configs(
     budget: DemoBudget, out: Path, data: Path, seed: int, device: str, progress: bool, workers: int, folder: Path
 ) -> dict[str, TrainConfig]:
     """The TrainConfig of every training run of one seed (the VQGAN is shared by all seeds)."""
-    common: dict[str, Any] = {
-        "preset": PRESET,
-        "data": str(data),
-        "dataset": "clevr-change",
-        "seed": seed,
-        "device": device,
-        "workers": workers,
-        "progress": progress,
-        "log_every": 10,
-        "decay": "cosine",
-        "cache_features": True,
-        "overwrite": True,  # the demo's folder is the demo's: a rerun replaces its runs (each swapped in when done)
-    }
+    common = _common_settings(data, seed, device, workers, progress)
     vq_path = str(out / "vqgan" / "vqgan.safetensors")
     vqgan = TrainConfig(
         stage="vqgan",
@@ -218,6 +209,28 @@ def stage_configs(
         procedures="crossfade",
         **common,
     )
+    return {"vqgan": vqgan, "stage1": stage1, **_stage2_configs(budget, folder, vq_path, common)}
+
+
+def _common_settings(data: Path, seed: int, device: str, workers: int, progress: bool) -> dict[str, Any]:
+    """The TrainConfig fields every training run of the demo shares."""
+    return {
+        "preset": PRESET,
+        "data": str(data),
+        "dataset": "clevr-change",
+        "seed": seed,
+        "device": device,
+        "workers": workers,
+        "progress": progress,
+        "log_every": 10,
+        "decay": "cosine",
+        "cache_features": True,
+        "overwrite": True,  # the demo's folder is the demo's: a rerun replaces its runs (each swapped in when done)
+    }
+
+
+def _stage2_configs(budget: DemoBudget, folder: Path, vq_path: str, common: dict[str, Any]) -> dict[str, TrainConfig]:
+    """The four captioning runs of one seed: from stage 1 or from scratch, with and without procedure queries."""
     stage2 = {
         "lr": budget.stage2_lr,
         "batch_size": budget.stage2_batch,
@@ -228,8 +241,6 @@ def stage_configs(
     }
     longer = budget.stage2_steps + budget.stage1_steps  # equal step budgets for the models without stage 1
     return {
-        "vqgan": vqgan,
-        "stage1": stage1,
         "procap": TrainConfig(
             stage="train",
             out=str(folder / "procap"),
@@ -809,36 +820,15 @@ def run_demo(
         viewpoint: the benchmark's view change within a pair (:data:`procap.config.VIEWPOINTS`,
             :mod:`procap.data.synthetic`).
     """
-    from procap.data import load_split
-    from procap.data.synthetic import check_viewpoint
-    from procap.eval.correctness import scene_truths
     from procap.eval.split import default_metrics
     from procap.files import atomic_write_json
-    from procap.train.common import build_vocab
     from procap.train.tokenizer import embedded_tokenizer_path
-    from procap.train.vqgan_train import train_vqgan
 
-    if seeds < 1:
-        raise ValueError(f"seeds must be at least 1, got {seeds}")
-    if procedures not in DEMO_PROCEDURES:
-        raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
-    check_viewpoint(viewpoint)
-    jobs = default_jobs(device) if jobs is None else jobs
-    if not 1 <= jobs <= len(MODELS):
-        raise ValueError(f"jobs must be between 1 and {len(MODELS)}, got {jobs}")
+    jobs = _checked_jobs(seeds, procedures, viewpoint, jobs, device)
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     clock, data = Clock(), Path(out) / "data"
-    clock.phase(
-        "data",
-        f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px, viewpoint {viewpoint} -> {data}",
-    )
-    ensure_benchmark(data, budget.scenes, seed, progress, viewpoint)
-    splits = {s: load_split("clevr-change", data, s) for s in ("train", "val", "test")}
-    test = splits["test"][: budget.max_test_pairs] if budget.max_test_pairs else splits["test"]
-    truths = scene_truths(data, test)
-    vocab = build_vocab(splits["train"], "clevr-change")
+    splits, test, truths, vocab = _load_benchmark(data, budget, seed, progress, viewpoint, clock)
     cache = ImageCache(IMAGE_SIZE)
-    clock.done()
     configs = stage_configs(budget, out, data, seed, device, progress, workers, out)
     print(
         f"         pairs: {len(splits['train'])} train / {len(splits['val'])} val / {len(test)} test, "
@@ -846,13 +836,7 @@ def run_demo(
         flush=True,
     )
 
-    if train_tokenizer:
-        clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
-        train_vqgan(configs["vqgan"], pairs=splits["train"])
-    else:
-        clock.phase("vqgan", f"VQGAN: the embedded {PRESET} tokenizer ({embedded_tokenizer_path().name})")
-        install_embedded_tokenizer(Path(configs["vqgan"].out))
-    clock.done()
+    _prepare_tokenizer(train_tokenizer, configs["vqgan"], splits["train"], budget, clock)
     clock.phase("procedures", f"stage-1 procedures: {procedures}")
     # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
     stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
@@ -912,6 +896,59 @@ def run_demo(
     build_report(out)
     clock.done()
     return summary
+
+
+def _checked_jobs(seeds: int, procedures: str, viewpoint: str, jobs: int | None, device: str) -> int:
+    """Refuse a bad demo option before any work; the training runs side by side (``jobs``, resolved)."""
+    from procap.data.synthetic import check_viewpoint
+
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, got {seeds}")
+    if procedures not in DEMO_PROCEDURES:
+        raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
+    check_viewpoint(viewpoint)
+    jobs = default_jobs(device) if jobs is None else jobs
+    if not 1 <= jobs <= len(MODELS):
+        raise ValueError(f"jobs must be between 1 and {len(MODELS)}, got {jobs}")
+    return jobs
+
+
+def _load_benchmark(
+    data: Path, budget: DemoBudget, seed: int, progress: bool, viewpoint: str, clock: Clock
+) -> tuple[dict[str, list], list, Any, Vocabulary]:
+    """The ``data`` phase: the synthetic benchmark (made if missing), its splits, the test pairs the demo scores
+    (with their scene truths) and the vocabulary of the training captions."""
+    from procap.data import load_split
+    from procap.eval.correctness import scene_truths
+    from procap.train.common import build_vocab
+
+    clock.phase(
+        "data",
+        f"synthetic CLEVR-Change benchmark: {budget.scenes} scenes at {IMAGE_SIZE} px, viewpoint {viewpoint} -> {data}",
+    )
+    ensure_benchmark(data, budget.scenes, seed, progress, viewpoint)
+    splits = {s: load_split("clevr-change", data, s) for s in ("train", "val", "test")}
+    test = splits["test"][: budget.max_test_pairs] if budget.max_test_pairs else splits["test"]
+    truths = scene_truths(data, test)
+    vocab = build_vocab(splits["train"], "clevr-change")
+    clock.done()
+    return splits, test, truths, vocab
+
+
+def _prepare_tokenizer(
+    train_tokenizer: bool, config: TrainConfig, train_pairs: list, budget: DemoBudget, clock: Clock
+) -> None:
+    """The ``vqgan`` phase: a VQGAN trained on the training pairs, or the embedded one installed in its folder."""
+    from procap.train.tokenizer import embedded_tokenizer_path
+    from procap.train.vqgan_train import train_vqgan
+
+    if train_tokenizer:
+        clock.phase("vqgan", f"VQGAN ({PRESET} preset tokenizer): {budget.vqgan_steps} steps")
+        train_vqgan(config, pairs=train_pairs)
+    else:
+        clock.phase("vqgan", f"VQGAN: the embedded {PRESET} tokenizer ({embedded_tokenizer_path().name})")
+        install_embedded_tokenizer(Path(config.out))
+    clock.done()
 
 
 def print_summary(results: dict, metrics, samples: list, summary: dict, note: str | None) -> None:

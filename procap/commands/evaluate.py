@@ -72,21 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     from procap import validate
     from procap.checkpoint import check_can_caption, load_checkpoint
-    from procap.data import load_split
-    from procap.errors import ProCapError
-    from procap.eval.metrics import metric_names, unavailable_metrics
     from procap.eval.split import evaluate_model
     from procap.files import atomic_write_json
 
-    try:
-        metrics = metric_names(args.metrics) if args.metrics else None
-    except ProCapError as exc:
-        raise ProCapError(f"--metrics {' '.join(args.metrics)!r}: {exc}") from None
-    if args.metrics and not metrics:
-        raise ProCapError(f"--metrics {' '.join(args.metrics)!r} names no metric.")
-    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
-        for name, why in unavailable_metrics(metrics).items():
-            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
+    metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
@@ -97,12 +86,7 @@ def run(args: argparse.Namespace) -> int:
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
-    split_pairs = load_split(args.dataset, args.data, args.split)
-    pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
-    if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
-        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
-    if not pairs:
-        raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    split_pairs, pairs = _pairs_to_evaluate(args)
     from procap.batch_memory import check_checkpoint_batch
 
     what = f"{args.split} pairs"
@@ -141,6 +125,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked_metrics(args: argparse.Namespace) -> list[str] | None:
+    """The metrics ``--metrics`` names (None: the default set), refused now if this machine cannot compute one."""
+    from procap.errors import ProCapError
+    from procap.eval.metrics import metric_names, unavailable_metrics
+
+    try:
+        metrics = metric_names(args.metrics) if args.metrics else None
+    except ProCapError as exc:
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r}: {exc}") from None
+    if args.metrics and not metrics:
+        raise ProCapError(f"--metrics {' '.join(args.metrics)!r} names no metric.")
+    if metrics:  # asked for by name: one the machine cannot compute fails now, not after captioning the split
+        for name, why in unavailable_metrics(metrics).items():
+            raise ProCapError(f"--metrics: {name} cannot run here: {why}.")
+    return metrics
+
+
+def _pairs_to_evaluate(args: argparse.Namespace) -> tuple[list, list]:
+    """The split's pairs and the first ``--max-pairs`` of them, the ones evaluated (never none)."""
+    from procap.data import load_split
+    from procap.errors import ProCapError
+
+    split_pairs = load_split(args.dataset, args.data, args.split)
+    pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
+    if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
+        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
+    if not pairs:
+        raise ProCapError(f"the {args.split} split of {args.data} is empty")
+    return split_pairs, pairs
+
+
 def _generator(args: argparse.Namespace, model, vocab, device):
     """``(before, after) -> tokens`` of the chosen path: the oracle ``model.generate`` (with ``--ablate``, on a
     memory missing those parts) or a Captioner over ``model``."""
@@ -153,9 +168,9 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         if args.fast or args.beams != 1:
             raise ProCapError("--ablate runs with the oracle's greedy decoding: leave out --fast and --beams.")
         parts = tuple(args.ablate)
-        if "change" in parts and not model.config.change_token:
+        if "change" in parts and not model.departures.change_token:
             raise ProCapError("--ablate change: this checkpoint's model has no change token.")
-        if "window" in parts and not model.config.change_window:
+        if "window" in parts and not model.departures.change_window:
             raise ProCapError("--ablate window: this checkpoint's model has no change window.")
         if "queries" in parts and model.config.num_keyframes == 0:
             raise ProCapError("--ablate queries: this checkpoint's model has no procedure queries (k = 0).")

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         f"preset {config.name}: k={config.num_keyframes}, l={config.num_generated_frames}, "
         f"encoder {config.enc_layers}x{config.enc_dim}, decoder {config.dec_layers}x{config.dec_dim}, "
         f"{config.tokens_per_frame} tokens/frame"
-        + (f" ({config.token_merge}x{config.token_merge} latent cells each)" if config.token_merge > 1 else "")
+        + (f" ({merge}x{merge} latent cells each)" if (merge := config.departures.token_merge) > 1 else "")
         + f", {config.memory_tokens} memory tokens"
     )
     for part, n in counts.items():

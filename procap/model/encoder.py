@@ -4,9 +4,10 @@ Stage-1 sequence (paper section 3.2), in this order::
 
     [e_align] [e_T: L caption tokens] [e_csy] [e_I: T * n visual tokens, frame-major, row-major]
 
-Stage 2 feeds only the visual part ``{e_bef, e_m x k*n, e_aft}``. The visual tokens are built by
-:class:`procap.model.procap.ProCap` (LayerNorm -> Linear of the VQGAN features here, masking and axial positions
-there), because the mask embedding and the positional tables are model-level parameters.
+Stage 2 feeds only the visual part ``{e_bef, e_m x k*n, e_aft}``. This module embeds (LayerNorm -> Linear of the
+VQGAN features, the caption, the departures' difference and change tokens) and runs the stack; the sequences are
+assembled by :class:`procap.model.sequence.SequenceAssembly` (masking, axial positions, the stage-1 layout, the
+``authors`` prefix), because the mask embedding and the positional tables are model-level parameters.
 
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.attention.attention`.
@@ -18,8 +19,9 @@ not the model's erf GELU there: docs/gpu.md).
 
 The ``authors`` variant (``config.variant``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.enc_prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
-inference) and carries their attention-mask quirk (:func:`authors_prefix_mask`); with CLIP-style blocks
-(``enc_activation="quick_gelu"``, ``enc_final_norm=False``) it is their encoder.
+inference, placed by :meth:`procap.model.sequence.SequenceAssembly.with_prefix`) and carries their attention-mask
+quirk (:func:`authors_prefix_mask`); with CLIP-style blocks (``enc_activation="quick_gelu"``,
+``enc_final_norm=False``) it is their encoder.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ class ProcedureEncoder(nn.Module):
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
         d, z = config.enc_dim, config.vqgan.z_channels
-        self.visual_norm = nn.LayerNorm(z * config.token_merge**2)
-        self.visual_proj = nn.Linear(z * config.token_merge**2, d)
+        # the departures' embeddings are built here; their forward reads the attributes set below, not the config
+        departures = config.departures
+        self.visual_norm = nn.LayerNorm(z * departures.token_merge**2)
+        self.visual_proj = nn.Linear(z * departures.token_merge**2, d)
         if config.variant == "authors":
             self.prefix = nn.Parameter(torch.empty(config.enc_prefix_tokens, d))
             nn.init.normal_(self.prefix, std=0.02)
@@ -88,40 +92,40 @@ class ProcedureEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
         self.fused_add_norm = False  # use_fused_blocks
-        merged = z * config.token_merge**2  # channels of one encoder token's m x m latent cells
+        merged = z * departures.token_merge**2  # channels of one encoder token's m x m latent cells
         # departure (docs/model.md): per-channel standardisation of the tokenizer's features (running statistics,
         # no affine); a well-trained VQGAN's channels carry offsets of ~2 standard deviations that a per-token
         # LayerNorm turns into near-constant tokens
-        self.feature_norm = nn.BatchNorm2d(z, affine=False) if config.standardize_features else nn.Identity()
-        self.token_merge = config.token_merge
-        self.difference_mode = config.difference_mode
-        if config.difference_embedding and config.difference_mode == "absolute":
+        self.feature_norm = nn.BatchNorm2d(z, affine=False) if departures.standardize_features else nn.Identity()
+        self.token_merge = departures.token_merge
+        self.difference_mode = departures.difference_mode
+        if departures.difference_embedding and departures.difference_mode == "absolute":
             # departure (docs/model.md): |after - before| per position
             self.difference_norm = nn.LayerNorm(merged)
             self.difference_proj = nn.Linear(merged, d)
-        elif config.difference_embedding:  # "joint": signed [before, after, after - before] per cell, then an MLP
+        elif departures.difference_embedding:  # "joint": signed [before, after, after - before] per cell, then an MLP
             self.difference_mlp = nn.Sequential(nn.Linear(3 * merged, d), nn.GELU(), nn.Linear(d, d))
-        if config.change_token:
+        if departures.change_token:
             # departure (docs/model.md): one token pooled over the latent cells, weighted by their change
-            self.change_pixels = config.change_pixels
+            self.change_pixels = departures.change_pixels
             cell = config.image_size // config.latent_size  # pixels per latent cell side
-            pixels = 2 * 3 * cell * cell if config.change_pixels else 0
-            pixels += 3 * config.pixel_cnn  # [before, after, after - before] of the CNN's features
-            self.pixel_cnn = PixelCNN(config.pixel_cnn, cell) if config.pixel_cnn else None
+            pixels = 2 * 3 * cell * cell if departures.change_pixels else 0
+            pixels += 3 * departures.pixel_cnn  # [before, after, after - before] of the CNN's features
+            self.pixel_cnn = PixelCNN(departures.pixel_cnn, cell) if departures.pixel_cnn else None
             self.change_mlp = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, d))
             self.change_embedding = nn.Parameter(torch.zeros(d))
             self.change_temperature = nn.Parameter(torch.tensor(CHANGE_TEMPERATURE))
-        self.change_window = config.change_window
+        self.change_window = departures.change_window
         self.window_glimpse: WindowGlimpse | None = None
-        if config.change_window:
+        if departures.change_window:
             # departure (docs/model.md): the cells around the strongest change, a token each, with their place
-            glimpse = config.window_glimpse
+            glimpse = departures.window_glimpse
             if glimpse:
                 self.window_glimpse = WindowGlimpse(glimpse, config.image_size // config.latent_size)
             self.window_mlp = nn.Sequential(nn.Linear(3 * z + pixels + glimpse, d), nn.GELU(), nn.Linear(d, d))
-            self.window_pos = nn.Parameter(torch.zeros(config.change_window**2, d))
+            self.window_pos = nn.Parameter(torch.zeros(departures.change_window**2, d))
         if config.variant != "authors":
-            self.msm_head = _head(d, config.vqgan.n_embed * config.token_merge**2)  # a code per merged cell
+            self.msm_head = _head(d, config.vqgan.n_embed * departures.token_merge**2)  # a code per merged cell
             self.align_head = _head(d, 1)
             self.csy_head = _head(d, 1)
             for p in (self.text_pos, self.align_token, self.csy_token):
@@ -142,7 +146,7 @@ class ProcedureEncoder(nn.Module):
         ``difference_mode`` "absolute": LayerNorm -> Linear of ``|after - before|``. "joint": an MLP of the signed
         ``[before, after, after - before]`` of every cell, each frame LayerNormed per cell first (no affine) so the
         difference keeps its size: near zero where nothing changed, large at the change, and it tells add from drop.
-        Only built with ``config.difference_embedding``.
+        Only built with ``departures.difference_embedding``.
         """
         before, after = self.feature_norm(before), self.feature_norm(after)
         if self.difference_mode == "absolute":
@@ -161,8 +165,8 @@ class ProcedureEncoder(nn.Module):
 
         Returns:
             ``(cells (B, C, h, w), magnitude (B, h, w))``: the standardised ``[before, after, after - before]`` (with
-            ``config.change_pixels`` also the cell's raw pixels in both images, + 2 * 3 * cell^2 channels, and with
-            ``config.pixel_cnn`` c the CNN's ``[before, after, after - before]`` features, + 3c) and the rms of
+            ``departures.change_pixels`` also the cell's raw pixels in both images, + 2 * 3 * cell^2 channels, and with
+            ``departures.pixel_cnn`` c the CNN's ``[before, after, after - before]`` features, + 3c) and the rms of
             ``after - before`` over the tokenizer's channels.
         """
         cells = joint_cells(self.feature_norm(before), self.feature_norm(after))  # (B, 3z, h, w)
@@ -192,11 +196,11 @@ class ProcedureEncoder(nn.Module):
 
         The first token: an MLP embeds each latent cell (:meth:`change_cells`) and the cells are averaged with
         weights ``softmax(temperature * rms(after - before))`` (the temperature is learned), so it describes what
-        is at the changed cells. With ``config.change_window`` w, w^2 more tokens follow: the w x w cells around
+        is at the changed cells. With ``departures.change_window`` w, w^2 more tokens follow: the w x w cells around
         the strongest change (the peak of the 3 x 3 box-smoothed rms, the window clipped to the grid), each
         embedded by its own MLP plus a learned embedding of its place in the window, so the object's shape and
-        size survive; with ``config.window_glimpse`` that MLP also reads :class:`WindowGlimpse`'s features of the
-        window's pixels at full resolution. Only built with ``config.change_token``.
+        size survive; with ``departures.window_glimpse`` that MLP also reads :class:`WindowGlimpse`'s features of the
+        window's pixels at full resolution. Only built with ``departures.change_token``.
         """
         cells, magnitude = self.change_cells(before, after, before_pixels, after_pixels)
         inputs = cells.flatten(2).transpose(1, 2)  # (B, h*w, C)
@@ -223,23 +227,6 @@ class ProcedureEncoder(nn.Module):
         if captions.shape[1] > self.text_pos.shape[0]:
             raise ValueError(f"captions have {captions.shape[1]} tokens, at most {self.text_pos.shape[0]} allowed")
         return self.text_embed(captions) + self.text_pos[: captions.shape[1]]
-
-    def stage1_sequence(self, caption_tokens: torch.Tensor, visual_tokens: torch.Tensor) -> torch.Tensor:
-        """``[e_align, e_T, e_csy, e_I]``: (B, L, D) and (B, N, D) -> (B, L + 2 + N, D).
-
-        The align output is read at position 0, the csy output at ``L + 1``, the visual outputs from ``L + 2``.
-        """
-        b, d = caption_tokens.shape[0], caption_tokens.shape[2]
-        align = self.align_token.view(1, 1, d).expand(b, 1, d)
-        csy = self.csy_token.view(1, 1, d).expand(b, 1, d)
-        return torch.cat([align, caption_tokens, csy, visual_tokens], dim=1)
-
-    def with_prefix(self, visual_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``authors`` variant: ``[prefix, visual]`` (B, P + N, D) and its (P + N, P + N) attention mask."""
-        b, _, d = visual_tokens.shape
-        prefix = self.prefix.to(visual_tokens.dtype).view(1, -1, d).expand(b, -1, d)
-        seq = torch.cat([prefix, visual_tokens], dim=1)
-        return seq, authors_prefix_mask(self.prefix.shape[0], seq.shape[1], seq.device)
 
     def use_fused_blocks(self, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
         """Inference forms of the stack (both off by default; gradients always take the readable forward).

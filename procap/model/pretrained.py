@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from procap import validate
-from procap.config import ProCapConfig
+from procap.config import ProCapConfig, nest_departures
 from procap.data import DATASETS, Vocabulary
 from procap.data.domain import describe_domain, read_domain
 from procap.errors import ProCapError
@@ -186,8 +186,9 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         front += ["datasets:", f"- {dataset}"]
     front.append("---")
     latents = f"{c.latent_size} x {c.latent_size} VQGAN latents"
-    if c.token_merge > 1:
-        latents += f", merged {c.token_merge} x {c.token_merge} into {c.grid_size} x {c.grid_size} encoder tokens"
+    merge = c.departures.token_merge
+    if merge > 1:
+        latents += f", merged {merge} x {merge} into {c.grid_size} x {c.grid_size} encoder tokens"
     lines = [
         *front,
         "",
@@ -304,7 +305,8 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
     copy = read_json(path, "model config")
     if not isinstance(copy, dict):
         raise ProCapError(f"{path} does not hold a JSON object.")
-    fields = {key: value for key, value in copy.items() if key not in _CONFIG_TAGS}
+    # a folder saved before the departures were grouped names them at the top level: compare them grouped
+    fields = nest_departures({key: value for key, value in copy.items() if key not in _CONFIG_TAGS})
     # JSON turns tuples into lists: compare both as JSON text.
     if json.dumps(fields, sort_keys=True) != json.dumps(config, sort_keys=True):
         differing = sorted(key for key in set(fields) | set(config) if fields.get(key) != config.get(key))

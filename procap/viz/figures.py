@@ -129,13 +129,13 @@ def procedure_logits(
     tokens = model.procedure_tokens(before, after)  # (B, (k+2)*n, D): queries are e_m, as fully masked frames
     offset = 0
     if caption_ids is not None:
-        tokens = model.encoder.stage1_sequence(model.encoder.embed_caption(caption_ids), tokens)
+        tokens = model.stage1_sequence(model.encoder.embed_caption(caption_ids), tokens)
         offset = caption_ids.shape[1] + 2
     out = model.encoder(tokens)
     logits = model.encoder.msm_head(out[:, offset + n : offset + (k + 1) * n])  # (B, k*n, m*m*n_embed)
     # each token predicts its m x m latent cells: put them back on the latent grid, row-major
     b = before.shape[0]
-    grid = depth_to_space(logits.float().reshape(b * k, n, -1), config.token_merge)  # (B*k, n_embed, h, w)
+    grid = depth_to_space(logits.float().reshape(b * k, n, -1), config.departures.token_merge)  # (B*k, n_embed, h, w)
     return grid.flatten(2).transpose(1, 2).reshape(b, k, grid.shape[2] * grid.shape[3], -1)
 
 

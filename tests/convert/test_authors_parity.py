@@ -32,7 +32,7 @@ def outputs(authors_model, fixture_images):
     before, after = fixture_images
     with torch.no_grad():
         features = model.frame_features(torch.stack([before, after], dim=1))
-        seq, mask = model.encoder.with_prefix(model.procedure_tokens(before, after))
+        seq, mask = model.with_prefix(model.procedure_tokens(before, after))
         encoded = model.encoder(seq, mask)
         memory = model.memory(before, after)
     return {"features": features, "encoder_input": seq, "encoder_output": encoded, "memory": memory}

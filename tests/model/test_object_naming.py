@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.config import PRESETS, get_preset
+from procap.config import PRESETS, Departures, get_preset
 from procap.model.encoder import (
     PixelCNN,
     WindowGlimpse,
@@ -43,7 +43,7 @@ def naming_config(**overrides):
 def test_paper_presets_keep_the_paper_model():
     for name in ("clevr", "spot", "edit"):
         config = PRESETS[name]
-        assert (config.token_merge, config.change_token, config.difference_embedding) == (1, False, False)
+        assert config.departures == Departures()  # every departure off
         assert config.grid_size == config.latent_size == 14
         assert config.memory_tokens == config.num_frames * 196
     tiny = get_preset("tiny")
@@ -54,17 +54,57 @@ def test_paper_presets_keep_the_paper_model():
         4 * 16 + 1 + 5 * 5,
     )
     for name in ("clevr", "spot", "edit"):
-        assert PRESETS[name].pixel_cnn == PRESETS[name].window_glimpse == 0
-        assert not PRESETS[name].difference_visible_ends
+        assert PRESETS[name].departures.pixel_cnn == PRESETS[name].departures.window_glimpse == 0
+        assert not PRESETS[name].departures.difference_visible_ends
 
 
 def test_checkpoints_from_before_the_leak_fix_keep_their_difference_embedding():
     from procap.config import ProCapConfig, config_from_dict
 
     tiny = get_preset("tiny")
-    assert tiny.difference_embedding and tiny.difference_visible_ends  # the fix is on in the preset
-    written_before = {k: v for k, v in tiny.to_dict().items() if k != "difference_visible_ends"}
-    assert not config_from_dict(ProCapConfig, written_before).difference_visible_ends  # read as they were trained
+    assert tiny.departures.difference_embedding and tiny.departures.difference_visible_ends  # on in the preset
+    # written before the fix, and before the departures were grouped: every flag at the top level
+    flat = {**tiny.to_dict(), **tiny.to_dict()["departures"]}
+    del flat["departures"], flat["difference_visible_ends"]
+    assert not config_from_dict(ProCapConfig, flat).departures.difference_visible_ends  # read as they were trained
+
+
+def test_departures_are_one_group_written_grouped_and_read_in_either_form():
+    from procap.config import ProCapConfig, config_from_dict
+
+    tiny = get_preset("tiny")
+    written = tiny.to_dict()
+    assert "departures" in written and "token_merge" not in written  # the new form
+    flat = {**written, **written["departures"]}
+    del flat["departures"]
+    assert config_from_dict(ProCapConfig, flat) == ProCapConfig.from_dict(flat) == tiny
+    # a flat name overrides its flag, in presets and copies alike
+    assert get_preset("tiny", token_merge=2).departures == tiny.replace(token_merge=2).departures
+    assert tiny.replace(token_merge=2).departures.change_window == tiny.departures.change_window
+    with pytest.raises(ValueError, match="departures.token_merge"):
+        config_from_dict(ProCapConfig, {**written, "departures": {**written["departures"], "token_merge": 99}})
+    with pytest.raises(ValueError, match="departures.change_token"):
+        config_from_dict(ProCapConfig, {**written, "departures": {**written["departures"], "change_token": "yes"}})
+
+
+def test_the_departures_table_of_the_model_docs_matches_the_code():
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "model.md").read_text(encoding="utf-8")
+    section = text.split("## The departures in one place", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:4] for line in section.splitlines() if line.startswith("| `")]
+    # a default or tiny value is written as its JSON: `False`/`True` in the table read as Python's spelling
+    documented = {
+        cell[0].strip(" `"): tuple(
+            json.loads(c.strip(" `").replace("True", "true").replace("False", "false")) for c in cell[1:]
+        )
+        for cell in rows
+    }
+    tiny = get_preset("tiny").departures
+    in_code = {f.name: (f.default, getattr(tiny, f.name)) for f in dataclasses.fields(Departures)}
+    assert documented == in_code
 
 
 def test_space_to_depth_layout_and_inverse():
@@ -182,7 +222,7 @@ def test_imagined_logits_are_back_on_the_latent_grid():
 
 @pytest.mark.parametrize("mode", ["absolute", "joint"])
 def test_difference_modes_are_checked(mode):
-    assert get_preset("tiny", difference_mode=mode).difference_mode == mode
+    assert get_preset("tiny", difference_mode=mode).departures.difference_mode == mode
     with pytest.raises(ValueError, match="difference_mode"):
         get_preset("tiny", difference_mode="signed")
 

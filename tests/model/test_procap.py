@@ -81,7 +81,7 @@ def test_stage1_msm_reads_the_positive_rows(model, config):
     # The same computation by hand, with only the positive sequences (rows do not interact).
     visual, mask = model.apply_masking(model.embed_frames(frames), params)
     visual = model.with_difference(visual, model.frame_features(frames), visible=~mask)
-    seq = model.encoder.stage1_sequence(model.encoder.embed_caption(captions), visual)
+    seq = model.stage1_sequence(model.encoder.embed_caption(captions), visual)
     logits = model.encoder.msm_head(model.encoder(seq)[:, 6 + 2 :])
     expected, _ = msm_loss(logits, model.frame_codes(frames), mask)
     torch.testing.assert_close(out["msm"], expected)

@@ -17,6 +17,7 @@ from procap.model.decoder import (
 )
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention
+from procap.model.procap import ProCap
 from tests.support import small_config
 
 
@@ -47,10 +48,11 @@ def test_encoder_visual_tokens_are_frame_major_row_major():
     torch.testing.assert_close(tokens[b, t * 16 + r * 4 + c], expected)
 
 
-def test_encoder_stage1_sequence_layout():
-    encoder = ProcedureEncoder(small_config())
+def test_stage1_sequence_layout():
+    model = ProCap(small_config())
+    encoder = model.encoder
     text, visual = torch.randn(2, 5, 32), torch.randn(2, 12, 32)
-    seq = encoder.stage1_sequence(text, visual)
+    seq = model.stage1_sequence(text, visual)
     assert seq.shape == (2, 1 + 5 + 1 + 12, 32)
     assert torch.equal(seq[0, 0], encoder.align_token.detach()) and torch.equal(seq[1, 6], encoder.csy_token.detach())
     assert torch.equal(seq[:, 1:6], text) and torch.equal(seq[:, 7:], visual)

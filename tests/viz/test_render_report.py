@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from report_checks import make_fake_demo
 
 from procap.viz.report import build_report
+from tests.report_checks import make_fake_demo
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "render_report.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "render_report.sh"
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 

@@ -95,10 +95,10 @@ def test_caption_conditioning_uses_the_stage1_sequence(saved):
     conditioned = procedure_logits(model, before[None], after[None], ids)
     # the same positions read by hand from the stage-1 sequence
     enc, n, k = model.encoder, model.config.tokens_per_frame, model.config.num_keyframes
-    out = enc(enc.stage1_sequence(enc.embed_caption(ids), model.procedure_tokens(before[None], after[None])))
+    out = enc(model.stage1_sequence(enc.embed_caption(ids), model.procedure_tokens(before[None], after[None])))
     start = ids.shape[1] + 2 + n
     heads = enc.msm_head(out[:, start : start + k * n]).view(k, n, -1)  # per merged token: its m x m cells' codes
-    cells = depth_to_space(heads, model.config.token_merge)  # (k, n_embed, h, w) on the latent grid
+    cells = depth_to_space(heads, model.departures.token_merge)  # (k, n_embed, h, w) on the latent grid
     expected = cells.flatten(2).transpose(1, 2).unsqueeze(0)
     assert torch.allclose(conditioned, expected, atol=1e-5)
     assert not torch.allclose(conditioned, procedure_logits(model, before[None], after[None]))

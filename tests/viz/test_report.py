@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from report_checks import FAKE_TYPES, LABELS, check_report_html, make_fake_demo
 
 from procap.checkpoint import load_checkpoint, save_checkpoint
 from procap.config import get_preset
@@ -20,6 +19,7 @@ from procap.model.procap import ProCap
 from procap.procedure import confidence_weights, sample_keyframes
 from procap.viz.figures import MIN_TILE, imagine, strip_size
 from procap.viz.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
+from tests.report_checks import FAKE_TYPES, LABELS, check_report_html, make_fake_demo
 
 
 @pytest.fixture(scope="module")
