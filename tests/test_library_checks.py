@@ -21,12 +21,15 @@ from safetensors.torch import load_file, save_file
 
 from procap.attention import select_backend
 from procap.checkpoint import load_checkpoint, save_checkpoint
+from procap.commands.demo_pipeline import run_demo
 from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.eval.metrics import score
 from procap.fast import Captioner
 from procap.model.procap import ProCap
+from procap.train.config import TrainConfig
 from procap.train.distributed import env_context, launched_by_torchrun
+from procap.train.loop import total_steps
 from tests.support import small_config
 
 NO_CUDA = not torch.cuda.is_available()
@@ -65,7 +68,7 @@ def things(tmp_path_factory) -> dict[str, Any]:
     Image.new("RGB", (32, 32), (10, 200, 30)).save(png, format="PNG")
     truncated = root / "truncated.png"
     truncated.write_bytes(png.getvalue()[: len(png.getvalue()) // 2])
-    return {"ckpt": ckpt, "float8": float8, "model": model, "vocab": vocab, "truncated": truncated}
+    return {"ckpt": ckpt, "float8": float8, "model": model, "vocab": vocab, "truncated": truncated, "root": root}
 
 
 def _captioner(t: dict[str, Any], **kwargs: Any) -> Captioner:
@@ -133,6 +136,20 @@ CASES = [
         (("WORLD_SIZE", "2"), ("RANK", "2"), ("LOCAL_RANK", "0")),
     ),
     Bad("local rank missing", lambda t: env_context(), "LOCAL_RANK", (("WORLD_SIZE", "2"), ("RANK", "0"))),
+    # multipliers of time or memory have documented ceilings in the library, not only on the command line
+    Bad("steps beyond the ceiling", lambda t: TrainConfig(steps=10**12), "steps must be at most 10,000,000"),
+    Bad("epochs beyond the ceiling", lambda t: TrainConfig(epochs=10**9), "epochs must be at most"),
+    Bad("grad_accum beyond the ceiling", lambda t: TrainConfig(grad_accum=10**5), "grad_accum must be at most 1,024"),
+    Bad("grad_accum zero", lambda t: TrainConfig(grad_accum=0), "grad_accum must be at least 1"),
+    Bad("steps as text", lambda t: TrainConfig(steps="10"), "steps must be an integer"),
+    Bad("warmup_steps beyond the ceiling", lambda t: TrainConfig(warmup_steps=10**12), "warmup_steps"),
+    Bad("seed beyond the ceiling", lambda t: TrainConfig(seed=2**70), "seed"),
+    Bad("num_keyframes beyond the ceiling", lambda t: TrainConfig(num_keyframes=1000), "num_keyframes"),
+    Bad("epochs giving too many steps", lambda t: total_steps(TrainConfig(epochs=100_000), 10**4), "--epochs 100000"),
+    Bad(
+        "demo seeds beyond the ceiling", lambda t: run_demo(t["root"] / "demo", seeds=10**5), "seeds must be at most 64"
+    ),
+    Bad("demo seeds as text", lambda t: run_demo(t["root"] / "demo", seeds="2"), "seeds must be an integer"),
 ]
 
 
@@ -148,6 +165,7 @@ def test_bad_library_input_is_one_procap_error(bad: Bad, things, monkeypatch):
         bad.call(things)
     message = str(caught.value)
     assert bad.needle in message, message
+    assert not (things["root"] / "demo").exists()  # refused before anything is written
     assert "\n" not in message and "Traceback" not in message
 
 

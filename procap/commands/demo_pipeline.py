@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from procap import validate
 from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
@@ -40,6 +41,9 @@ from procap.json_files import read_json
 from procap.train.config import TrainConfig
 
 PRESET = "tiny"
+# Seeds of one demo: each trains the four models again (about 7.5 min with --quick, an hour or more without), so
+# more than this is a typo rather than a study.
+MAX_SEEDS = 64
 IMAGE_SIZE = 64
 # The demo's table keeps the four columns its README results quote; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
@@ -580,8 +584,8 @@ def run_demo(
     from procap.train.tokenizer import embedded_tokenizer_path
     from procap.train.vqgan_train import train_vqgan
 
-    if seeds < 1:
-        raise ValueError(f"seeds must be at least 1, got {seeds}")
+    validate.integer(seeds, "seeds", minimum=1, maximum=MAX_SEEDS)  # each seed trains every model again
+    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED + 1 - seeds)  # runs use seed .. seed+seeds-1
     if procedures not in DEMO_PROCEDURES:
         raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
     check_viewpoint(viewpoint)
