@@ -234,3 +234,30 @@ def test_any_path_object_is_taken_wherever_a_path_is(things, tmp_path):
     assert isinstance(ProCap.from_pretrained(ForeignPath(tmp_path / "pretrained")), ProCap)
     (tmp_path / "refs.json").write_text('{"p1": ["the cube moved"]}', encoding="utf-8")
     assert read_references(ForeignPath(tmp_path / "refs.json")) == {"p1": ["the cube moved"]}
+
+
+# -- a safetensors file declaring more than it holds (issue 39 B) ---------------------------------------------------
+def _declaring_safetensors(path, shape: list[int], stored: int) -> None:
+    """A safetensors file written by hand: its header declares a float32 tensor of ``shape`` over ``stored`` bytes."""
+    import json
+    import struct
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, stored]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(stored))
+
+
+@pytest.mark.parametrize(
+    ("shape", "stored"), [([16384, 16384], 4), ([16384, 16384], 0), ([2**40], 8)], ids=["4 bytes", "none", "2**40"]
+)
+def test_a_safetensors_file_cannot_declare_more_than_it_holds(tmp_path, shape, stored):
+    from procap.weights import read_header, read_tensors
+    from tests.support import PeakMemory
+
+    path = tmp_path / "w.safetensors"
+    _declaring_safetensors(path, shape, stored)
+    for read in (read_tensors, read_header, load_checkpoint):
+        with PeakMemory() as peak, pytest.raises(ProCapError) as caught:
+            read(path)
+        assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+        assert peak.growth < 64 * 2**20, f"{read.__name__} took {peak.growth / 2**20:.0f} MiB at its peak"
