@@ -267,11 +267,10 @@ def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run
     backup, stale = beside(stage1_run, "replaced"), beside(stage1_run, "replacing-x1")
     os.rename(stage1_run, backup)  # what `kill -9` between the two renames leaves
     stale.mkdir()  # and the new run it was swapping in
-    check_run_folder(_config(stage1_run, seed=2))  # any run into the folder, even one refused below
+    with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run"):
+        check_run_folder(_config(stage1_run, seed=2))  # any run into the folder puts it back, even one refused
     assert "put back" in capsys.readouterr().err
     assert _tree(stage1_run) == before and not backup.exists()
-    with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run"):
-        check_run_folder(_config(stage1_run, seed=2))
     pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
     assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]  # the killed replacement's folder went too
 
