@@ -13,12 +13,14 @@ from typing import Any
 import torch
 
 from procap.data import Vocabulary
-from procap.errors import ProCapError
 from procap.model.checkpoint_file import (
+    CAPTIONING_STAGES,
     FORMAT,
     FORMAT_VERSION,
+    check_stage_can_caption,
     read_checkpoint,
     read_checkpoint_metadata,
+    recorded_stage,
     save_checkpoint,
     vocab_from_dict,
     vocab_to_dict,
@@ -46,13 +48,10 @@ def load_checkpoint(
     return read_checkpoint(ProCap, path, map_location)
 
 
-# The stages whose checkpoints hold a trained caption decoder; stage 1 trains the procedure encoder only, so its
-# checkpoints captioned '' with exit 0 (and `evaluate` scored the empty captions).
-CAPTIONING_STAGES = ("stage2",)
-
-
 def check_can_caption(metadata: dict[str, Any], source: str | Path) -> None:
     """Refuse a checkpoint whose recorded stage cannot caption; one without a recorded stage passes.
+
+    A model loaded by hand carries the same record, and :meth:`ProCap.generate` refuses it too.
 
     Args:
         metadata: the decoded metadata of :func:`load_checkpoint` or :func:`procap.hub.load_pretrained`.
@@ -61,10 +60,4 @@ def check_can_caption(metadata: dict[str, Any], source: str | Path) -> None:
     Raises:
         ProCapError: the checkpoint records a stage that does not train the caption decoder.
     """
-    extra = metadata.get("extra") if isinstance(metadata, dict) else None
-    stage = extra.get("stage") if isinstance(extra, dict) else None
-    if stage is not None and stage not in CAPTIONING_STAGES:
-        raise ProCapError(
-            f"checkpoint {source} records stage {stage!r}, which does not train the caption decoder, so its captions "
-            f"would be empty; caption with a stage-2 checkpoint (`procap train --init {source}` makes one)."
-        )
+    check_stage_can_caption(recorded_stage(metadata), source)

@@ -15,10 +15,14 @@ Two rules hold for every write made here:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -288,3 +292,80 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = None) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically (serialised before the file is opened)."""
     return atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+# ----------------------------------------------------------------------------------------------- replacing folders
+def beside(final: str | os.PathLike, tag: str) -> Path:
+    """``.<name>.<tag>`` in ``final``'s folder: where a swap keeps the old folder (``replaced``) or writes the new
+    (``replacing-``). ``name`` is shortened to fit the name limit, with a hash of the whole name, so two folders
+    never share a name beside them."""
+    final = Path(final)
+    name, folder = final.name, final.parent
+    if len(os.fsencode(f".{name}.{tag}")) + 16 > name_limit(folder):
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+        name = f"{os.fsencode(name)[:64].decode('utf-8', 'ignore')}-{digest}"
+    return folder / f".{name}.{tag}"
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are delivered when it ends (main thread only; elsewhere
+    Python delivers no signals anyway), so a Ctrl-C cannot land between two renames that belong together."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda s, _frame: received.append(s)) for signum in _DEFERRED}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
+
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM)
+
+
+def swap_folder(new: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the complete folder ``new`` in the place of the folder ``final`` (both in one parent folder).
+
+    Two renames (``final`` to :func:`beside` ``final`` ``"replaced"``, then ``new`` to ``final``) with Ctrl-C and
+    SIGTERM deferred between them, then the old folder is deleted. An error between the renames puts the old
+    folder back. The one window the renames cannot close is a process killed outright (``kill -9``, power loss)
+    between them: ``final`` is then missing and the old folder lies beside it, and :func:`recover_swap`, which
+    every writer of such a folder calls first, puts it back.
+    """
+    new, final = Path(new), Path(final)
+    recover_swap(final)
+    backup = beside(final, "replaced")
+    with signals_deferred():
+        os.rename(final, backup)
+        try:
+            os.rename(new, final)
+        except BaseException:
+            os.rename(backup, final)
+            raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def recover_swap(final: str | os.PathLike) -> str | None:
+    """Finish what a :func:`swap_folder` stopped between its steps left beside ``final``.
+
+    The old folder beside a missing ``final`` (killed between the renames) is put back: the replacement did not
+    finish, so the old folder is the complete one. Beside an existing ``final`` it is what the finished swap had
+    not deleted yet, and is deleted now.
+
+    Returns:
+        A sentence saying what was done, or ``None`` when nothing was left.
+    """
+    final = Path(final)
+    backup = beside(final, "replaced")
+    if not backup.is_dir():
+        return None
+    if final.exists() or final.is_symlink():
+        shutil.rmtree(backup, ignore_errors=True)
+        return f"removed {backup}, the old copy of {final} left by a replacement that had finished"
+    os.rename(backup, final)
+    return f"put back {final} from {backup}, where a replacement stopped between its two renames had left it"

@@ -4,6 +4,11 @@ Python's ``json`` keeps the last of two values given under one key, and PyYAML d
 ``steps`` twice, a caption file naming an image twice or checkpoint metadata naming ``stage`` twice would be read
 with one of the values silently dropped. Every reader here refuses such an object with one sentence naming the
 source and the key; a malformed text is one sentence too. Writes go through :mod:`procap.files`.
+
+Sizes are bounded before memory is taken: a file over :data:`MAX_TEXT_BYTES` is refused from its size, before a
+byte is read (Python's parser takes several times a file's size in objects), and nesting deeper than the parser's
+recursion allows is one sentence, not a ``RecursionError``. :func:`read_bytes` is the bounded read for every JSON,
+JSON-lines and YAML file the package reads (data files, config files, logs, pair lists, caption files).
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from typing import Any
 
 from procap.errors import ProCapError
 from procap.validate import input_file
+
+# The largest JSON / YAML / JSON-lines file the package reads: well above the largest real one (the authors' score
+# files and the datasets' caption files are tens of MB), and far below what parsing it would take (about ten times
+# its size in Python objects).
+MAX_TEXT_BYTES = 1 << 30
 
 
 class DuplicateKeyError(ProCapError):
@@ -60,18 +70,42 @@ def parse_json(text: str | bytes, source: str) -> Any:
         raise ProCapError(f"{source} is nested too deeply to be read as JSON.") from None
 
 
+def read_bytes(path: str | os.PathLike, what: str, limit: int | None = None) -> bytes:
+    """The bytes of the text file ``path``, refused from its size when over ``limit`` (:data:`MAX_TEXT_BYTES`).
+
+    The size is checked before anything is read, and the read stops one byte past the limit (a file that grows
+    meanwhile is refused too). Messages name the file as ``f"{what} {path}"``.
+
+    Raises:
+        ProCapError: the file is missing, a folder, unreadable or larger than the limit.
+    """
+    limit = MAX_TEXT_BYTES if limit is None else limit
+    path = input_file(path, what)
+    try:
+        size = path.stat().st_size
+        if size <= limit:
+            with open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+            size = max(size, len(data))
+    except OSError as exc:
+        raise ProCapError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    if size > limit:
+        raise ProCapError(
+            f"{what} {path} holds {size:,} bytes, more than the {limit:,} a file read as JSON or YAML may have; "
+            "is it the right file?"
+        )
+    return data
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Parse the JSON file ``path``; messages name it as ``f"{what} {path}"``.
 
     Raises:
-        ProCapError: the file is missing, a folder, unreadable, not JSON, or an object in it names a key twice.
+        ProCapError: the file is missing, a folder, unreadable, larger than :data:`MAX_TEXT_BYTES`, not JSON, or
+            an object in it names a key twice.
     """
     path = input_file(path, what)
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise ProCapError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
-    return parse_json(text, f"{what} {path}")
+    return parse_json(read_bytes(path, what), f"{what} {path}")
 
 
 def parse_yaml(text: str, source: str) -> Any:

@@ -126,11 +126,16 @@ def number(
     if isinstance(value, float) and not math.isfinite(value):
         raise ProCapError(f"{flag} must be a finite number, got {value}.")
     if above is not None and not value > above:
-        raise ProCapError(f"{flag} must be greater than {above:g}, got {value}.")
+        raise ProCapError(f"{flag} must be greater than {_shown(above)}, got {value}.")
     if minimum is not None and value < minimum:
-        raise ProCapError(f"{flag} must be at least {minimum:g}, got {value}.")
+        raise ProCapError(f"{flag} must be at least {_shown(minimum)}, got {value}.")
     if maximum is not None and value > maximum:
-        raise ProCapError(f"{flag} must be at most {maximum:g}, got {value}.")
+        raise ProCapError(f"{flag} must be at most {_shown(maximum)}, got {value}.")
+
+
+def _shown(bound: float) -> str:
+    """A bound as a message shows it: an integer in full with thousands separators (``10,000,000``, not ``1e+07``)."""
+    return f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
 
 
 def integer(value: object, name: str, minimum: int | None = None, maximum: int | None = None) -> int:

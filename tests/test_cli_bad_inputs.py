@@ -83,6 +83,8 @@ CASES = [
     case("out of range", "demo --workers -1 --out {out}", "--workers"),
     case("out of range", "demo --workers 100000 --out {out}", "--workers"),
     case("out of range", "demo --seeds 0 --out {out}", "--seeds"),
+    # every seed trains the four models again: a documented ceiling, checked before the benchmark is written
+    case("out of range", "demo --seeds 100000 --out {out}", "--seeds must be at most 64"),
     case("out of range", "demo --jobs 0 --out {out}", "--jobs"),
     case("out of range", "demo --jobs 5 --out {out}", "--jobs"),
     case("out of range", "demo --seed -1 --out {out}", "--seed"),
@@ -153,6 +155,13 @@ for _stage in ("vqgan", "pretrain", "train"):
         case("out of range", f"{_stage} {TRAIN_OK} --lr -1", "--lr"),
         case("out of range", f"{_stage} {TRAIN_OK} --lr nan", "--lr"),
         case("out of range", f"{_stage} {TRAIN_OK} --steps 0", "--steps"),
+        # multipliers of time from the user have documented ceilings (procap.train.config.INTEGER_BOUNDS)
+        case("out of range", f"{_stage} {TRAIN_OK} --steps 1000000000000", "--steps must be at most 10,000,000"),
+        case("out of range", f"{_stage} {TRAIN_OK} --grad-accum 0", "--grad-accum"),
+        case("out of range", f"{_stage} {TRAIN_OK} --grad-accum 100000", "--grad-accum must be at most 1,024"),
+        case("out of range", f"{_stage} --data {{data}} --out {{out}} --epochs 10000000", "--epochs must be at most"),
+        case("out of range", f"{_stage} {TRAIN_OK} --warmup-steps 100000000000", "--warmup-steps"),
+        case("out of range", f"{_stage} {TRAIN_OK} --log-every 100000000000", "--log-every"),
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 0", "--batch-size"),
         # more than any machine holds (a single process without --grad-accum would cut it to the items)
         case("out of range", f"{_stage} {TRAIN_OK} --batch-size 1000000000000 --grad-accum 2", "--batch-size"),
@@ -179,7 +188,7 @@ for _stage in ("pretrain", "train"):
         case("missing", f"{_stage} {TRAIN_OK} --vqgan {{missing}}", "--vqgan"),
         case("wrong type", f"{_stage} {TRAIN_OK} --vqgan {{ckpt}}", "{ckpt}"),
         case("corrupt", f"{_stage} {TRAIN_OK} --vqgan {{huge_vqgan}}", "vqgan_huge"),
-        case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "num_keyframes"),
+        case("out of range", f"{_stage} {TRAIN_OK} --num-keyframes 99", "--num-keyframes"),
         # the checkpoint's model is trained: another --preset was ignored with exit 0
         case("wrong type", f"{_stage} {TRAIN_OK} --init {{ckpt}} --preset clevr", "--preset clevr differs"),
     ]
@@ -226,6 +235,7 @@ CASES += [
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --out {out}/p.png", "--cache"),
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --vqgan {missing}", "--vqgan"),
     case("out of range", f"procedure {PROC_OK} --keyframes -1", "--keyframes"),
+    case("out of range", f"procedure {PROC_OK} --keyframes 100000", "--keyframes must be at most 15"),
     case("out of range", f"procedure {PROC_VQ} --frames 3 --keyframes 4", "--keyframes"),
     case("out of range", f"procedure {PROC_OK} --tile 2", "--tile"),
     case("out of range", f"procedure {PROC_OK} --seed -1", "--seed"),
@@ -324,6 +334,7 @@ CASES += [
     case("corrupt", "profile --ckpt {text_ckpt} --out {out}", "{text_ckpt}"),
     case("wrong type", "profile --ckpt {vqgan} --out {out}", "{vqgan}"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 0", "--batch-size"),
+    case("out of range", "profile --ckpt {ckpt} --out {out} --steps 100000000", "--steps must be at most 1,000"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --batch-size 1000000000000", "--batch-size"),
     case("out of range", "profile --ckpt {ckpt} --out {out} --steps 0", "--steps"),
     case("wrong type", "profile --ckpt {ckpt} --out {out} --device bogus", "--device"),

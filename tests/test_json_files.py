@@ -74,3 +74,59 @@ def test_no_module_but_json_files_parses_json_or_yaml():
     assert offenders == [], "read through procap.json_files (read_json / parse_json / parse_yaml): " + ", ".join(
         offenders
     )
+
+
+# -- sizes bounded before memory is taken (issue 39 B) --------------------------------------------------------------
+def _pair_list(path: Path) -> None:
+    from procap.data.pair_lists import read_pair_list
+
+    read_pair_list(path)
+
+
+def _config_file(path: Path) -> None:
+    from procap.commands.cli_args import read_config_file
+
+    read_config_file(path, "train")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "read"),
+    [
+        ("data.json", '{"p1": ["' + "a" * 5000 + '"]}', lambda path: read_json(path, "reference file")),
+        ("config.json", '{"steps": 1, "note": "' + "a" * 5000 + '"}', _config_file),
+        ("config.yaml", "steps: 1\nnote: " + "a" * 5000 + "\n", _config_file),
+        ("pairs.jsonl", '{"before": "a.png", "after": "b.png"}\n' * 200, _pair_list),
+        ("pairs.csv", "before,after\n" + "a.png,b.png\n" * 500, _pair_list),
+    ],
+    ids=["json", "config", "yaml config", "json lines", "csv"],
+)
+def test_a_text_file_over_the_ceiling_is_refused_from_its_size(tmp_path, monkeypatch, name, text, read):
+    import procap.json_files
+
+    monkeypatch.setattr(procap.json_files, "MAX_TEXT_BYTES", 4096)
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    assert path.stat().st_size > 4096
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda file, *a, **k: opened.append(file) or real_open(file, *a, **k))
+    with pytest.raises(ProCapError, match=r"holds \d[\d,]* bytes, more than the 4,096") as caught:
+        read(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+    assert str(path) not in map(str, opened)  # refused from its size: not a byte was read
+
+
+def test_the_bounded_read_still_reads_files_under_the_ceiling(tmp_path):
+    from procap.json_files import MAX_TEXT_BYTES, read_bytes
+
+    path = tmp_path / "ok.json"
+    path.write_text('{"a": [1, 2]}', encoding="utf-8")
+    assert read_bytes(path, "file") == b'{"a": [1, 2]}' and read_json(path) == {"a": [1, 2]}
+    assert MAX_TEXT_BYTES == 2**30
+
+
+def test_json_nested_beyond_the_parser_is_one_sentence(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ProCapError, match="nested too deeply"):
+        read_json(path, "reference file")

@@ -21,12 +21,15 @@ from safetensors.torch import load_file, save_file
 
 from procap.attention import select_backend
 from procap.checkpoint import load_checkpoint, save_checkpoint
+from procap.commands.demo_pipeline import run_demo
 from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.eval.metrics import score
 from procap.fast import Captioner
 from procap.model.procap import ProCap
+from procap.train.config import TrainConfig
 from procap.train.distributed import env_context, launched_by_torchrun
+from procap.train.loop import total_steps
 from tests.support import small_config
 
 NO_CUDA = not torch.cuda.is_available()
@@ -65,7 +68,7 @@ def things(tmp_path_factory) -> dict[str, Any]:
     Image.new("RGB", (32, 32), (10, 200, 30)).save(png, format="PNG")
     truncated = root / "truncated.png"
     truncated.write_bytes(png.getvalue()[: len(png.getvalue()) // 2])
-    return {"ckpt": ckpt, "float8": float8, "model": model, "vocab": vocab, "truncated": truncated}
+    return {"ckpt": ckpt, "float8": float8, "model": model, "vocab": vocab, "truncated": truncated, "root": root}
 
 
 def _captioner(t: dict[str, Any], **kwargs: Any) -> Captioner:
@@ -133,6 +136,20 @@ CASES = [
         (("WORLD_SIZE", "2"), ("RANK", "2"), ("LOCAL_RANK", "0")),
     ),
     Bad("local rank missing", lambda t: env_context(), "LOCAL_RANK", (("WORLD_SIZE", "2"), ("RANK", "0"))),
+    # multipliers of time or memory have documented ceilings in the library, not only on the command line
+    Bad("steps beyond the ceiling", lambda t: TrainConfig(steps=10**12), "steps must be at most 10,000,000"),
+    Bad("epochs beyond the ceiling", lambda t: TrainConfig(epochs=10**9), "epochs must be at most"),
+    Bad("grad_accum beyond the ceiling", lambda t: TrainConfig(grad_accum=10**5), "grad_accum must be at most 1,024"),
+    Bad("grad_accum zero", lambda t: TrainConfig(grad_accum=0), "grad_accum must be at least 1"),
+    Bad("steps as text", lambda t: TrainConfig(steps="10"), "steps must be an integer"),
+    Bad("warmup_steps beyond the ceiling", lambda t: TrainConfig(warmup_steps=10**12), "warmup_steps"),
+    Bad("seed beyond the ceiling", lambda t: TrainConfig(seed=2**70), "seed"),
+    Bad("num_keyframes beyond the ceiling", lambda t: TrainConfig(num_keyframes=1000), "num_keyframes"),
+    Bad("epochs giving too many steps", lambda t: total_steps(TrainConfig(epochs=100_000), 10**4), "--epochs 100000"),
+    Bad(
+        "demo seeds beyond the ceiling", lambda t: run_demo(t["root"] / "demo", seeds=10**5), "seeds must be at most 64"
+    ),
+    Bad("demo seeds as text", lambda t: run_demo(t["root"] / "demo", seeds="2"), "seeds must be an integer"),
 ]
 
 
@@ -148,6 +165,7 @@ def test_bad_library_input_is_one_procap_error(bad: Bad, things, monkeypatch):
         bad.call(things)
     message = str(caught.value)
     assert bad.needle in message, message
+    assert not (things["root"] / "demo").exists()  # refused before anything is written
     assert "\n" not in message and "Traceback" not in message
 
 
@@ -216,3 +234,30 @@ def test_any_path_object_is_taken_wherever_a_path_is(things, tmp_path):
     assert isinstance(ProCap.from_pretrained(ForeignPath(tmp_path / "pretrained")), ProCap)
     (tmp_path / "refs.json").write_text('{"p1": ["the cube moved"]}', encoding="utf-8")
     assert read_references(ForeignPath(tmp_path / "refs.json")) == {"p1": ["the cube moved"]}
+
+
+# -- a safetensors file declaring more than it holds (issue 39 B) ---------------------------------------------------
+def _declaring_safetensors(path, shape: list[int], stored: int) -> None:
+    """A safetensors file written by hand: its header declares a float32 tensor of ``shape`` over ``stored`` bytes."""
+    import json
+    import struct
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, stored]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(stored))
+
+
+@pytest.mark.parametrize(
+    ("shape", "stored"), [([16384, 16384], 4), ([16384, 16384], 0), ([2**40], 8)], ids=["4 bytes", "none", "2**40"]
+)
+def test_a_safetensors_file_cannot_declare_more_than_it_holds(tmp_path, shape, stored):
+    from procap.weights import read_header, read_tensors
+    from tests.support import PeakMemory
+
+    path = tmp_path / "w.safetensors"
+    _declaring_safetensors(path, shape, stored)
+    for read in (read_tensors, read_header, load_checkpoint):
+        with PeakMemory() as peak, pytest.raises(ProCapError) as caught:
+            read(path)
+        assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+        assert peak.growth < 64 * 2**20, f"{read.__name__} took {peak.growth / 2**20:.0f} MiB at its peak"

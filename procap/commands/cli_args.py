@@ -15,8 +15,7 @@ from typing import Any
 from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
-from procap.train.config import STAGE_DEFAULTS, TrainConfig, map_paths
-from procap.validate import MAX_SEED, MAX_WORKERS
+from procap.train.config import INTEGER_BOUNDS, STAGE_DEFAULTS, TrainConfig, map_paths
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -221,28 +220,16 @@ RUN_FACTS = ("data_parallel",)
 
 # Allowed ranges of the numeric flags (keyword arguments of procap.validate.number); absent flags are not checked.
 FLAG_BOUNDS: dict[str, dict[str, float]] = {
-    "steps": {"minimum": 1},
-    "epochs": {"minimum": 1},
-    "batch_size": {"minimum": 1},
-    "grad_accum": {"minimum": 1},
+    **INTEGER_BOUNDS,  # the integers' ranges are TrainConfig's (steps, epochs, --grad-accum, ... with their ceilings)
     "dist_timeout": {"above": 0},
-    "max_pairs": {"minimum": 1},
     "lr": {"above": 0},
     "lr_start": {"minimum": 0},
     "encoder_lr": {"minimum": 0},
     "decoder_lr": {"above": 0},
-    "warmup_steps": {"minimum": 0},
     "warmup_frac": {"minimum": 0, "maximum": 1},
     "grad_clip": {"minimum": 0},
     "weight_decay": {"minimum": 0},
-    "workers": {"minimum": 0, "maximum": MAX_WORKERS},
-    "log_every": {"minimum": 1},
-    "save_every": {"minimum": 0},
     "save_minutes": {"minimum": 0},
-    "val_every": {"minimum": 0},
-    "val_pairs": {"minimum": 1},
-    "num_keyframes": {"minimum": 0},
-    "seed": {"minimum": 0, "maximum": MAX_SEED},
 }
 
 
@@ -312,14 +299,15 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
             no TrainConfig field.
     """
     from procap import validate
-    from procap.json_files import parse_json, parse_yaml
+    from procap.json_files import parse_json, parse_yaml, read_bytes
 
     path = validate.input_file(path, "--config file")
     source = f"--config file {path}"
+    text = read_bytes(path, "--config file")  # refused from its size when too large to be a config
     if path.suffix.lower() in (".yaml", ".yml"):
-        data = parse_yaml(path.read_text(encoding="utf-8", errors="replace"), source)
+        data = parse_yaml(text.decode("utf-8", errors="replace"), source)
     else:
-        data = parse_json(path.read_bytes(), source)
+        data = parse_json(text, source)
     if not isinstance(data, dict):
         raise ProCapError(f"--config file {path} does not hold a mapping of option names to values.")
     data = {k: v for k, v in data.items() if k not in RUN_FACTS}

@@ -22,7 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
     parser.add_argument(
-        "--seeds", type=int, default=1, help="training seeds per model; reports mean and std over them (default 1)"
+        "--seeds",
+        type=int,
+        default=1,
+        help="training seeds per model, 1 to 64; reports mean and std over them (default 1)",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
@@ -74,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
 
     require_all(demo_packages(args.procedures), "procap demo")  # before the pipeline's imports: the first second
     from procap import validate
-    from procap.commands.demo_pipeline import MODELS, run_demo
+    from procap.commands.demo_pipeline import MAX_SEEDS, MODELS, run_demo
     from procap.viz.report import REPORT_NAME
 
-    validate.number(args.seeds, "--seeds", minimum=1)
+    validate.number(args.seeds, "--seeds", minimum=1, maximum=MAX_SEEDS)
     # the runs use seeds seed .. seed + seeds - 1
     validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED + 1 - args.seeds)
     validate.number(args.workers, "--workers", minimum=0, maximum=validate.MAX_WORKERS)

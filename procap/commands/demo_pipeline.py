@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self
 
+from procap import validate
 from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from procap.data.vocab import Vocabulary
 
 PRESET = "tiny"
+# Seeds of one demo: each trains the four models again (about 7.5 min with --quick, an hour or more without), so
+# more than this is a typo rather than a study.
+MAX_SEEDS = 64
 IMAGE_SIZE = 64
 # The demo's table keeps the four columns its README results quote; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
@@ -824,7 +828,7 @@ def run_demo(
     from procap.files import atomic_write_json
     from procap.train.tokenizer import embedded_tokenizer_path
 
-    jobs = _checked_jobs(seeds, procedures, viewpoint, jobs, device)
+    jobs = _checked_jobs(seed, seeds, procedures, viewpoint, jobs, device)
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     clock, data = Clock(), Path(out) / "data"
     splits, test, truths, vocab = _load_benchmark(data, budget, seed, progress, viewpoint, clock)
@@ -898,12 +902,12 @@ def run_demo(
     return summary
 
 
-def _checked_jobs(seeds: int, procedures: str, viewpoint: str, jobs: int | None, device: str) -> int:
+def _checked_jobs(seed: int, seeds: int, procedures: str, viewpoint: str, jobs: int | None, device: str) -> int:
     """Refuse a bad demo option before any work; the training runs side by side (``jobs``, resolved)."""
     from procap.data.synthetic import check_viewpoint
 
-    if seeds < 1:
-        raise ValueError(f"seeds must be at least 1, got {seeds}")
+    validate.integer(seeds, "seeds", minimum=1, maximum=MAX_SEEDS)  # each seed trains every model again
+    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED + 1 - seeds)  # runs use seed .. seed+seeds-1
     if procedures not in DEMO_PROCEDURES:
         raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
     check_viewpoint(viewpoint)

@@ -21,13 +21,18 @@ from procap import validate
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import COMPUTE_DTYPES
 
+# Each profiled batch adds its events to the trace held in memory and written as one JSON file.
+MAX_PROFILED_STEPS = 1000
+
 HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
-    parser.add_argument("--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3)")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3, at most 1000)"
+    )
     parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype")
@@ -134,7 +139,7 @@ def _trace(args: argparse.Namespace, captioner: Any, batch: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
-    validate.number(args.steps, "--steps", minimum=1)
+    validate.number(args.steps, "--steps", minimum=1, maximum=MAX_PROFILED_STEPS)
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.device(args.device)
     checkpoint = checkpoint_file(args)

@@ -9,6 +9,7 @@ twice is refused (its caption would be written twice).
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from PIL import Image
 
 from procap import validate
 from procap.errors import ProCapError
-from procap.json_files import parse_json
+from procap.json_files import parse_json, read_bytes
 
 LIST_FORMATS = (".csv", ".jsonl")
 SIDES = ("before", "after")
@@ -34,24 +35,25 @@ def _names(names: list[str]) -> str:
 
 
 def _csv_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's byte-order mark
-        reader = csv.DictReader(handle)
-        try:
-            missing = [side for side in SIDES if side not in (reader.fieldnames or [])]
-            if missing:
-                raise ProCapError(
-                    f"{flag} {path} has no {' or '.join(missing)} column in its header line "
-                    f"(it needs 'before' and 'after' columns)."
-                )
-            return [(reader.line_num, row) for row in reader]
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise ProCapError(f"{flag} {path} is not a readable CSV file ({exc}).") from None
+    data = read_bytes(path, flag)  # refused from its size when larger than a pair list can be
+    try:
+        # -sig: a spreadsheet's byte-order mark
+        reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig"), newline=""))
+        missing = [side for side in SIDES if side not in (reader.fieldnames or [])]
+        if missing:
+            raise ProCapError(
+                f"{flag} {path} has no {' or '.join(missing)} column in its header line "
+                f"(it needs 'before' and 'after' columns)."
+            )
+        return [(reader.line_num, row) for row in reader]
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise ProCapError(f"{flag} {path} is not a readable CSV file ({exc}).") from None
 
 
 def _jsonl_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
     rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_bytes(path, flag).decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise ProCapError(f"{flag} {path} is not UTF-8 text ({exc}).") from None
     for number, line in enumerate(lines, start=1):

@@ -48,7 +48,7 @@ from procap.config import VIEWPOINTS
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
-from procap.files import atomic_write_json, make_parents, remove_empty, writing
+from procap.files import atomic_write_json, make_parents, remove_empty, signals_deferred, writing
 from procap.json_files import read_json
 
 CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
@@ -460,40 +460,89 @@ def generate(
     check_viewpoint(viewpoint)
 
     root = Path(out_dir)
+    recover_interrupted_swap(root)
     check_replaceable(root)
     created: list[Path] = []
     staging = None
     try:
         with writing(root):
             created = make_parents(root / "scenes.json")
-            staging = Path(tempfile.mkdtemp(prefix=".synth-new-", dir=root))
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
         splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
         with writing(root):
             _swap_in(staging, root)
         return splits
     except BaseException:
-        if staging is not None:
+        if staging is not None and not _swapped_out(staging):
             shutil.rmtree(staging, ignore_errors=True)  # no half-written benchmark is left behind
         remove_empty(created)
         raise
 
 
+STAGING_PREFIX = ".synth-new-"
+_REPLACED = ".replaced"  # inside the staging folder: the old benchmark's entries while the swap runs
+
+
 def _swap_in(staging: Path, root: Path) -> None:
     """Move the complete benchmark in ``staging`` into ``root``, replacing the old one entry by entry.
 
-    ``scenes.json`` goes last: until it is replaced, the old one still marks ``root`` as a benchmark (a leftover
-    of an interrupted swap is then replaced whole by the next ``synth --overwrite``).
+    Ctrl-C and SIGTERM are deferred while the entries move (a few renames), and an error part-way moves every
+    entry back, so the old benchmark is whole until the last rename and the new one after it. The one window left
+    is a process killed outright part-way: the old entries then wait in ``staging/.replaced``, and the next
+    ``generate`` into ``root`` puts them back first (:func:`recover_interrupted_swap`).
     """
     import shutil
 
-    trash = staging / ".replaced"
+    trash = staging / _REPLACED
     trash.mkdir()
-    for name in LAYOUT:
-        old = root / name
-        if old.exists() or old.is_symlink():
-            os.rename(old, trash / name)
-        os.rename(staging / name, old)
+    with signals_deferred():
+        try:
+            for name in LAYOUT:
+                old = root / name
+                if old.exists() or old.is_symlink():
+                    os.rename(old, trash / name)
+                os.rename(staging / name, old)
+        except BaseException:
+            _move_back(staging, root)
+            raise
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_back(staging: Path, root: Path) -> None:
+    """Undo a part-way :func:`_swap_in`: every new entry back into ``staging``, every old one back into ``root``."""
+    trash = staging / _REPLACED
+    for name in LAYOUT:
+        if not (staging / name).exists() and ((root / name).exists() or (root / name).is_symlink()):
+            os.rename(root / name, staging / name)  # this entry had been swapped in
+        if (trash / name).exists() or (trash / name).is_symlink():
+            os.rename(trash / name, root / name)
+
+
+def _swapped_out(staging: Path) -> bool:
+    """Whether ``staging`` still holds entries of the old benchmark (a swap that could not be undone)."""
+    trash = staging / _REPLACED
+    return trash.is_dir() and any(trash.iterdir())
+
+
+def recover_interrupted_swap(root: Path) -> None:
+    """Put back the old benchmark a ``generate`` killed part-way through its swap left inside ``root``.
+
+    Its staging folder holds the old entries in ``.replaced`` and the new entries not yet moved; the entries
+    already moved are taken out of ``root`` again, so ``root`` holds the old benchmark whole (when every new entry
+    had moved, the new one is whole and stays), and the staging folder is deleted. A staging folder without old entries (killed while rendering) is left alone: it may belong
+    to a run still going.
+    """
+    import shutil
+
+    if not root.is_dir():
+        return
+    for staging in sorted(root.glob(STAGING_PREFIX + "*")):
+        if not _swapped_out(staging):
+            continue
+        if any((staging / name).exists() for name in LAYOUT):  # killed part-way: the old benchmark goes back
+            with writing(root):
+                _move_back(staging, root)
+        shutil.rmtree(staging, ignore_errors=True)  # (else killed after the last rename: the new one is whole)
 
 
 def _write_benchmark(

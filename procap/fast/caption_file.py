@@ -24,7 +24,7 @@ from procap import validate
 from procap.data.pair_lists import pair_key
 from procap.errors import ProCapError
 from procap.files import is_stream, make_parents, refuse_inputs, remove_empty, writing
-from procap.json_files import parse_json
+from procap.json_files import parse_json, read_bytes
 
 OUTPUT_FORMATS = (".jsonl", ".csv")
 COLUMNS = ("before", "after", "caption")
@@ -70,7 +70,7 @@ class CaptionFile:
                 self._read_existing()
 
     def _read_existing(self) -> None:
-        data = self.path.read_bytes()
+        data = read_bytes(self.path, self.flag)  # refused from its size when larger than a captions file can be
         self._keep_bytes = data.rfind(b"\n") + 1  # a line without its newline is the cut end of a write
         try:
             text = data[: self._keep_bytes].decode("utf-8")

@@ -16,6 +16,7 @@ state beside a checkpoint is :mod:`procap.train.state`.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,31 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 
 FORMAT = "procap"
 FORMAT_VERSION = "1"
+
+# The stages whose checkpoints hold a trained caption decoder; stage 1 trains the procedure encoder only, so its
+# checkpoints captioned '' with exit 0 (and `evaluate` scored the empty captions).
+CAPTIONING_STAGES = ("stage2",)
+
+
+def recorded_stage(metadata: object) -> str | None:
+    """The training stage a checkpoint's decoded metadata records (``extra["stage"]``), or ``None``."""
+    extra = metadata.get("extra") if isinstance(metadata, dict) else None
+    stage = extra.get("stage") if isinstance(extra, dict) else None
+    return stage if isinstance(stage, str) else None
+
+
+def check_stage_can_caption(stage: str | None, source: str | os.PathLike) -> None:
+    """Refuse a recorded ``stage`` that does not train the caption decoder; ``None`` (not recorded) passes.
+
+    Raises:
+        ProCapError: naming the checkpoint ``source`` and its stage.
+    """
+    if stage is not None and stage not in CAPTIONING_STAGES:
+        raise ProCapError(
+            f"checkpoint {os.fspath(source)} records stage {stage!r}, which does not train the caption decoder, so "
+            f"its captions would be empty; caption with a stage-2 checkpoint (`procap train --init "
+            f"{os.fspath(source)}` makes one)."
+        )
 
 
 # ----------------------------------------------------------------------------------------------- vocabulary
@@ -146,4 +172,6 @@ def read_checkpoint(
     model.to(map_location).eval()
     # what the weights record (stage, metrics, the training domain...), kept by a later ``save_pretrained``
     model.pretrained_info = metadata.get("extra") if isinstance(metadata.get("extra"), dict) else {}
+    if hasattr(model, "trained_stage"):  # what the file says about itself goes with the model (ProCap.generate)
+        model.trained_stage, model.loaded_from = recorded_stage(metadata), str(path)
     return model, vocab, metadata

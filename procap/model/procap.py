@@ -40,6 +40,7 @@ from procap.data.vocab import Vocabulary
 from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
+from procap.model.checkpoint_file import check_stage_can_caption
 from procap.model.decoder import PAD_ID, CaptionDecoder
 from procap.model.decoding import DecodingStrategy, decoding_strategy
 from procap.model.encoder import ProcedureEncoder
@@ -98,6 +99,10 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         self.vqgan.requires_grad_(False)
         self.vqgan.eval()
         self.set_attention_backend(attention_backend)
+        # What the checkpoint this model was read from records about itself (read_checkpoint sets both): a stage
+        # whose caption decoder is untrained is refused by generate, however the model was loaded.
+        self.trained_stage: str | None = None
+        self.loaded_from: str | None = None
 
     def set_attention_backend(self, backend: str) -> None:
         """Run every encoder and decoder attention layer with ``backend`` from now on (``auto``, ``math``, ...)."""
@@ -229,6 +234,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         strategy: DecodingStrategy | None = None,
     ) -> torch.Tensor:
         """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
+        self.check_can_caption()
         max_len = self.config.max_caption_len if max_len is None else validate.integer(max_len, "max_len")
         if not 2 <= max_len <= self.config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
@@ -267,7 +273,8 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
             variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed;
             with beams both variants stop each caption at EOS.
         """
-        strategy = strategy or decoding_strategy(num_beams, length_penalty)  # refused before the images are encoded
+        self.check_can_caption()  # refused before the images are encoded, as are the arguments below
+        strategy = strategy or decoding_strategy(num_beams, length_penalty)
         was_training = self.training
         self.eval()
         try:
@@ -275,6 +282,16 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
             return self.generate_from_memory(memory, max_len, strategy=strategy)
         finally:
             self.train(was_training)
+
+    def check_can_caption(self) -> None:
+        """Refuse to caption with weights whose checkpoint records a stage that leaves the decoder untrained
+        (a stage-1 checkpoint loaded by hand captioned '' without an error); :attr:`trained_stage` is ``None`` for
+        a model built in memory or read from a file that records no stage, and then passes.
+
+        Raises:
+            ProCapError: naming the checkpoint and its stage.
+        """
+        check_stage_can_caption(self.trained_stage, self.loaded_from or "of this model")
 
     def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
         """Caption text of one row of :meth:`generate` (the tokens after BOS) with ``vocab``, under the decoder's

@@ -15,6 +15,13 @@ loader reads our files and we read theirs. Our extras live in attributes of that
 (float32 [T]), ``codes`` (int16/int32 [T, n], VQ indices of every frame), ``pair_id`` and ``source`` (the
 dataset images it was built from: :mod:`procap.procedure.sources`). The attribute
 ``complete`` is written last: a dataset without it is an interrupted write and is redone on resume.
+
+What a file declares is checked before anything is read for it (:func:`check_frames_size`,
+:func:`read_attribute`): HDF5 returns a declared shape whose chunks were never written as fill values, and deflate
+inflates by up to about a thousand times, so a small file could ask a reader for all memory. A pair's frames may
+hold at most :data:`MAX_STORED_FRAMES` frames of at most :data:`MAX_FRAME_SIDE` pixels a side and
+:data:`MAX_PAIR_BYTES` in all, in no more bytes than the storage the file gives them (times :data:`MAX_COMPRESSION` when compressed), storage within the file's size;
+an attribute at most :data:`MAX_ATTRIBUTE_BYTES` and the file's size.
 """
 
 from __future__ import annotations
@@ -43,6 +50,66 @@ SCORES_JSON = "scores.json"
 CACHE_FORMAT = "procap-procedures"
 CACHE_VERSION = 1
 SPACE_MARGIN = 64 * 2**20  # bytes kept free beyond each pair's data when writing a cache
+
+# Ceilings of what a cache file may declare (module docstring; docs/errors.md). The paper stores l + 2 <= 17 frames
+# of 224 px per pair.
+MAX_STORED_FRAMES = 4096
+MAX_FRAME_SIDE = 2048
+MAX_PAIR_BYTES = 2**30  # all frames of one pair (a reader may take them at once)
+# Deflate, HDF5's built-in compression, shrinks data by at most about 1032:1 (lzf and szip by less).
+MAX_COMPRESSION = 1032
+MAX_ATTRIBUTE_BYTES = 64 * 2**20
+
+
+def check_frames_size(entry: h5py.Dataset, path: Path, key: str) -> None:
+    """Refuse a pair's frames (uint8 ``(T, 3, H, W)``) whose declared size is beyond the ceilings or beyond what
+    the file stores for them, reading only metadata.
+
+    Raises:
+        ProCapError: naming the cache file, the pair's key and the sizes.
+    """
+    frames, _, height, width = entry.shape
+    if not (1 <= frames <= MAX_STORED_FRAMES and 1 <= height <= MAX_FRAME_SIDE and 1 <= width <= MAX_FRAME_SIDE):
+        raise ProCapError(
+            f"procedure cache file {path} holds {key} as {frames} frames of {height} x {width} pixels, beyond the "
+            f"{MAX_STORED_FRAMES} frames of at most {MAX_FRAME_SIDE} pixels a side a pair may have; rebuild it with "
+            "`procap prepare`."
+        )
+    declared = int(entry.size) * entry.dtype.itemsize
+    stored = int(entry.id.get_storage_size())
+    file_size = path.stat().st_size
+    filtered = entry.id.get_create_plist().get_nfilters() > 0
+    allowed = stored * (MAX_COMPRESSION if filtered else 1)
+    if declared > MAX_PAIR_BYTES:
+        raise ProCapError(
+            f"procedure cache file {path} declares {declared:,} bytes of frames for {key}, more than the "
+            f"{MAX_PAIR_BYTES:,} a pair may have; rebuild it with `procap prepare`."
+        )
+    if stored > file_size or declared > allowed:
+        raise ProCapError(
+            f"procedure cache file {path} declares {declared:,} bytes of frames for {key} over {stored:,} bytes of "
+            f"storage in a {file_size:,}-byte file (unwritten or over-compressed data); the file is damaged or "
+            "malformed, so rebuild it with `procap prepare`."
+        )
+
+
+def read_attribute(attrs: h5py.AttributeManager, name: str, path: Path, key: str, default: Any = None) -> Any:
+    """The attribute ``name`` of the dataset ``key`` (``default`` when absent), its declared size checked first.
+
+    Raises:
+        ProCapError: the attribute declares more than :data:`MAX_ATTRIBUTE_BYTES` or than the file's size.
+    """
+    if name not in attrs:
+        return default
+    attribute = attrs.get_id(name)
+    declared = int(np.prod(attribute.shape or (), dtype=np.int64)) * attribute.dtype.itemsize
+    limit = min(MAX_ATTRIBUTE_BYTES, path.stat().st_size)
+    if declared > limit:
+        raise ProCapError(
+            f"procedure cache file {path} declares {declared:,} bytes for the attribute {name} of {key}, more than "
+            f"the {limit:,} it may have; the file is damaged or malformed, so rebuild it with `procap prepare`."
+        )
+    return attrs[name]
 
 
 def authors_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:
@@ -142,12 +209,13 @@ class CacheWriter:
         for group in groups:
             if not (self.root / f"{group}.h5").exists():
                 continue
-            f = self._file(group)
+            f, path = self._file(group), self.root / f"{group}.h5"
             for key in f:
                 attrs = f[key].attrs
-                if attrs.get("complete", 0) != 1 or "s_bef" not in attrs:
+                if read_attribute(attrs, "complete", path, key, 0) != 1 or "s_bef" not in attrs:
                     continue
-                entry = {"bef_inter_sim": [attrs["s_bef"].tolist()], "inter_aft_sim": [attrs["s_aft"].tolist()]}
+                s_bef, s_aft = (np.asarray(read_attribute(attrs, name, path, key)) for name in ("s_bef", "s_aft"))
+                entry = {"bef_inter_sim": [s_bef.tolist()], "inter_aft_sim": [s_aft.tolist()]}
                 if nested:
                     out.setdefault(key, {})[f"{score_subkey(group) or group.split('_')[0]}_sim_matrixes"] = entry
                 else:
@@ -190,8 +258,8 @@ def stored_sources(root: str | Path, groups: Sequence[str]) -> dict[tuple[str, s
             continue
         with handle:
             for key, entry in handle.items():
-                if entry.attrs.get("complete", 0) == 1:
-                    value = entry.attrs.get("source")
+                if read_attribute(entry.attrs, "complete", path, key, 0) == 1:
+                    value = read_attribute(entry.attrs, "source", path, key)
                     found[group, key] = value.decode() if isinstance(value, bytes) else value
     return found
 
@@ -283,6 +351,7 @@ class ProcedureCache:
                 f"procedure cache file {self.paths[group]} holds {key} as {_describe(entry)}, "
                 f"not uint8 frames (T, 3, H, W); rebuild it with `procap prepare`."
             )
+        check_frames_size(entry, self.paths[group], key)  # every read of the pair passes here first
         return group, key
 
     def frames(self, group: str, key: str, indices: list[int] | None = None) -> np.ndarray:
@@ -306,7 +375,8 @@ class ProcedureCache:
 
     def _scores(self, attrs: h5py.AttributeManager, name: str, group: str, key: str) -> torch.Tensor:
         """One stored similarity attribute as a float32 (T,) tensor, checked to be numbers."""
-        values = np.asarray(attrs[name][()]) if name in attrs else np.zeros(0, dtype=object)
+        stored = read_attribute(attrs, name, self.paths[group], key)
+        values = np.asarray(stored) if stored is not None else np.zeros(0, dtype=object)
         if values.ndim != 1 or not np.issubdtype(values.dtype, np.number):
             raise ProCapError(
                 f"procedure cache file {self.paths[group]} holds {name} of {key} as {values.dtype} "
@@ -315,10 +385,10 @@ class ProcedureCache:
         return torch.from_numpy(values.astype(np.float32))
 
     def codes(self, group: str, key: str) -> np.ndarray | None:
-        attrs = self._open(group)[key].attrs
-        if "codes" not in attrs:
+        codes = read_attribute(self._open(group)[key].attrs, "codes", self.paths[group], key)
+        if codes is None:
             return None
-        codes = np.asarray(attrs["codes"][()])
+        codes = np.asarray(codes)
         if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
             raise ProCapError(
                 f"procedure cache file {self.paths[group]} holds codes of {key} as {codes.dtype} {codes.shape}, "

@@ -20,7 +20,7 @@ import h5py
 
 from procap.errors import ProCapError
 from procap.files import atomic_write_json
-from procap.procedure.cache import MANIFEST, CacheWriter, authors_key, read_manifest
+from procap.procedure.cache import MANIFEST, CacheWriter, authors_key, read_attribute, read_manifest
 
 SHARDS_DIR = "shards"
 _SHARD_NAME = re.compile(r"^(\d+)-of-(\d+)$")
@@ -90,7 +90,7 @@ def _locate(shards: list[Path]) -> dict[tuple[str, str], Path]:
         for path in sorted(shard.glob("*.h5")):
             with h5py.File(path, "r") as f:
                 for key in f:
-                    if f[key].attrs.get("complete", 0) != 1:
+                    if read_attribute(f[key].attrs, "complete", path, key, 0) != 1:
                         continue
                     if (path.stem, key) in where:
                         raise ProCapError(

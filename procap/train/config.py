@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from procap.config import LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap import validate
+from procap.config import GENERATED_FRAME_COUNTS, LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
@@ -27,6 +28,31 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"steps": 200_000, "batch_size": 8, "lr": 1e-4, "lr_start": 1e-6, "warmup_steps": 5_000},
     "train": {"epochs": 40, "batch_size": 16, "decoder_lr": 5e-5, "warmup_frac": 0.1},
     "vqgan": {"steps": 20_000, "batch_size": 16, "lr": 2e-4, "lr_start": 0.0, "warmup_steps": 500},
+}
+
+
+# Ceilings of the integers that multiply a run's time or memory (docs/errors.md), far above any real run: the
+# paper's longest stage is 200,000 steps; each accumulated micro-batch is one more forward and backward pass per step.
+MAX_STEPS = 10_000_000
+MAX_EPOCHS = 100_000
+MAX_GRAD_ACCUM = 1024
+
+# The range of every integer option (keyword arguments of procap.validate.number), checked by TrainConfig for the
+# Python API and by the command line under the flags' names (procap.commands.cli_args.FLAG_BOUNDS adds the floats).
+INTEGER_BOUNDS: dict[str, dict[str, int]] = {
+    "steps": {"minimum": 1, "maximum": MAX_STEPS},
+    "epochs": {"minimum": 1, "maximum": MAX_EPOCHS},
+    "batch_size": {"minimum": 1},  # its ceiling is the device's memory: procap.batch_memory
+    "grad_accum": {"minimum": 1, "maximum": MAX_GRAD_ACCUM},
+    "max_pairs": {"minimum": 1},  # cut to the pairs there are
+    "warmup_steps": {"minimum": 0, "maximum": MAX_STEPS},
+    "workers": {"minimum": 0, "maximum": validate.MAX_WORKERS},
+    "log_every": {"minimum": 1, "maximum": MAX_STEPS},
+    "save_every": {"minimum": 0, "maximum": MAX_STEPS},
+    "val_every": {"minimum": 0, "maximum": MAX_STEPS},
+    "val_pairs": {"minimum": 1},  # cut to the pairs there are
+    "num_keyframes": {"minimum": 0, "maximum": max(GENERATED_FRAME_COUNTS)},
+    "seed": {"minimum": 0, "maximum": validate.MAX_SEED},
 }
 
 
@@ -123,8 +149,10 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
         if self.decay not in LR_DECAYS:
             raise ValueError(f"decay must be one of {', '.join(LR_DECAYS)}, got {self.decay!r}")
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
+        for name, bounds in INTEGER_BOUNDS.items():  # before any work, for the API as for the command line
+            value = getattr(self, name)
+            if value is not None:
+                validate.integer(value, name, **bounds)
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
         self.loggers = tuple(self.loggers or ())

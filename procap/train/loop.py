@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from procap.errors import ProCapError
 from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
-from procap.json_files import parse_json
+from procap.json_files import parse_json, read_bytes
 from procap.train import distributed
-from procap.train.config import TrainConfig
+from procap.train.config import MAX_STEPS, TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_folder import MARKER, RunFolder
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
@@ -83,7 +83,7 @@ class JsonlLog:
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = read_bytes(self.path, "log").decode("utf-8").splitlines()
         return [parse_json(line, f"line {n} of log {self.path}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
@@ -109,7 +109,13 @@ def total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
         return int(cfg.steps)
     if cfg.epochs is None:
         raise ProCapError("give --steps or --epochs")
-    return int(cfg.epochs) * batches_per_epoch
+    total = int(cfg.epochs) * batches_per_epoch
+    if total > MAX_STEPS:
+        raise ProCapError(
+            f"--epochs {cfg.epochs} is {total:,} steps of {batches_per_epoch:,} batches, more than the {MAX_STEPS:,} "
+            "a run may take; lower --epochs or raise --batch-size."
+        )
+    return total
 
 
 def validation_line(stage: str, step: int, metrics: dict[str, float], run: str | None = None) -> str:

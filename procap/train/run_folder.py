@@ -4,7 +4,10 @@ Every run writes ``run.json`` into its folder, naming the command that trains it
 ``train``) and its state (``running`` until the last checkpoint is written, then ``finished``). A new run may use a
 folder that holds no run; ``--resume`` continues a run of its own command; ``--overwrite`` replaces a run, by
 training in a folder beside it and swapping the two only when the new run has finished, so an interrupted or
-failed replacement leaves the old run as it was. Anything else is refused with one sentence before any work: a
+failed replacement leaves the old run as it was. The swap is :func:`procap.files.swap_folder`: two renames with
+Ctrl-C deferred between them; a process killed outright between them leaves the old run beside the folder, and the
+next run into the folder puts it back (:func:`procap.files.recover_swap`, said on stderr), as it deletes the
+folders of replacements killed before they finished. Anything else is refused with one sentence before any work: a
 finished run replaced its ``best.safetensors`` and ``log.jsonl`` with exit 0, and a stage-2 run pointed at its
 stage-1 folder overwrote stage 1's state.
 
@@ -15,15 +18,16 @@ folder may be none of the run's inputs and lie inside none of them.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 from procap.config import UNTRAINED_VQGAN
 from procap.errors import ProCapError
-from procap.files import atomic_write_json, input_overlap, refuse_inputs
+from procap.files import atomic_write_json, beside, input_overlap, recover_swap, refuse_inputs, swap_folder
 from procap.json_files import read_json
 from procap.train.config import TrainConfig
 from procap.train.state import state_paths
@@ -92,6 +96,9 @@ def check_run_folder(cfg: TrainConfig) -> None:
         ProCapError: one sentence naming ``--out`` and what to do.
     """
     out = Path(cfg.out)
+    note = recover_swap(out)  # a replacement killed between its two renames left the old run beside the folder
+    if note:
+        print(f"procap: note: {note}.", file=sys.stderr, flush=True)
     inputs = run_inputs(cfg)
     output_apart(out, "--out", inputs)
     # an --init that is best.safetensors of this very folder, named on the command line or in a config file
@@ -157,8 +164,12 @@ class RunFolder:
         or failed start leaves nothing beside the old run.
         """
         if self.replacing and self.folder == self.final:
+            prefix = beside(self.final, "replacing-").name
+            # under the lock no other run replaces this folder: any such folder is a killed replacement's
+            for stale in self.final.parent.glob(glob.escape(prefix) + "*"):
+                shutil.rmtree(stale, ignore_errors=True)
             # beside the old run, on its file system, so the swap at the end is two renames
-            self.folder = Path(tempfile.mkdtemp(prefix=f".{self.final.name[:32]}.replacing-", dir=self.final.parent))
+            self.folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.final.parent))
         return self.folder
 
     def mark(self, state: str) -> None:
@@ -169,11 +180,8 @@ class RunFolder:
         self.mark("finished")
         if not self.replacing:
             return
-        aside = self.final.with_name(f".{self.final.name[:32]}.replaced-{uuid.uuid4().hex[:8]}")
-        os.rename(self.final, aside)
-        os.rename(self.folder, self.final)
+        swap_folder(self.folder, self.final)  # the old run or the new one is whole at every moment (module docstring)
         self.folder = self.final
-        shutil.rmtree(aside, ignore_errors=True)
 
     def discard(self) -> None:
         """A replacing run that did not finish: remove its folder; the old run stays as it was."""

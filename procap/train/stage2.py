@@ -141,6 +141,7 @@ def train(
     if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
         truths = scene_truths(cfg.data, val_pairs)
     model, vocab = model_and_vocab(cfg, pairs, vocab)
+    model.trained_stage = "stage2"  # a stage-1 init's record no longer holds: this run trains the decoder
     model.vqgan.requires_grad_(False)
     _, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
     model.to(device)

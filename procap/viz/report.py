@@ -34,7 +34,7 @@ from procap.data.images import open_image
 from procap.errors import ProCapError
 from procap.eval.correctness import FAILURE_COLUMNS
 from procap.files import atomic_write_text
-from procap.json_files import parse_json
+from procap.json_files import parse_json, read_bytes
 from procap.json_files import read_json as read_json_file
 from procap.viz.figures import (
     check_imaginable,
@@ -95,7 +95,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_bytes(path, "log").decode("utf-8").splitlines():
         try:
             records.append(parse_json(line, f"log {path}"))
         except ProCapError:  # a torn last line of a run that was stopped

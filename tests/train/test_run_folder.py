@@ -180,3 +180,156 @@ def test_an_init_inside_the_run_folder_from_a_config_file_is_refused(tmp_path, c
     add_common_arguments(parser, "train")
     with pytest.raises(ProCapError, match=r"best.safetensors is --init .*, which this command reads"):
         config_from_args("train", parser.parse_args(["--config", str(tmp_path / "c.json")]))
+
+
+# -- replacing is atomic: the old or the new is whole at every moment (issue 39 A) ---------------------------------
+def _tree(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _interrupt_rename(monkeypatch, module, number: int, error: type[BaseException] = KeyboardInterrupt) -> None:
+    """``module``'s ``os.rename`` raises ``error`` at its ``number``-th call (1-based), as a Ctrl-C or a failing
+    disk would there."""
+    real = os.rename
+    calls = {"n": 0}
+
+    def rename(src, dst):
+        calls["n"] += 1
+        if calls["n"] == number:
+            raise error("interrupted")
+        return real(src, dst)
+
+    monkeypatch.setattr(module.os, "rename", rename)
+
+
+@pytest.mark.parametrize(
+    ("number", "error"),
+    [(1, KeyboardInterrupt), (2, KeyboardInterrupt), (2, OSError)],
+    ids=["before the first rename", "between the renames", "second rename fails"],
+)
+def test_an_interrupted_folder_swap_leaves_the_old_folder(tmp_path, monkeypatch, number, error):
+    from procap import files
+
+    old, new = tmp_path / "run", tmp_path / ".run.replacing-1"
+    for folder, text in ((old, "old"), (new, "new")):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "f.txt").write_text(text)
+    _interrupt_rename(monkeypatch, files, number, error)
+    with pytest.raises(error):
+        files.swap_folder(new, old)
+    assert _tree(old) == {"sub/f.txt": b"old"} and _tree(new) == {"sub/f.txt": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.replacing-1", "run"]
+    monkeypatch.undo()
+    files.swap_folder(new, old)
+    assert _tree(old) == {"sub/f.txt": b"new"} and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_ctrl_c_during_the_swap_is_delivered_after_it(tmp_path):
+    from procap import files
+
+    old, new = tmp_path / "run", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (new / "f").write_text("new")
+    real = os.rename
+
+    def signalled(src, dst):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the renames run
+        real(src, dst)
+
+    os.rename = signalled
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            files.swap_folder(new, old)
+    finally:
+        os.rename = real
+    assert (old / "f").read_text() == "new"  # both renames ran: the signal waited for them
+
+
+def test_an_overwrite_interrupted_in_its_swap_keeps_the_old_run(stage1_run, train_pairs, vocab, monkeypatch):
+    from procap import files
+    from procap.train.stage1 import pretrain
+
+    before = _tree(stage1_run)
+    _interrupt_rename(monkeypatch, files, 2)  # the swap's second rename: the new run onto the old one's name
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
+    assert _tree(stage1_run) == before
+    assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]  # the new run discarded, no backup left
+
+
+def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run, train_pairs, vocab, capsys):
+    from procap.files import beside
+    from procap.train.run_folder import check_run_folder
+    from procap.train.stage1 import pretrain
+
+    before = _tree(stage1_run)
+    backup, stale = beside(stage1_run, "replaced"), beside(stage1_run, "replacing-x1")
+    os.rename(stage1_run, backup)  # what `kill -9` between the two renames leaves
+    stale.mkdir()  # and the new run it was swapping in
+    with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run"):
+        check_run_folder(_config(stage1_run, seed=2))  # any run into the folder puts it back, even one refused
+    assert "put back" in capsys.readouterr().err
+    assert _tree(stage1_run) == before and not backup.exists()
+    pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
+    assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]  # the killed replacement's folder went too
+
+
+def test_the_old_copy_a_finished_swap_left_is_deleted(tmp_path):
+    from procap.files import beside, recover_swap
+
+    final = tmp_path / "run"
+    final.mkdir()
+    beside(final, "replaced").mkdir()
+    assert "removed" in recover_swap(final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and recover_swap(final) is None
+
+
+def test_names_beside_a_long_folder_name_fit_and_differ(tmp_path):
+    from procap.files import beside, name_limit
+
+    long_a, long_b = tmp_path / ("a" * 250), tmp_path / ("a" * 249 + "b")
+    for path in (beside(long_a, "replaced"), beside(long_a, "replacing-")):
+        assert len(os.fsencode(path.name)) + 16 <= name_limit(tmp_path)
+    assert beside(long_a, "replaced") != beside(long_b, "replaced")
+
+
+@pytest.mark.parametrize("number", [1, 3, 8], ids=["first entry", "third entry", "last entry"])
+def test_synth_interrupted_in_its_swap_keeps_the_old_benchmark(tmp_path, monkeypatch, number):
+    from procap.data import synthetic
+
+    root = tmp_path / "bench"
+    synthetic.generate(root, 4, size=16, seed=1, progress=False)
+    before = _tree(root)
+    real_swap = synthetic._swap_in
+
+    def swap_interrupted(staging, target):
+        _interrupt_rename(monkeypatch, synthetic, 2 * number)  # moving the number-th new entry into place
+        real_swap(staging, target)
+
+    monkeypatch.setattr(synthetic, "_swap_in", swap_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.generate(root, 6, size=16, seed=2, progress=False)
+    assert _tree(root) == before  # the old benchmark whole, nothing of the new one, no staging folder
+
+
+def test_synth_killed_in_its_swap_is_put_back_by_the_next_synth(tmp_path, monkeypatch):
+    from procap.data import synthetic
+
+    root = tmp_path / "bench"
+    synthetic.generate(root, 4, size=16, seed=1, progress=False)
+    before = _tree(root)
+    real_swap = synthetic._swap_in
+
+    def killed(staging, target):  # stops after three entries and cannot undo them, as `kill -9` would
+        _interrupt_rename(monkeypatch, synthetic, 7)
+        monkeypatch.setattr(synthetic, "_move_back", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+        real_swap(staging, target)
+
+    monkeypatch.setattr(synthetic, "_swap_in", killed)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.generate(root, 6, size=16, seed=2, progress=False)
+    assert _tree(root) != before and list(root.glob(".synth-new-*"))  # mixed, with the old entries kept aside
+    monkeypatch.undo()
+    synthetic.recover_interrupted_swap(root)
+    assert _tree(root) == before and not list(root.glob(".synth-new-*"))
