@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import queue as queue_module
 import shutil
 import statistics
@@ -45,7 +44,7 @@ from procap import validate
 from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
-from procap.json_files import read_json
+from procap.json_files import parse_json, read_json
 from procap.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -614,8 +613,8 @@ def _last_step(path: Path) -> dict[str, Any] | None:
         return None
     for line in reversed(lines):
         try:
-            record = json.loads(line)
-        except ValueError:  # a line being written
+            record = parse_json(line, str(path))
+        except ProCapError:  # a line being written
             continue
         if isinstance(record, dict) and "items_per_s" in record:
             return record
@@ -960,8 +959,9 @@ def print_summary(results: dict, metrics, samples: list, summary: dict, note: st
     print(format_table(results, metrics))
     print()
     print(format_failures(results))
-    print()
-    print(format_paired(summary["paired"]))
+    if summary.get("paired"):
+        print()
+        print(format_paired(summary["paired"]))
     if note:
         print(note)
     print("\nexamples (test split, first seed):")
