@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny budget: an end-to-end check (11.8 min for the four models on a nearly idle 2-core machine; "
+        help="tiny budget: an end-to-end check (about 10 min for the four models on a 2-core machine; "
         "longer beside other work)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
