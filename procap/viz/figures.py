@@ -256,7 +256,7 @@ def _strip_caption(
         return f"given caption: {condition}"
     if vocab is None:
         return ""
-    if stage == "stage1":
+    if stage == "stage1" or getattr(model, "trained_stage", None) == "stage1":  # the file's own record counts too
         return "(no caption: a stage-1 checkpoint's decoder is untrained)"
     return model.caption_text(vocab, model.generate(before, after)[0].tolist())
 

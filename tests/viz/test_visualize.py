@@ -61,6 +61,7 @@ def saved(tmp_path_factory):
 
 def test_shapes_and_codes_match_the_head(saved):
     model, vocab, _ = load_checkpoint(saved["procap"])
+    model.trained_stage = "stage2"  # the same weights read as a stage-2 model, whose decoder may caption
     before, after = _pair()
     result = imagine(model, before, after, vocab=vocab, stage="stage2")
     # codes on the VQGAN's latent grid (a merged token predicts its m x m cells)
@@ -211,3 +212,10 @@ def test_cli_errors_are_one_sentence_exit_2(saved, capsys, which, extra, message
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_stage1_checkpoint_shows_no_caption_even_when_the_caller_names_no_stage(saved):
+    """The checkpoint's own record of its stage decides, as in ProCap.generate, which refuses it."""
+    model, vocab, _ = load_checkpoint(saved["procap"])
+    before, after = _pair()
+    assert "decoder is untrained" in imagine(model, before, after, vocab=vocab, stage=None).caption
