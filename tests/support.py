@@ -23,6 +23,14 @@ from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 
 
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process: this checkout first on PYTHONPATH, ahead of what the parent has
+    there (a GPU image may keep packages such as pycocoevalcap only on PYTHONPATH), plus ``extra``."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 class IdVocab:
     """Stands in for a Vocabulary where only token ids matter: ``decode`` gives the ids as text."""
 

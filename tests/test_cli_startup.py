@@ -5,7 +5,6 @@ Each case runs in a fresh interpreter, since torch, once imported by any test, s
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from procap.cli import COMMANDS
+from tests.support import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchvision", "cv2", "h5py")
@@ -31,7 +31,7 @@ print('HEAVY', ','.join(heavy), file=sys.stderr)
 
 
 def run_cli(argv: list[str]) -> tuple[int, list[str], str]:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = subprocess_env()
     probe = f"HEAVY = {HEAVY!r}\n{PROBE}"
     done = subprocess.run(
         [sys.executable, "-c", probe, *argv], env=env, capture_output=True, text=True, timeout=600, check=False
@@ -73,7 +73,7 @@ def test_the_probe_sees_torch_when_it_is_imported():
     # The checks above must be able to fail: torch imported before the command line shows up in the list.
     code, heavy, _ = run_cli(["--version"])
     assert code == 0 and heavy == []
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     done = subprocess.run(
         [sys.executable, "-c", f"HEAVY = {HEAVY!r}\nimport procap.data.images\n{PROBE}", "--version"],
         env=env,

@@ -14,6 +14,7 @@ import pytest
 from procap.cli import main
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION, EXTRA_OF_MODULE, missing_extra_message, require
+from tests.support import subprocess_env
 
 tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml without a package")
 
@@ -47,7 +48,7 @@ def test_version_flag(capsys):
 def test_the_version_is_answered_without_importing_torch():
     # Building the parser imports every command and torch with them (2.5-3 s); --version must not pay for that.
     probe = "import sys; from procap.cli import main; main(['--version']); print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('procap.commands')))"
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = subprocess_env()
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True
     )

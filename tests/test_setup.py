@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -190,6 +191,10 @@ def test_sdist_carries_every_source_and_installs_with_or_without_the_extension(t
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:  # run from a virtualenv (a GPU image's python3 is one): the new venv's system
+        # site is the base interpreter's, without this one's torch; a .pth file adds this environment's packages
+        (site_dir,) = (venv / "lib").glob("python*/site-packages")
+        (site_dir / "parent_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # The sdist, not this checkout: no PYTHONPATH, and the extension is wanted (PROCAP_SKIP_EXT would skip it).
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PROCAP_SKIP_EXT", "PIP_REQUIRE_VIRTUALENV")}
     install = [str(python), "-m", "pip", "install", "-v", "--no-index", "--no-build-isolation", "--no-deps", str(sdist)]

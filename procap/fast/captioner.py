@@ -154,9 +154,10 @@ class Captioner:
             GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
             (e.g. ``{"downsample_4x4": False}``).
         fused_encoder: the procedure encoder's inference forms (:meth:`procap.model.encoder.ProcedureEncoder.
-            use_fused_blocks`): False (the default, the readable stack), True (residual add + LayerNorm in one
-            kernel), or a dict of its keyword arguments (e.g. ``{"gelu_epilogue": True}``: the MLP's GELU in the
-            GEMM epilogue, tanh-approximated on CUDA).
+            use_fused_blocks`): True (the default: each residual add + the LayerNorm after it in one kernel, the
+            readable stack's values), False (the readable stack), or a dict of its keyword arguments (e.g.
+            ``{"gelu_epilogue": True}``: also the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so
+            opt-in).
 
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
     read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
@@ -189,7 +190,7 @@ class Captioner:
         length_penalty: float = 1.0,
         strategy: DecodingStrategy | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
-        fused_encoder: bool | dict[str, Any] = False,
+        fused_encoder: bool | dict[str, Any] = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:

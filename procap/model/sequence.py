@@ -121,8 +121,9 @@ class SequenceAssembly(nn.Module):
             return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
         b, n, d = diff.shape
         frames = tokens.shape[1] // n
-        ends = torch.zeros(frames, dtype=tokens.dtype, device=tokens.device)
-        ends[[0, -1]] = 1.0
+        # Compared on the device: a Python list index would copy from the host, which a CUDA graph capture refuses.
+        position = torch.arange(frames, device=tokens.device)
+        ends = ((position == 0) | (position == frames - 1)).to(tokens.dtype)
         weight = ends.view(1, frames, 1).expand(b, frames, n)
         if visible is not None:
             weight = weight * visible.view(b, frames, n).to(tokens.dtype)

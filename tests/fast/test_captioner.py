@@ -40,13 +40,19 @@ def test_static_input_path_equals_generate(trained, pairs, batch):
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
 
 
-@pytest.mark.parametrize("fused_encoder", [True, {"add_norm": False, "gelu_epilogue": True}], ids=["add_norm", "gelu"])
-def test_fused_encoder_tokens_equal_generate(trained, pairs, fused_encoder):
-    # On the CPU both inference forms of the encoder are exact (the add + LayerNorm reference op, erf GELU).
+ENCODER_FORMS = {"default": {}, "readable": {"fused_encoder": False}}
+ENCODER_FORMS["gelu"] = {"fused_encoder": {"add_norm": False, "gelu_epilogue": True}}
+
+
+@pytest.mark.parametrize("form", ENCODER_FORMS)
+def test_fused_encoder_tokens_equal_generate(trained, pairs, form):
+    # On the CPU both inference forms of the encoder are exact (the add + LayerNorm reference op, erf GELU); the
+    # add + LayerNorm fusion is the default.
     model, _, _ = trained
     before, after = pairs[0][:4], pairs[1][:4]
-    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), fused_encoder=fused_encoder)
-    assert captioner.model.encoder.fused_add_norm == (fused_encoder is True)
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), **ENCODER_FORMS[form])
+    assert captioner.model.encoder.fused_add_norm == (form == "default")
+    assert all(layer.mlp.gelu_epilogue == (form == "gelu") for layer in captioner.model.encoder.layers)
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
     assert not model.encoder.fused_add_norm  # the caller's model is left as it was
 

@@ -181,7 +181,7 @@ def test_folded_finalize_equals_the_finalize_kernel(dtype, shape, groups, mode):
     # followed by the apply kernel (three), and so meets the reference as closely; small tiles, chunks and row
     # ranges make every program merge several chunks and loop over several tiles.
     x, r, weight, bias = _inputs(shape, dtype, impl_device("triton"), residual=mode == "x+r")
-    in_bias = (torch.randn(shape[1]) * 4).to(dtype) if mode == "x+b" else None
+    in_bias = (torch.randn(shape[1]) * 4).to(x.device, dtype) if mode == "x+b" else None
     sizes = {"block_hw": 16, "rows_per_chunk": 16}
     args = (x, weight, bias, groups, 1e-6, True, r)
     three = group_norm_fwd(*args, in_bias=in_bias, write_sum=False if in_bias is not None else None, **sizes)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from procap import kernels
 from procap.model.encoder import ProcedureEncoder
-from tests.support import DTYPES, max_abs_err, requires_cuda, small_config
+from tests.support import DTYPES, impl_device, max_abs_err, requires_cuda, small_config
 
 pytestmark = pytest.mark.usefixtures("fresh_dispatch")
 
@@ -32,12 +32,13 @@ def _tokens(dtype=torch.float32) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_add_norm_stack_with_the_kernel_matches_the_readable_stack(dtype, monkeypatch):
-    encoder, x = _encoder(dtype), _tokens(dtype)
+    device = impl_device("triton")  # compiled on a GPU, interpreted on the CPU
+    encoder, x = _encoder(dtype).to(device), _tokens(dtype).to(device)
     with torch.no_grad():
         readable = encoder(x)
-        truth = _encoder(torch.float64)(x.double())
+        truth = _encoder(torch.float64).to(device)(x.double())
         encoder.use_fused_blocks()
-        monkeypatch.setenv("PROCAP_KERNELS", "triton")  # the Triton kernel, interpreted on the CPU
+        monkeypatch.setenv("PROCAP_KERNELS", "triton")
         kernels.reset_dispatch()
         kept = x.clone()
         fused = encoder(x)
@@ -97,6 +98,10 @@ def test_cuda_gelu_epilogue_is_tanh_approximated(dtype):
     got = torch._addmm_activation(b, x, w.t(), use_gelu=True)
     tanh = F.gelu(F.linear(x.double(), w.double(), b.double()), approximate="tanh")
     erf = F.gelu(F.linear(x.double(), w.double(), b.double()))
-    assert max_abs_err(got, tanh) < max_abs_err(got, erf) or max_abs_err(tanh, erf) < 1e-6
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    assert max_abs_err(got, tanh) < tol
+    if dtype == torch.float32:  # the flavour shows in fp32; in bf16 the output's rounding (up to 0.06 here) hides
+        # the flavours' gap (under 5e-4), and on the H100 the share of outputs equal to each rounded flavour did not
+        # favour tanh either (cuBLASLt's bf16 epilogue need not round as an fp32 GELU would): there only the size
+        assert max_abs_err(got, tanh) < max_abs_err(got, erf)
+        assert max_abs_err(got, tanh) < 1e-3
+    else:  # two roundings of the largest output at most (the H100 measured one ulp, 0.0625 at values near 12)
+        assert max_abs_err(got, tanh) <= 2 * torch.finfo(dtype).eps * tanh.abs().max().item()

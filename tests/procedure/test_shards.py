@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from procap.errors import ProCapError
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.pipeline import prepare
 from procap.procedure.shards import merge_shards, parse_shard, shard_dir
-from tests.support import prepare_options
+from tests.support import prepare_options, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +120,7 @@ def test_torchrun_prepare_shards_and_merges(tmp_path):
     save_vqgan(tmp_path / "vq.safetensors", tiny_vqgan())
     args = ["--dataset", "clevr-change", "--root", str(tmp_path / "synth"), "--out", str(tmp_path / "c")]
     args += ["--size", "32", "--frames", "3", "--vqgan", str(tmp_path / "vq.safetensors"), "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = subprocess_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "procap"]
     done = subprocess.run(
         [*cmd, "prepare", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150, check=False

@@ -16,7 +16,6 @@ What must agree, and how closely:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from procap.train.loop import JsonlLog
+from tests.support import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -40,7 +40,7 @@ def _config(out: Path, **kw) -> dict:
 
 
 def _run(spec: dict, nproc: int, max_restarts: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = subprocess_env(OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     if nproc == 1:

@@ -238,6 +238,7 @@ def test_evaluate_fast_and_beams_match_the_oracle_on_the_cpu(tmp_path, model, vo
 
     ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
     base = ["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--metrics", "BLEU-4", "--max-pairs", "6"]
+    base += ["--device", "cpu"]  # a GPU machine would default to CUDA, where --fast runs bf16
     results = {}
     for name, flags in {"exact": ["--exact"], "fast": ["--fast"], "beams": ["--fast", "--beams", "3"]}.items():
         assert main([*base, *flags, "--out", str(tmp_path / name)]) == 0
