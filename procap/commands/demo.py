@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit a new VQGAN tokenizer (the budget's steps) instead of using the one shipped in the package",
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="read back the seeds of --out whose four models were evaluated (same settings) and train only the "
+        "others: an interrupted demo goes on from its last finished seed",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -99,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         train_tokenizer=args.train_tokenizer,
         jobs=args.jobs,
+        resume=args.resume,
     )
     print(f"\nwrote checkpoints, metrics.json and samples under {args.out}")
     print(f"report: {os.path.join(args.out, REPORT_NAME)}")

@@ -365,6 +365,42 @@ def evaluate_run(
     )
 
 
+# What a finished seed's runs must share with this demo for ``--resume`` to read them back instead of training.
+RESUME_SETTINGS = (
+    "preset", "dataset", "steps", "batch_size", "lr", "encoder_lr", "decoder_lr", "warmup_frac", "decay", "seed",
+    "num_keyframes", "val_every", "val_pairs", "device",
+)  # fmt: skip
+
+
+def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str, dict[str, Any]] | None:
+    """The four models' evaluation reports of a seed the demo finished before, read back for ``--resume``.
+
+    Returns None when a model of the seed has no evaluation (the seed is then trained again, from scratch).
+
+    Raises:
+        ProCapError: naming the run folder, when a finished run was trained with other settings than ``configs``
+            (another budget or seed): its figures would be mixed with this demo's.
+    """
+    from procap.eval.metrics import read_predictions
+
+    reports = {}
+    for name, _ in MODELS:
+        run = folder / name
+        if not all((run / f).is_file() for f in ("metrics.json", "results.json", "stage2_config.json")):
+            return None
+        saved = read_json(run / "stage2_config.json", "run configuration")
+        wanted = configs[name].resolved().to_dict()  # runs record their resolved settings (learning rates filled in)
+        changed = [key for key in RESUME_SETTINGS if saved.get(key) != wanted.get(key)]
+        if changed:
+            raise ProCapError(
+                f"--resume: {run} was trained with other settings ({', '.join(changed)}) than this demo; "
+                "give a new --out, or run without --resume to train it again."
+            )
+        report = read_json(run / "metrics.json", "evaluation report")
+        reports[name] = {**report, "predictions": read_predictions(run / "results.json")}
+    return reports
+
+
 def _mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
@@ -810,6 +846,7 @@ def run_demo(
     train_tokenizer: bool = False,
     jobs: int | None = None,
     viewpoint: str = "none",
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
 
@@ -822,6 +859,8 @@ def run_demo(
         procedures: stage-1 frames, one of :data:`procap.config.DEMO_PROCEDURES` (:func:`build_procedures`).
         viewpoint: the benchmark's view change within a pair (:data:`procap.config.VIEWPOINTS`,
             :mod:`procap.data.synthetic`).
+        resume: read back every seed of ``out`` whose four models were evaluated (:func:`finished_reports`) and
+            train only the others: an interrupted demo goes on from its last finished seed.
     """
     from procap.eval.split import default_metrics
     from procap.files import atomic_write_json
@@ -861,11 +900,18 @@ def run_demo(
         folder = run_folder(out, run_seed, seed)
         configs = stage_configs(budget, out, data, run_seed, device, progress, workers, folder)
         configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
-        best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
-        clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
+        reports = finished_reports(folder, configs) if resume else None
+        if reports is not None:
+            clock.phase("resume", f"seed {run_seed}: finished before, its evaluation read back from {folder}")
+        else:
+            best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
+            clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
+            reports = {
+                name: evaluate_run(name, best[name], test, metrics, cache, device, folder, truths, progress)
+                for name, _ in MODELS
+            }
         for name, _ in MODELS:
-            report = evaluate_run(name, best[name], test, metrics, cache, device, folder, truths, progress)
-            per_model[name].append({**report, "seed": run_seed})
+            per_model[name].append({**reports[name], "seed": run_seed})
         clock.done()
 
     results = {label: aggregate(per_model[name], metrics) for name, label in MODELS}
