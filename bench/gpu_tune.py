@@ -5,8 +5,8 @@ gate per variant, a top-kernel table per variant, and a compact table printed la
     python bench/gpu_tune.py --list
 
 One random-weight model (``--preset``, k = ``--k``) is built once; every variant is a ``Captioner`` over a copy of it
-with the variant's options (and the group-norm kernel switch it names), and carries its written estimate of the
-milliseconds it saves at batch 32 (``--list`` prints it; the results keep it beside the measurement). Per variant and batch: the first call
+with the variant's options, and may carry a written estimate of the milliseconds it saves at batch 32 (``--list``
+prints it; the results keep it beside the measurement). Per variant and batch: the first call
 (capture, cuDNN autotuning, compilation) is timed apart as ``setup_s``, then ``--iters`` calls are timed with CUDA
 events, one pair of events around each call (the median is reported, with TPS counting 24 tokens per caption as
 the paper does, and MFU from the model FLOPs of the reference graph). The gate: the decoder memory of the largest
@@ -48,7 +48,6 @@ class Variant:
 
     description: str
     captioner: dict[str, Any] = field(default_factory=dict)
-    fold_finalize: bool = False  # procap.kernels.groupnorm.set_fold_finalize while the variant runs
     estimate_ms_b32: float | None = None
 
 
@@ -71,13 +70,8 @@ VARIANTS: dict[str, Variant] = {
     "conv_in8": Variant("down4x4 + conv_in on 8 input channels", {**BASELINE, "fused_vqgan": True}),
     "all": Variant("every change: the Captioner's defaults", {}),
     "all_compile": Variant("all + torch.compile", {"torch_compile": True}),
-    # Prepared without a GPU (issue 38), estimates from the 2026-11-26 b32 profile (docs/gpu.md, "prepared, not yet
-    # measured"); each is "all" plus one change, then all of them together.
-    "gn_fold_finalize": Variant(
-        "all + the GN finalize folded into the apply kernel's prologue (two launches per norm instead of three)",
-        fold_finalize=True,
-        estimate_ms_b32=0.1,
-    ),
+    # Measured on an H100 on 2026-11-26 (bench/results/h100-2026-11-26-run2.json, docs/gpu.md): the add + LayerNorm
+    # fusion became the default; the GELU epilogue is faster again but approximates the model's erf GELU.
     "readable_encoder": Variant(
         "all with the procedure encoder's readable stack (the default before 2026-11-26's second run: its add + "
         "LayerNorm fusion measured -0.87 ms at b32, so the fusion became the default)",
@@ -88,12 +82,6 @@ VARIANTS: dict[str, Variant] = {
         "GELU is erf: gated by memory and token agreement)",
         {"fused_encoder": {"add_norm": True, "gelu_epilogue": True}},
         estimate_ms_b32=1.1,
-    ),
-    "prepared": Variant(
-        "all + every prepared change (gn_fold_finalize, encoder_gelu_epilogue)",
-        {"fused_encoder": {"add_norm": True, "gelu_epilogue": True}},
-        fold_finalize=True,
-        estimate_ms_b32=1.5,
     ),
 }
 DEFAULT_VARIANTS = ("all", "readable_encoder", "encoder_gelu_epilogue", "baseline")
@@ -275,10 +263,8 @@ class TuneSession:
         from telemetry import mfu  # bench/ is on sys.path (see the end of this file)
 
         from procap.fast import Captioner
-        from procap.kernels import groupnorm
 
         variant, args = VARIANTS[name], self.args
-        fold_before = groupnorm.set_fold_finalize(variant.fold_finalize)  # before the capture: graphs keep it
         try:
             options = copy.deepcopy(variant.captioner)
             captioner = Captioner(
@@ -321,7 +307,6 @@ class TuneSession:
                 result["top_kernels"] = self._profile(captioner, args.profile_batch, args.top)
             return result
         finally:
-            groupnorm.set_fold_finalize(fold_before)
             torch.cuda.empty_cache()
 
     def _profile(self, captioner: Any, batch: int, top: int) -> list[dict[str, Any]]:

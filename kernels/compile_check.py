@@ -176,10 +176,6 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
                     y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
                         x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum
                     )
-                    # the inference forward with the finalize folded into the apply kernel (gn_fold_finalize)
-                    groupnorm.group_norm_fwd(
-                        x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum, fold_finalize=True
-                    )
                     if write_sum is False:
                         continue  # the backward reads the written sum
                     for ds in (None, x):

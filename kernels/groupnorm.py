@@ -20,10 +20,6 @@ with the statistics of group ``g`` over all H*W positions and the group's C/G ch
 3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
    (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
 
-Opt-in for inference (:func:`set_fold_finalize`, the ``gn_fold_finalize`` variant of ``bench/gpu_tune.py``): 2 and 3 in
-one launch, ``_group_norm_apply_folded_kernel``, whose programs each merge the partials of the groups their channel
-tile touches (the finalize's arithmetic, in its order) and then normalise a range of rows.
-
 ``in_bias`` is the bias of the convolution that produced x, run without it (``procap.fast.vqgan_encoder``): ATen
 would add it in a separate, non-vectorised pass. When the sum is not needed afterwards it is never stored: the apply
 kernel adds the bias again as it reads x. Each add is rounded to the storage dtype as the reference's eager add is,
@@ -64,22 +60,6 @@ MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 ti
 BLOCK_S = 16  # chunks merged per step in the finalize kernel
 BLOCK_G_MIN = 16
 SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
-# The folded apply kernel (finalize in its prologue) loops over a range of rows: this many programs per SM, so the
-# prologue's merge of the partials is paid a few hundred times per launch, not once per tile.
-APPLY_PROGRAMS_PER_SM = 8
-_fold_finalize = False  # set_fold_finalize: the inference path's default (off until an H100 run shows it ahead)
-
-
-def set_fold_finalize(on: bool) -> bool:
-    """Make the inference forward fold the finalize into the apply kernel (``True``) or launch it (``False``).
-
-    A named variant of ``bench/gpu_tune.py`` (``gn_fold_finalize``) turns it on around its measurement. Returns the
-    previous setting. The autograd forward always launches the finalize: its backward reads the per-channel
-    statistics that kernel writes.
-    """
-    global _fold_finalize
-    previous, _fold_finalize = _fold_finalize, bool(on)
-    return previous
 
 
 def group_norm_ref(
@@ -385,80 +365,6 @@ def _group_norm_apply_kernel(
 
 
 @triton_jit
-def _group_norm_apply_folded_kernel(
-    X_ptr,
-    IB_ptr,
-    Y_ptr,
-    Mean_ptr,
-    M2_ptr,
-    W_ptr,
-    Bias_ptr,
-    HW,
-    C,
-    G,
-    n_chunks,
-    rows_per_chunk,
-    rows_per_program,
-    eps,
-    stride_b,
-    stride_hw,
-    stride_c,
-    HAS_IN_BIAS: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-    BLOCK_HW: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
-    """The apply pass with the finalize folded into its prologue, grid (B, row ranges, channel tiles).
-
-    Each program merges the statistics partials of the groups its channel tile touches (:func:`_group_stats`, as the
-    finalize kernel does), spreads them to its channels, then applies them to ``rows_per_program`` rows, one
-    (BLOCK_HW, BLOCK_C) tile at a time: the prologue is paid once per row range, not once per tile.
-    """
-    pid_b = tl.program_id(0)
-    c0 = tl.program_id(2) * BLOCK_C
-    cols = c0 + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    per_group = C // G
-    groups = c0 // per_group + tl.arange(0, BLOCK_G)
-    g_ok = groups < G
-    g_mean, g_rstd = _group_stats(
-        Mean_ptr, M2_ptr, pid_b, groups, g_ok, HW, C, G, n_chunks, rows_per_chunk, eps, BLOCK_S, BLOCK_G
-    )
-    # Group -> channel: a one-hot (BLOCK_C, BLOCK_G) select summed over groups (one non-zero term: exact).
-    own = (cols // per_group)[:, None] == groups[None, :]
-    mean = tl.sum(tl.where(own, g_mean[None, :], 0.0), axis=1)
-    rstd = tl.sum(tl.where(own, g_rstd[None, :], 0.0), axis=1)
-    scale = rstd * tl.load(W_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    if HAS_IN_BIAS:
-        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    start = tl.program_id(1) * rows_per_program
-    stop = tl.minimum(start + rows_per_program, HW)
-    base = pid_b.to(tl.int64) * stride_b
-    for r0 in range(start, stop, BLOCK_HW):
-        rows = r0 + tl.arange(0, BLOCK_HW)
-        ok = (rows < stop)[:, None] & col_ok[None, :]
-        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
-        _apply_tile(
-            X_ptr,
-            Y_ptr,
-            offs,
-            ok,
-            in_bias[None, :],
-            mean[None, :],
-            scale[None, :],
-            bias[None, :],
-            HAS_IN_BIAS,
-            SILU,
-            ROUND_BF16,
-        )
-
-
-@triton_jit
 def _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok):
     """(x, z) on a tile: the stored input and the affine output ``(x - mean) * scale + bias`` it was mapped to."""
     x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -633,8 +539,6 @@ def group_norm_fwd(
     write_sum: bool | None = None,
     block_hw: int | None = None,
     rows_per_chunk: int | None = None,
-    fold_finalize: bool | None = None,
-    rows_per_program: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Launch the forward kernels.
 
@@ -644,15 +548,11 @@ def group_norm_fwd(
         write_sum: store ``s = (x + in_bias) + residual`` (default: whenever it differs from x). Without it an
             in_bias is added again where the apply kernel reads x, and ``s`` is returned as None.
         block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones).
-        fold_finalize: two launches instead of three, the finalize folded into the apply kernel's prologue
-            (:func:`_group_norm_apply_folded_kernel`); None: :func:`set_fold_finalize`'s setting. The statistics
-            then stay inside the kernel and are returned as None.
-        rows_per_program: rows each folded-apply program normalises (None: chosen here; tests force small ones).
 
     Returns:
         ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s`` (x itself when nothing is added, None when not
         written) in x's layout and dtype; fp32 group mean and rstd (B, G); fp32 per-channel mean and
-        ``rstd * weight`` (B, C) (the last four None with ``fold_finalize``).
+        ``rstd * weight`` (B, C).
     """
     _check(x, weight, bias, num_groups, residual, in_bias)
     summed = residual is not None or in_bias is not None
@@ -698,13 +598,6 @@ def group_norm_fwd(
         num_warps=4 if INTERPRETED else STATS_NUM_WARPS,
     )
     kept = s if write_sum or not summed else None
-    fold = _fold_finalize if fold_finalize is None else fold_finalize
-    if fold:
-        _apply_folded(
-            s, ib, y, part_mean, part_m2, weight, bias, num_groups, eps, n_chunks, rows_per_chunk,
-            in_bias is not None and not write_sum, silu, round_bf16, apply_hw, block_c, rows_per_program,
-        )  # fmt: skip
-        return y, kept, None, None, None, None
     block_g = max(BLOCK_G_MIN, triton.next_power_of_2(num_groups))
     _group_norm_finalize_kernel[(batch,)](
         part_mean,
@@ -742,63 +635,6 @@ def group_norm_fwd(
         num_warps=4,
     )
     return y, kept, mean, rstd, channel_mean, scale
-
-
-def _apply_folded(
-    s: torch.Tensor,
-    ib: torch.Tensor,
-    y: torch.Tensor,
-    part_mean: torch.Tensor,
-    part_m2: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    num_groups: int,
-    eps: float,
-    n_chunks: int,
-    rows_per_chunk: int,
-    add_in_bias: bool,
-    silu: bool,
-    round_bf16: bool,
-    block_hw: int,
-    block_c: int,
-    rows_per_program: int | None,
-) -> None:
-    """Launch :func:`_group_norm_apply_folded_kernel` over ``APPLY_PROGRAMS_PER_SM`` programs per SM."""
-    batch, channels, height, width = s.shape
-    hw = height * width
-    c_tiles = triton.cdiv(channels, block_c)
-    rows_per_program, row_programs = _chunks(
-        batch, hw, c_tiles, block_hw, s.device, rows_per_program, APPLY_PROGRAMS_PER_SM
-    )
-    per_group = channels // num_groups
-    # Groups a channel tile touches: all of them with one tile; else at most cdiv(BLOCK_C, C/G) + 1 (a tile that
-    # starts inside a group when C/G does not divide BLOCK_C).
-    touched = num_groups if c_tiles == 1 else triton.cdiv(block_c, per_group) + (block_c % per_group != 0)
-    _group_norm_apply_folded_kernel[(batch, row_programs, c_tiles)](
-        s,
-        ib,
-        y,
-        part_mean,
-        part_m2,
-        weight.contiguous(),
-        bias.contiguous(),
-        hw,
-        channels,
-        num_groups,
-        n_chunks,
-        rows_per_chunk,
-        rows_per_program,
-        eps,
-        *row_strides(s),
-        HAS_IN_BIAS=add_in_bias,
-        SILU=silu,
-        ROUND_BF16=round_bf16,
-        BLOCK_HW=block_hw,
-        BLOCK_C=block_c,
-        BLOCK_S=BLOCK_S,
-        BLOCK_G=max(BLOCK_G_MIN, triton.next_power_of_2(touched)),
-        num_warps=4,
-    )
 
 
 def _backward_coefficients(
@@ -907,7 +743,7 @@ class GroupNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum):
         y, s, _, rstd, channel_mean, scale = group_norm_fwd(
-            x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, fold_finalize=False
+            x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias
         )
         ctx.save_for_backward(s, weight, bias, rstd, channel_mean, scale)
         ctx.silu, ctx.has_residual, ctx.in_bias_dtype = silu, residual is not None, None

@@ -94,7 +94,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
         assert "total" in report["by_type"] and "no_change" in report["by_type"]
     assert summary["results"]["static pair (k=0)"]["num_keyframes"] == 0
     # ProCap minus each other cell, on change / type / object, with an interval around each difference
-    assert len(summary["paired"]) == 9 and "95 % interval" in out
+    assert len(summary["paired"]) == 12 and "95 % interval" in out and "2x2 interaction" in out
     assert all(r["low"] <= r["difference"] <= r["high"] for r in summary["paired"])
     assert summary["results"]["stage 1, static pair (k=0)"]["num_keyframes"] == 0
     assert summary["results"]["ProCap (k=2)"]["num_keyframes"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -74,3 +75,38 @@ def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_pa
         assert resolved.encoder_lr == resolved.decoder_lr == 1e-3, name
     # the full demo: stage 1 on every training pair, its encoder fine-tuned below the decoder
     assert FULL.stage1_pairs is None and FULL.stage2_encoder_lr < FULL.stage2_lr
+
+
+@pytest.mark.slow
+def test_resume_reads_back_finished_seeds_and_trains_the_rest(tmp_path):
+    options = {"budget": micro_demo_budget(), "procedures": "truth", "progress": False, "jobs": 1}
+    first = run_demo(tmp_path, seeds=2, **options)
+    trained = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("best.safetensors")}
+    assert len(trained) == 8  # four models, two seeds
+    shutil.rmtree(tmp_path / "seed1" / "static")  # seed 1 unfinished: one of its models has no evaluation
+    again = run_demo(tmp_path, seeds=2, resume=True, **options)
+    # seed 0 read back (its checkpoints untouched), seed 1 trained again from scratch, to the same figures
+    for path, stamp in trained.items():
+        assert (path.stat().st_mtime_ns == stamp) == (path.parent.parent == tmp_path), path
+    assert again["results"] == first["results"] and again["paired"] == first["paired"]
+    assert "resume" in again["phases_s"]
+
+
+def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
+    from procap.commands.demo_pipeline import FULL, MODELS, finished_reports, stage_configs
+
+    configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
+    for name, _ in MODELS:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.json").write_text(json.dumps({"accuracy": {"change": 0.5}}))
+        (run / "results.json").write_text(json.dumps([{"image_id": "a", "caption": "no change"}]))
+        (run / "stage2_config.json").write_text(json.dumps(configs[name].resolved().to_dict()))
+    reports = finished_reports(tmp_path, configs)
+    assert set(reports) == {name for name, _ in MODELS}
+    assert reports["procap"]["predictions"] == {"a": "no change"} and reports["procap"]["accuracy"]["change"] == 0.5
+    longer = {name: dataclasses.replace(cfg, steps=cfg.steps + 1) for name, cfg in configs.items()}
+    with pytest.raises(ProCapError, match=r"procap was trained with other settings \(steps\)"):
+        finished_reports(tmp_path, longer)
+    (tmp_path / "static" / "results.json").unlink()
+    assert finished_reports(tmp_path, configs) is None  # unfinished: trained again

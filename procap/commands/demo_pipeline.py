@@ -478,14 +478,18 @@ def format_failures(results: dict[str, dict]) -> str:
 
 # (model, baseline) run folders of the paired comparisons: ProCap against each of the 2 x 2's other cells
 PAIRED_COMPARISONS = (("procap", "static"), ("procap", "stage1_static"), ("procap", "procap_no_stage1"))
+INTERACTION = "2x2 interaction"  # the label of the interaction rows in the paired table
 
 
 def paired_comparisons(predictions: dict[str, list[dict[str, str]]], truths: dict) -> list[dict[str, Any]]:
-    """ProCap minus each other cell on every paired figure, seeds paired in order, bootstrap over test pairs.
+    """ProCap minus each other cell on every paired figure, then the 2 x 2 interaction; seeds paired in order,
+    bootstrap over test pairs.
 
     ``predictions`` maps a run folder name (:data:`MODELS`) to its test predictions, one ``{id: caption}`` per seed.
+    The interaction, (ProCap - stage-1 static) - (no stage 1 - static), is what the queries gain with stage 1 beyond
+    what they gain without it: the paper's claim is that it is positive.
     """
-    from procap.eval.paired import PAIRED_FIGURES, paired_difference
+    from procap.eval.paired import PAIRED_FIGURES, paired_contrast, paired_difference
 
     labels = dict(MODELS)
     rows = []
@@ -493,6 +497,11 @@ def paired_comparisons(predictions: dict[str, list[dict[str, str]]], truths: dic
         for figure in PAIRED_FIGURES:
             result = paired_difference(figure, predictions[model], predictions[baseline], truths)
             rows.append({"model": labels[model], "baseline": labels[baseline], **result})
+    cells = [(1.0, "procap"), (-1.0, "stage1_static"), (-1.0, "procap_no_stage1"), (1.0, "static")]
+    for figure in PAIRED_FIGURES:
+        result = paired_contrast(figure, [(w, predictions[name]) for w, name in cells], truths)
+        result.pop("accuracies")
+        rows.append({"model": labels["procap"], "baseline": INTERACTION, **result})
     return rows
 
 
@@ -533,6 +542,8 @@ def format_paired(rows: list[dict[str, Any]]) -> str:
         "(points of accuracy, mean over seeds; interval: bootstrap over test pairs, both models on each resample; "
         f"pairs: {', '.join(f'{k} {v}' for k, v in pairs.items())})"
     )
+    if any(row["baseline"] == INTERACTION for row in rows):
+        lines.append(f"({INTERACTION}: (ProCap - stage-1 static) - (no stage 1 - static), all four on each resample)")
     return "\n".join(lines)
 
 

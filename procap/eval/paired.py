@@ -6,7 +6,8 @@ many pairs decided it. :func:`paired_difference` scores each pair for both model
 means and a percentile bootstrap interval, resampling test pairs with replacement and scoring both models on the
 same resample (the pairing). With several training seeds per model (one prediction set per seed, all on the same
 pairs), the difference is the mean over seeds and each resample of the pairs is applied to every seed, so the
-interval covers the test set's sampling while the seeds' spread is reported beside it.
+interval covers the test set's sampling while the seeds' spread is reported beside it. :func:`paired_contrast`
+does the same for any weighted sum of models, such as the interaction of a 2 x 2 design.
 """
 
 from __future__ import annotations
@@ -48,6 +49,78 @@ def pair_hits(figure: str, predictions: Mapping[str, str], truths: Mapping[str, 
     return {i: _right(figure, predictions[i], t) for i, t in truths.items() if i in predictions and _counts(figure, t)}
 
 
+def paired_contrast(
+    figure: str,
+    terms: Sequence[tuple[float, Sequence[Mapping[str, str]]]],
+    truths: Mapping[str, PairTruth],
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A weighted sum of several models' accuracies about ``figure`` (a contrast), with a bootstrap interval.
+
+    ``[(1, a), (-1, b)]`` is a minus b (:func:`paired_difference`); ``[(1, a), (-1, b), (-1, c), (1, d)]`` is the
+    interaction of a 2 x 2 design, (a - b) - (c - d). Each resample of the test pairs is applied to every model and
+    every seed.
+
+    Args:
+        figure: ``change`` (all pairs), ``type`` (change pairs) or ``object`` (change pairs with a known object).
+        terms: ``(weight, predictions)`` per model, ``predictions`` one ``{pair id: caption}`` per training seed,
+            the same number for every model, in seed order (seed i of one is paired with seed i of the others).
+        truths: ground truth per pair id (:func:`procap.eval.correctness.scene_truths`).
+        resamples: bootstrap resamples of the test pairs (1 to 100,000).
+        level: the interval's coverage, in (0, 1).
+        seed: the resampling's random seed.
+
+    Returns:
+        ``{"figure", "pairs", "seeds", "accuracies", "difference", "low", "high", "level", "per_seed"}``: each
+        term's mean accuracy over seeds, the contrast (fractions), the interval's bounds and each seed's contrast.
+
+    Raises:
+        ProCapError: naming the argument, for an unknown figure, seed counts that differ or are zero, prediction
+            sets that do not cover the same pairs, or a resample count or level out of range.
+    """
+    counts = [len(predictions) for _, predictions in terms]
+    if len(terms) < 2 or not counts[0] or len(set(counts)) != 1:
+        raise ProCapError(
+            f"a contrast needs two or more models with one prediction set per seed, the same number of each; got "
+            f"{counts}."
+        )
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ProCapError(f"resamples must be between 1 and {MAX_RESAMPLES:,}, got {resamples}.")
+    if not 0.0 < level < 1.0:
+        raise ProCapError(f"level must be in (0, 1), got {level}.")
+    hits = [[pair_hits(figure, p, truths) for p in predictions] for _, predictions in terms]
+    ids = sorted(hits[0][0])
+    if not ids:
+        raise ProCapError(f"no test pair counts for {figure!r}: the predictions cover none of the truths' pairs.")
+    if any(sorted(h) != ids for per_model in hits for h in per_model):
+        raise ProCapError("the models' predictions must cover the same test pairs in every seed.")
+    weights = [weight for weight, _ in terms]
+    seeds = range(counts[0])
+
+    def contrast(i: str, s: int) -> float:
+        return sum(w * int(per_model[s][i]) for w, per_model in zip(weights, hits))
+
+    # per pair: the mean over seeds of the weighted sum of "right"; the resamples draw from these
+    gaps = [statistics.fmean(contrast(i, s) for s in seeds) for i in ids]
+    rng = random.Random(seed)
+    n = len(ids)
+    draws = sorted(statistics.fmean(rng.choices(gaps, k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    return {
+        "figure": figure,
+        "pairs": n,
+        "seeds": counts[0],
+        "accuracies": [statistics.fmean(statistics.fmean(h.values()) for h in per_model) for per_model in hits],
+        "difference": statistics.fmean(gaps),
+        "low": draws[min(resamples - 1, int(tail * resamples))],
+        "high": draws[min(resamples - 1, max(0, int((1.0 - tail) * resamples) - 1))],
+        "level": level,
+        "per_seed": [statistics.fmean(contrast(i, s) for i in ids) for s in seeds],
+    }
+
+
 def paired_difference(
     figure: str,
     model: Sequence[Mapping[str, str]],
@@ -57,66 +130,25 @@ def paired_difference(
     level: float = 0.95,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """How much more often ``model`` is right than ``baseline`` about ``figure``, with a bootstrap interval.
+    """How much more often ``model`` is right than ``baseline`` about ``figure``: :func:`paired_contrast` of the two.
 
     Args:
-        figure: ``change`` (all pairs), ``type`` (change pairs) or ``object`` (change pairs with a known object).
-        model, baseline: one ``{pair id: caption}`` per training seed, the same number for both, in seed order
-            (seed i of one is paired with seed i of the other).
-        truths: ground truth per pair id (:func:`procap.eval.correctness.scene_truths`).
-        resamples: bootstrap resamples of the test pairs (1 to 100,000).
-        level: the interval's coverage, in (0, 1).
-        seed: the resampling's random seed.
+        model, baseline: one ``{pair id: caption}`` per training seed, the same number for both, in seed order.
+        figure, truths, resamples, level, seed: as for :func:`paired_contrast`.
 
     Returns:
         ``{"figure", "pairs", "seeds", "model_accuracy", "baseline_accuracy", "difference", "low", "high",
-        "level", "per_seed"}``: the mean
-        accuracies over seeds, their difference (model - baseline, fractions), the interval's bounds and each seed's
-        difference.
+        "level", "per_seed"}``: the mean accuracies over seeds, their difference (model - baseline, fractions), the
+        interval's bounds and each seed's difference.
 
     Raises:
-        ProCapError: naming the argument, for an unknown figure, seed counts that differ or are zero, prediction
-            sets that do not cover the same pairs, or a resample count or level out of range.
+        ProCapError: as :func:`paired_contrast`.
     """
     if not model or len(model) != len(baseline):
         raise ProCapError(
             f"model and baseline need one prediction set per seed, the same number of each; got {len(model)} and "
             f"{len(baseline)}."
         )
-    if not 1 <= resamples <= MAX_RESAMPLES:
-        raise ProCapError(f"resamples must be between 1 and {MAX_RESAMPLES:,}, got {resamples}.")
-    if not 0.0 < level < 1.0:
-        raise ProCapError(f"level must be in (0, 1), got {level}.")
-    hits_model = [pair_hits(figure, p, truths) for p in model]
-    hits_baseline = [pair_hits(figure, p, truths) for p in baseline]
-    ids = sorted(hits_model[0])
-    if not ids:
-        raise ProCapError(f"no test pair counts for {figure!r}: the predictions cover none of the truths' pairs.")
-    if any(sorted(h) != ids for h in hits_model + hits_baseline):
-        raise ProCapError("model and baseline predictions must cover the same test pairs in every seed.")
-    # per pair: the mean over seeds of (model right) - (baseline right); the resamples draw from these
-    gaps = [statistics.fmean(int(m[i]) - int(b[i]) for m, b in zip(hits_model, hits_baseline)) for i in ids]
-    rng = random.Random(seed)
-    n = len(ids)
-    draws = sorted(statistics.fmean(rng.choices(gaps, k=n)) for _ in range(resamples))
-    tail = (1.0 - level) / 2.0
-    low = draws[min(resamples - 1, int(tail * resamples))]
-    high = draws[min(resamples - 1, max(0, int((1.0 - tail) * resamples) - 1))]
-
-    def accuracy(hits: list[dict[str, bool]]) -> float:
-        return statistics.fmean(statistics.fmean(h.values()) for h in hits)
-
-    return {
-        "figure": figure,
-        "pairs": n,
-        "seeds": len(model),
-        "model_accuracy": accuracy(hits_model),
-        "baseline_accuracy": accuracy(hits_baseline),
-        "difference": statistics.fmean(gaps),
-        "low": low,
-        "high": high,
-        "level": level,
-        "per_seed": [
-            statistics.fmean(m.values()) - statistics.fmean(b.values()) for m, b in zip(hits_model, hits_baseline)
-        ],
-    }
+    result = paired_contrast(figure, [(1.0, model), (-1.0, baseline)], truths, resamples, level, seed)
+    model_accuracy, baseline_accuracy = result.pop("accuracies")
+    return {**result, "model_accuracy": model_accuracy, "baseline_accuracy": baseline_accuracy}

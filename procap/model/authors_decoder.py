@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from procap.attention import BACKENDS, attention, backend_for_mask
+from procap.attention import attention, backend_for_mask
 from procap.config import ProCapConfig
 from procap.data.vocab import Vocabulary
 from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, DecodingState
 from procap.model.kv_cache import DecoderCache, KVCache
+from procap.model.layers import AttentionProjections, merge_heads, split_heads
 
 # The authors write -1e10 into the [UNK] logit (not -inf); the argmax is the same either way.
 UNK_LOGIT = -1e10
@@ -70,19 +71,7 @@ class AuthorsLayerNorm(nn.Module):
         return (self.weight.to(y.dtype) * (y - mean) / (std + self.eps) + self.bias.to(y.dtype)).to(x.dtype)
 
 
-def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, L, D) -> (B, H, L, D / H): head h is the h-th contiguous chunk of the last dimension."""
-    b, n, d = x.shape
-    return x.view(b, n, heads, d // heads).transpose(1, 2)
-
-
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, L, Dh) -> (B, L, H * Dh)."""
-    b, h, n, dh = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * dh)
-
-
-class AuthorsAttention(nn.Module):
+class AuthorsAttention(AttentionProjections):
     """Multi-head attention with bias-free projections and scores divided by sqrt(hidden).
 
     Without a cache, :meth:`forward` follows the authors' order of operations exactly (it is the oracle for
@@ -96,28 +85,10 @@ class AuthorsAttention(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, backend: str = "auto") -> None:
-        super().__init__()
-        if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
-        self.heads, self.dim = heads, dim
+        super().__init__(dim, heads, dropout, backend, bias=False)
+        self.dim = dim
         # procap.attention divides scores by sqrt(head_dim); scaling the query by this makes it sqrt(hidden).
         self.query_scale = math.sqrt((dim // heads) / dim)
-        self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj = nn.Linear(dim, dim, bias=False)
-        self.v_proj = nn.Linear(dim, dim, bias=False)
-        self.out_proj = nn.Linear(dim, dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
-        self.set_backend(backend)
-
-    def set_backend(self, backend: str) -> None:
-        """Use ``backend`` (one of :data:`procap.attention.BACKENDS`) for the cached path."""
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
-        self.backend = backend
-
-    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh): what a cross-attention cache stores."""
-        return split_heads(self.k_proj(context), self.heads), split_heads(self.v_proj(context), self.heads)
 
     def forward(
         self,

@@ -12,10 +12,10 @@ assembled by :class:`procap.model.sequence.SequenceAssembly` (masking, axial pos
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.attention.attention`.
 
-Opt-in for inference (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual
-add and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's),
-and the MLP's bias + GELU in the first GEMM's epilogue (``torch._addmm_activation``; tanh-approximated on CUDA, so
-not the model's erf GELU there: docs/gpu.md).
+Inference forms (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual add
+and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's; the
+Captioner's default), and, opt-in, the MLP's bias + GELU in the first GEMM's epilogue (``torch._addmm_activation``;
+tanh-approximated on CUDA, so not the model's erf GELU there: docs/gpu.md).
 
 The ``authors`` variant (``config.variant``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.enc_prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at

@@ -17,25 +17,41 @@ from torch import nn
 from procap.attention import BACKENDS, attention, backend_for_mask
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head (self- or cross-) attention.
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, D) -> (B, H, L, D / H): head h is the h-th contiguous chunk of the last dimension."""
+    b, n, d = x.shape
+    return x.view(b, n, heads, d // heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, Dh) -> (B, L, H * Dh)."""
+    b, h, n, dh = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * dh)
+
+
+class AttentionProjections(nn.Module):
+    """The query, key, value and output projections of multi-head attention, its dropout and its backend.
+
+    :class:`MultiHeadAttention` and the authors' :class:`procap.model.authors_decoder.AuthorsAttention` (bias-free
+    projections, another score scale) are this with their own ``forward``.
 
     Args:
         dim: model width D.
         heads: number of heads; D must be divisible by it.
         dropout: dropout on the output projection.
         backend: :data:`procap.attention.BACKENDS` name; ``auto`` picks the fastest for each device and dtype.
+        bias: whether the four projections have biases.
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0, backend: str = "auto") -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, backend: str = "auto", bias: bool = True) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         self.heads = heads
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
+        self.q_proj = nn.Linear(dim, dim, bias=bias)
+        self.k_proj = nn.Linear(dim, dim, bias=bias)
+        self.v_proj = nn.Linear(dim, dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.set_backend(backend)
 
@@ -46,12 +62,12 @@ class MultiHeadAttention(nn.Module):
         self.backend = backend
 
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh)."""
-        return self._split(self.k_proj(context)), self._split(self.v_proj(context))
+        """Keys and values of ``context`` (B, Lk, D), each (B, H, Lk, Dh): what a cross-attention cache stores."""
+        return split_heads(self.k_proj(context), self.heads), split_heads(self.v_proj(context), self.heads)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-        return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)  # (B, H, N, Dh)
+
+class MultiHeadAttention(AttentionProjections):
+    """Multi-head (self- or cross-) attention with biased projections (:class:`AttentionProjections`)."""
 
     def forward(
         self,
@@ -71,12 +87,11 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (B, Lq, D).
         """
-        q = self._split(self.q_proj(x))
+        q = split_heads(self.q_proj(x), self.heads)
         k, v = self.project_kv(x if context is None else context)
         backend = backend_for_mask(self.backend, attn_mask)
         out = attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend)  # (B, H, Lq, Dh)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
-        return self.dropout(self.out_proj(out))
+        return self.dropout(self.out_proj(merge_heads(out)))
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procap.commands.demo_pipeline import MODELS, format_paired, paired_from_folder, run_folder
+from procap.commands.demo_pipeline import INTERACTION, MODELS, format_paired, paired_from_folder, run_folder
 from procap.data.datasets import load_split
 from procap.data.synthetic import generate
 from procap.eval.metrics import write_results
@@ -31,16 +31,20 @@ def test_paired_rows_from_a_finished_folder(tmp_path):
     test = fake_demo_folder(tmp_path, [5, 6])
     (tmp_path / "seed7" / "procap").mkdir(parents=True)  # a seed stopped before its evaluation does not count
     rows = paired_from_folder(tmp_path)
-    assert len(rows) == 9 and {r["baseline"] for r in rows} == {label for name, label in MODELS if name != "procap"}
+    pairwise = [r for r in rows if r["baseline"] != INTERACTION]
+    assert len(pairwise) == 9 and {r["baseline"] for r in pairwise} == {l for n, l in MODELS if n != "procap"}
+    # the three baselines caption alike, so the interaction is ProCap minus any of them
+    interaction = {r["figure"]: r["difference"] for r in rows if r["baseline"] == INTERACTION}
+    assert interaction == {r["figure"]: r["difference"] for r in pairwise if r["baseline"] == pairwise[0]["baseline"]}
     changes = sum(p.change_type != "no_change" for p in test)
-    for row in rows:
+    for row in pairwise:
         assert row["seeds"] == 2 and len(row["per_seed"]) == 2
         if row["figure"] == "change":  # right on the change pairs, tied on the distractors
             assert row["pairs"] == len(test)
             assert abs(row["difference"] - changes / len(test)) < 1e-9
         else:  # the baselines name no type and no object
             assert row["difference"] == row["model_accuracy"] == 1.0 and row["pairs"] == changes
-    assert "stage 1, static pair (k=0)" in format_paired(rows)
+    assert "stage 1, static pair (k=0)" in format_paired(rows) and "2x2 interaction" in format_paired(rows)
 
 
 def test_the_tool_writes_paired_json_and_refuses_a_folder_without_a_demo(tmp_path):
@@ -48,6 +52,6 @@ def test_the_tool_writes_paired_json_and_refuses_a_folder_without_a_demo(tmp_pat
     tool = [sys.executable, str(ROOT / "tools" / "paired_study.py")]
     done = subprocess.run([*tool, str(tmp_path / "demo")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
-    assert len(json.loads((tmp_path / "demo" / "paired.json").read_text())) == 9 and "interval" in done.stdout
+    assert len(json.loads((tmp_path / "demo" / "paired.json").read_text())) == 12 and "interval" in done.stdout
     missing = subprocess.run([*tool, str(tmp_path / "nothing")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert missing.returncode == 2 and "scenes.json" in missing.stderr and "Traceback" not in missing.stderr

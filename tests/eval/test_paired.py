@@ -9,7 +9,7 @@ import pytest
 
 from procap.errors import ProCapError
 from procap.eval.correctness import NO_CHANGE, PairTruth
-from procap.eval.paired import pair_hits, paired_difference
+from procap.eval.paired import pair_hits, paired_contrast, paired_difference
 
 RED_CUBE = {"size": "small", "color": "red", "material": "rubber", "shape": "cube"}
 RIGHT = "the small red rubber cube changed to blue"
@@ -90,3 +90,25 @@ def test_bad_arguments_get_one_sentence(arguments, named):
     call = {"figure": "change", "model": predictions, "baseline": predictions, "truths": truth, **arguments}
     with pytest.raises(ProCapError, match=named):
         paired_difference(**call)
+
+
+def test_the_interaction_contrast_of_a_2x2():
+    # (a - b) - (c - d) per pair: a gains over b only where c does not gain over d; the two-term contrast is
+    # paired_difference itself.
+    truth = truths(100, 0)
+    ids = list(truth)
+    a = {i: RIGHT for i in ids}
+    b = {i: (WRONG_OBJECT if n < 50 else RIGHT) for n, i in enumerate(ids)}  # a - b = 0.5
+    c = {i: (RIGHT if n < 80 else WRONG_OBJECT) for n, i in enumerate(ids)}
+    d = {i: (WRONG_OBJECT if n < 10 else c[i]) for n, i in enumerate(ids)}  # c - d = 0.1
+    interaction = paired_contrast("object", [(1, [a]), (-1, [b]), (-1, [c]), (1, [d])], truth, resamples=400)
+    assert interaction["difference"] == pytest.approx(0.4) and interaction["low"] > 0.25
+    assert interaction["accuracies"] == pytest.approx([1.0, 0.5, 0.8, 0.7])
+    assert interaction["per_seed"] == pytest.approx([0.4])
+    two = paired_contrast("object", [(1, [a]), (-1, [b])], truth, resamples=400)
+    one = paired_difference("object", [a], [b], truth, resamples=400)
+    assert (two["difference"], two["low"], two["high"]) == (one["difference"], one["low"], one["high"])
+    with pytest.raises(ProCapError, match="two or more models"):
+        paired_contrast("object", [(1, [a])], truth)
+    with pytest.raises(ProCapError, match=r"the same number of each; got \[1, 2\]"):
+        paired_contrast("object", [(1, [a]), (-1, [b, b])], truth)

@@ -9,7 +9,7 @@ import torch
 
 from procap import kernels
 from procap.config import get_preset
-from procap.kernels.groupnorm import group_norm_fwd, group_norm_ref, set_fold_finalize
+from procap.kernels.groupnorm import group_norm_fwd, group_norm_ref
 from procap.model.vqgan import VQGAN
 from tests.support import DTYPES, impl_device, max_abs_err
 
@@ -166,48 +166,6 @@ def test_in_bias_gradients_match_reference(dtype, residual):
         # Up to 2x the reference's own error, plus one rounding of the largest value in the storage dtype.
         ulp = torch.finfo(a.dtype).eps * t.abs().max().item()
         assert max_abs_err(a, t) <= 2 * max_abs_err(b, t) + ulp + 1e-5, name
-
-
-# (B, C, H, W), groups for the folded finalize: one channel tile; three tiles of 128 with 12 channels per group (tiles
-# start inside a group); 128 channels per group, more than a tile holds.
-FOLD_SHAPES = [((2, 64, 7, 9), 32), ((1, 384, 3, 3), 32), ((1, 256, 2, 3), 2)]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape,groups", FOLD_SHAPES, ids=str)
-@pytest.mark.parametrize("mode", ["x", "x+b", "x+r"])
-def test_folded_finalize_equals_the_finalize_kernel(dtype, shape, groups, mode):
-    # The apply kernel that merges the statistics itself (two launches) stores the same bits as the finalize kernel
-    # followed by the apply kernel (three), and so meets the reference as closely; small tiles, chunks and row
-    # ranges make every program merge several chunks and loop over several tiles.
-    x, r, weight, bias = _inputs(shape, dtype, impl_device("triton"), residual=mode == "x+r")
-    in_bias = (torch.randn(shape[1]) * 4).to(x.device, dtype) if mode == "x+b" else None
-    sizes = {"block_hw": 16, "rows_per_chunk": 16}
-    args = (x, weight, bias, groups, 1e-6, True, r)
-    three = group_norm_fwd(*args, in_bias=in_bias, write_sum=False if in_bias is not None else None, **sizes)
-    two = group_norm_fwd(
-        *args, in_bias=in_bias, write_sum=three[1] is not None, fold_finalize=True, rows_per_program=32, **sizes
-    )
-    assert torch.equal(two[0], three[0])
-    assert two[2:] == (None, None, None, None)
-    ref = group_norm_ref(x, weight, bias, groups, 1e-6, True, r, in_bias)
-    ref = ref[0] if isinstance(ref, tuple) else ref
-    truth = _truth(x, r, weight, bias, groups, True, in_bias)[0][0]
-    assert max_abs_err(two[0], truth) <= 2 * max_abs_err(ref, truth) + 2e-5
-
-
-def test_set_fold_finalize_switches_the_inference_path_only():
-    x, _, weight, bias = _inputs((2, 64, 5, 3), torch.float32, impl_device("triton"), requires_grad=True)
-    previous = set_fold_finalize(True)
-    try:
-        with torch.no_grad():
-            folded = kernels.group_norm(x, weight, bias, 32, silu=True, impl="triton")
-        trained = kernels.group_norm(x, weight, bias, 32, silu=True, impl="triton")  # autograd: the finalize kernel
-        trained.sum().backward()
-    finally:
-        set_fold_finalize(previous)
-    assert previous is False and x.grad is not None
-    assert torch.equal(folded, trained.detach())
 
 
 def test_bad_inputs_raise():
