@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import pytest
 
@@ -80,16 +79,17 @@ def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_pa
 @pytest.mark.slow
 def test_resume_reads_back_finished_seeds_and_trains_the_rest(tmp_path):
     options = {"budget": micro_demo_budget(), "procedures": "truth", "progress": False, "jobs": 1}
-    first = run_demo(tmp_path, seeds=2, **options)
+    first = run_demo(tmp_path, seeds=1, **options)
     trained = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("best.safetensors")}
-    assert len(trained) == 8  # four models, two seeds
-    shutil.rmtree(tmp_path / "seed1" / "static")  # seed 1 unfinished: one of its models has no evaluation
+    assert len(trained) == 4
+    (tmp_path / "seed1" / "static").mkdir(parents=True)  # a second seed stopped part-way: trained from its start
     again = run_demo(tmp_path, seeds=2, resume=True, **options)
-    # seed 0 read back (its checkpoints untouched), seed 1 trained again from scratch, to the same figures
-    for path, stamp in trained.items():
-        assert (path.stat().st_mtime_ns == stamp) == (path.parent.parent == tmp_path), path
-    assert again["results"] == first["results"] and again["paired"] == first["paired"]
-    assert "resume" in again["phases_s"]
+    assert all(path.stat().st_mtime_ns == stamp for path, stamp in trained.items())  # seed 0 read back
+    assert len(list((tmp_path / "seed1").rglob("best.safetensors"))) == 4
+    for label, report in again["results"].items():
+        assert [r["seed"] for r in report["seeds"]] == [0, 1]
+        assert report["seeds"][0] == first["results"][label]["seeds"][0]  # seed 0's figures as they were
+    assert "resume" in again["phases_s"] and "resume" not in first["phases_s"]
 
 
 def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
