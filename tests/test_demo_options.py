@@ -110,3 +110,35 @@ def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
         finished_reports(tmp_path, longer)
     (tmp_path / "static" / "results.json").unlink()
     assert finished_reports(tmp_path, configs) is None  # unfinished: trained again
+
+
+def test_the_full_demo_defaults_to_viewpoint_change_and_the_quick_one_to_none():
+    from procap.cli import build_parser
+    from procap.commands.demo_pipeline import FULL, QUICK
+
+    assert (FULL.viewpoint, QUICK.viewpoint) == ("distractor", "none")
+    assert build_parser().parse_args(["demo"]).viewpoint is None  # resolved from the budget by run_demo
+
+
+@pytest.mark.parametrize(("quick", "found", "wanted"), [(False, "none", "distractor"), (True, "distractor", "none")])
+def test_resume_refuses_a_benchmark_of_another_viewpoint_before_writing(tmp_path, quick, found, wanted):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "scenes.json").write_text(json.dumps({"scenes": [], "size": 64, "seed": 0, "viewpoint": found}))
+    before = sorted(tmp_path.rglob("*"))
+    # no viewpoint given: the budget's, which differs from the folder's
+    with pytest.raises(
+        ProCapError, match=rf"viewpoint '{found}', this demo asks for '{wanted}'; pass --viewpoint {found}"
+    ):
+        run_demo(tmp_path, quick=quick, resume=True, progress=False, jobs=1)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_cli_resume_with_another_viewpoint_is_one_sentence(tmp_path, capsys):
+    from procap.cli import main
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "scenes.json").write_text(json.dumps({"scenes": [], "viewpoint": "none"}))
+    assert main(["demo", "--out", str(tmp_path), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --viewpoint none" in err[0] and str(tmp_path / "data") in err[0]

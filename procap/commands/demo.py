@@ -46,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--viewpoint",
         choices=VIEWPOINTS,
-        default="none",
-        help="the benchmark's camera and light change within a pair (procap synth --viewpoint; default none)",
+        default=None,
+        help="the benchmark's camera and light change within a pair (procap synth --viewpoint; default distractor, "
+        "as in CLEVR-Change, whose change pairs are jittered too; with --quick none, as its budget learns nothing "
+        "under viewpoint change)",
     )
     parser.add_argument(
         "--train-tokenizer",

@@ -99,6 +99,8 @@ class DemoBudget:
     # fine-tuning keeps what stage 1 learned (stage2_lr is 20x the paper's 5e-5, for many times stage 1's steps).
     # The runs from a random encoder train it at stage2_lr.
     stage2_encoder_lr: float | None = None
+    # The benchmark's view change within a pair when the caller names none (procap.config.VIEWPOINTS)
+    viewpoint: str = "none"
 
 
 QUICK = DemoBudget(
@@ -116,17 +118,18 @@ QUICK = DemoBudget(
     stage1_pairs=24,
     # stage2_encoder_lr stays the decoder's: 10 stage-1 steps leave a nearly random encoder, which a lower lr would
     # only slow (the CI bounds of tests/test_demo.py were measured so)
+    # viewpoint stays none: at 600 stage-2 steps every model is near chance under viewpoint change (docs/training.md)
 )
 FULL = DemoBudget(
     scenes=2000,
     vqgan_steps=1200,  # with --train-tokenizer only; the embedded tokenizer is this run (tools/make_demo_tokenizer.sh)
     vqgan_batch=16,
     # 100 steps on 480 pairs left align at chance and MSM at 7 % (issue 37): four times the steps, on every
-    # training pair (four epochs of the 1,600); not yet measured to be enough (docs/model.md)
+    # training pair (four epochs of the 1,600); align leaves chance only in the last 100 (docs/model.md)
     stage1_steps=400,
     stage1_batch=16,
     # 2,400: what 25 min a seed bought with three models side by side; with the 2 x 2's fourth run and the longer
-    # stage 1 a seed is estimated at 35-40 min on 2 idle cores (not measured)
+    # stage 1 a seed takes 35-36 min on 2 idle cores (docs/training.md)
     stage2_steps=2400,
     stage2_batch=32,
     stage2_lr=1e-3,
@@ -134,6 +137,8 @@ FULL = DemoBudget(
     val_every=600,
     val_pairs=100,
     stage1_pairs=None,
+    # CLEVR-Change moves the camera and the light in its change pairs too: the faithful benchmark (docs/data.md)
+    viewpoint="distractor",
 )
 
 
@@ -856,7 +861,7 @@ def run_demo(
     seeds: int = 1,
     train_tokenizer: bool = False,
     jobs: int | None = None,
-    viewpoint: str = "none",
+    viewpoint: str | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
     """Run the demo end to end and return what it writes to ``<out>/metrics.json``.
@@ -869,7 +874,8 @@ def run_demo(
         jobs: training runs of a seed side by side, each in its own process (default :func:`default_jobs`).
         procedures: stage-1 frames, one of :data:`procap.config.DEMO_PROCEDURES` (:func:`build_procedures`).
         viewpoint: the benchmark's view change within a pair (:data:`procap.config.VIEWPOINTS`,
-            :mod:`procap.data.synthetic`).
+            :mod:`procap.data.synthetic`); None: the budget's (``distractor`` for the full demo, ``none`` for the
+            quick one).
         resume: read back every seed of ``out`` whose four models were evaluated (:func:`finished_reports`) and
             train only the others: an interrupted demo goes on from its last finished seed.
     """
@@ -877,9 +883,12 @@ def run_demo(
     from procap.files import atomic_write_json
     from procap.train.tokenizer import embedded_tokenizer_path
 
-    jobs = _checked_jobs(seed, seeds, procedures, viewpoint, jobs, device)
     out, budget = Path(out), budget or (QUICK if quick else FULL)
+    viewpoint = budget.viewpoint if viewpoint is None else viewpoint
+    jobs = _checked_jobs(seed, seeds, procedures, viewpoint, jobs, device)
     clock, data = Clock(), Path(out) / "data"
+    if resume:
+        _check_resumed_benchmark(data, viewpoint)
     splits, test, truths, vocab = _load_benchmark(data, budget, seed, progress, viewpoint, clock)
     cache = ImageCache(IMAGE_SIZE)
     configs = stage_configs(budget, out, data, seed, device, progress, workers, out)
@@ -956,6 +965,23 @@ def run_demo(
     build_report(out)
     clock.done()
     return summary
+
+
+def _check_resumed_benchmark(data: Path, viewpoint: str) -> None:
+    """Refuse to go on with a demo folder whose benchmark has another viewpoint: it would be generated again in
+    place and its finished seeds, trained on the old one, mixed with new ones."""
+    spec = data / "scenes.json"
+    if not spec.is_file():
+        return
+    try:
+        found = read_json(spec, "synthetic scenes file").get("viewpoint", "none")  # older benchmarks had none
+    except (ProCapError, AttributeError):
+        return  # not a readable benchmark: generated again, and no finished seed can match it
+    if found != viewpoint:
+        raise ProCapError(
+            f"--resume: {data} holds the benchmark with viewpoint {found!r}, this demo asks for {viewpoint!r}; "
+            f"pass --viewpoint {found} to go on with that run, or give a new --out."
+        )
 
 
 def _checked_jobs(seed: int, seeds: int, procedures: str, viewpoint: str, jobs: int | None, device: str) -> int:
