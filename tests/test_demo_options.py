@@ -108,6 +108,14 @@ def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
     longer = {name: dataclasses.replace(cfg, steps=cfg.steps + 1) for name, cfg in configs.items()}
     with pytest.raises(ProCapError, match=r"procap was trained with other settings \(steps\)"):
         finished_reports(tmp_path, longer)
+    # the seed's stage 1 on other procedures than this demo's: its two pre-trained cells would not be this design
+    (tmp_path / "stage1").mkdir()
+    stage1 = configs["stage1"].resolved().replay_dict()
+    (tmp_path / "stage1" / "stage1_config.json").write_text(json.dumps(stage1 | {"procedures": "truth"}))
+    with pytest.raises(ProCapError, match=r"stage1 was trained with other settings \(procedures\)"):
+        finished_reports(tmp_path, configs)
+    (tmp_path / "stage1" / "stage1_config.json").write_text(json.dumps(stage1))  # as written: paths absolute
+    assert set(finished_reports(tmp_path, configs)) == {name for name, _ in MODELS}
     (tmp_path / "static" / "results.json").unlink()
     assert finished_reports(tmp_path, configs) is None  # unfinished: trained again
 

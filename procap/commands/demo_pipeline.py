@@ -373,7 +373,7 @@ def evaluate_run(
 # What a finished seed's runs must share with this demo for ``--resume`` to read them back instead of training.
 RESUME_SETTINGS = (
     "preset", "dataset", "steps", "batch_size", "lr", "encoder_lr", "decoder_lr", "warmup_frac", "decay", "seed",
-    "num_keyframes", "val_every", "val_pairs", "device",
+    "num_keyframes", "val_every", "val_pairs", "device", "procedures",
 )  # fmt: skip
 
 
@@ -389,21 +389,28 @@ def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str,
     from procap.eval.metrics import read_predictions
 
     reports = {}
+    stage1_file = folder / "stage1" / "stage1_config.json"
+    if stage1_file.is_file():  # the stage 1 of the seed's two pre-trained cells (another --procedures, say)
+        _check_settings(folder / "stage1", read_json(stage1_file, "run configuration"), configs["stage1"])
     for name, _ in MODELS:
         run = folder / name
         if not all((run / f).is_file() for f in ("metrics.json", "results.json", "stage2_config.json")):
             return None
-        saved = read_json(run / "stage2_config.json", "run configuration")
-        wanted = configs[name].resolved().to_dict()  # runs record their resolved settings (learning rates filled in)
-        changed = [key for key in RESUME_SETTINGS if saved.get(key) != wanted.get(key)]
-        if changed:
-            raise ProCapError(
-                f"--resume: {run} was trained with other settings ({', '.join(changed)}) than this demo; "
-                "give a new --out, or run without --resume to train it again."
-            )
+        _check_settings(run, read_json(run / "stage2_config.json", "run configuration"), configs[name])
         report = read_json(run / "metrics.json", "evaluation report")
         reports[name] = {**report, "predictions": read_predictions(run / "results.json")}
     return reports
+
+
+def _check_settings(run: Path, saved: dict[str, Any], config: TrainConfig) -> None:
+    # runs record their resolved settings (learning rates filled in), paths absolute
+    wanted = config.resolved().replay_dict()
+    changed = [key for key in RESUME_SETTINGS if saved.get(key) != wanted.get(key)]
+    if changed:
+        raise ProCapError(
+            f"--resume: {run} was trained with other settings ({', '.join(changed)}) than this demo; "
+            "give a new --out, or run without --resume to train it again."
+        )
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
