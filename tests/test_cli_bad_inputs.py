@@ -96,6 +96,8 @@ CASES = [
     case("existing", "demo --out {file}", "--out"),
     case("wrong type", "demo --viewpoint sideways --out {out}", "--viewpoint"),
     case("wrong type", "demo --procedures flow --out {out}", "--procedures"),
+    # the full demo's default is distractor: an older demo folder at none is not generated again under it
+    case("existing", "demo --resume --out {demo_at_none}", "pass --viewpoint none"),
     # synth
     case("out of range", "synth --out {out} --scenes 0", "--scenes"),
     case("out of range", "synth --out {out} --scenes 10000000000", "--scenes"),  # listed up front: all memory
@@ -678,6 +680,9 @@ def workspace(tmp_path_factory) -> dict[str, str]:
     places["config_out_in_data"] = ws / "config_out_in_data.json"  # paths relative to the file's folder
     options = {"data": "data", "out": "data/run", "preset": "tiny", "steps": 1, "batch_size": 2}
     places["config_out_in_data"].write_text(json.dumps(options), encoding="utf-8")
+    places["demo_at_none"] = ws / "demo_at_none"  # a demo folder whose benchmark has no view change
+    (places["demo_at_none"] / "data").mkdir(parents=True)
+    (places["demo_at_none"] / "data" / "scenes.json").write_text(json.dumps({"scenes": [], "viewpoint": "none"}))
     places["run"] = ws / "run"  # a finished run whose checkpoint a new run starts from
     places["run"].mkdir()
     (places["run"] / "best.safetensors").write_bytes(places["ckpt"].read_bytes())
