@@ -91,7 +91,7 @@ def test_sigterm_saves_the_step_and_resume_matches(tmp_path, small_model, train_
     def signalled(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:  # arrives in the middle of step 3: the step finishes, then the run saves and stops
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(ProCap, "stage1_loss", signalled)
@@ -117,7 +117,7 @@ def test_ctrl_c_through_the_cli_saves_and_exits_130(tmp_path, small_model, clevr
     def interrupted(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C delivers
+            signal.raise_signal(signal.SIGINT)  # what Ctrl-C delivers, to this thread
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(ProCap, "stage1_loss", interrupted)
@@ -145,10 +145,10 @@ def test_ctrl_c_through_the_cli_saves_and_exits_130(tmp_path, small_model, clevr
 
 def test_a_second_ctrl_c_stops_at_once():
     with StopRequests() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         assert stop.signum == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
             time.sleep(1)  # the handler runs between bytecodes
 
 
