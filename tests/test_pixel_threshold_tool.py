@@ -47,20 +47,16 @@ def test_best_threshold_accuracy():
 
 
 def test_the_tool_on_a_benchmark_folder(tmp_path):
-    rng = np.random.default_rng(0)
-    for scene in range(4):
-        base = rng.integers(0, 255, (8, 8, 3))
-        change, still = base.copy(), base.copy()
-        change[: scene + 1] = 255 - change[: scene + 1]  # 1-4 rows of 8 changed
-        name = f"{scene:06d}.png"
-        _png(tmp_path / "images" / f"CLEVR_default_{name}", base)
-        _png(tmp_path / "sc_images" / f"CLEVR_semantic_{name}", change)
-        _png(tmp_path / "nsc_images" / f"CLEVR_nonsemantic_{name}", still)
-    (tmp_path / "splits.json").write_text(json.dumps({"train": [], "val": [0, 1], "test": [2, 3]}))
+    from procap.data.synthetic import generate
+
+    generate(tmp_path, 20, size=16, seed=0, progress=False)  # the aligned benchmark: 1 distractor in 5 is still
+    splits = json.loads((tmp_path / "splits.json").read_text())
     measured = pixel_threshold.measure(tmp_path, ["val", "test"], tolerance=16)
-    assert measured["scenes"] == 4 and measured["best_threshold_accuracy"] == 1.0
-    assert measured["median_distractor"] == 0.0 and 0.25 < measured["median_change"] < 0.5
-    done = _run_tool(str(tmp_path))
-    assert done.returncode == 0 and "best single threshold 100.0 %" in done.stdout
+    assert measured["scenes"] == measured["distractors"] == len(splits["val"]) + len(splits["test"])
+    assert 0.5 <= measured["best_threshold_accuracy"] <= 1.0
+    assert 0.0 < measured["median_change"] < 1.0
+    done = _run_tool(str(tmp_path), "--splits", "val", "test")
+    accuracy = 100 * measured["best_threshold_accuracy"]
+    assert done.returncode == 0 and f"best single threshold {accuracy:.1f} %" in done.stdout
     missing = _run_tool(str(tmp_path / "nothing"))
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1

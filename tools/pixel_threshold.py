@@ -11,12 +11,13 @@ objects; docs/training.md ("Which benchmark by default") quotes it for the demo'
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from procap.errors import ProCapError
 
 
 def changed_share(before: Path, after: Path, tolerance: int) -> float:
@@ -36,15 +37,14 @@ def best_threshold_accuracy(changes: list[float], distractors: list[float]) -> f
 
 
 def measure(root: Path, splits: list[str], tolerance: int) -> dict[str, float]:
-    ids = [i for split in splits for i in json.loads((root / "splits.json").read_text())[split]]
-    changes, distractors = [], []
-    for scene in ids:
-        name = f"{int(scene):06d}.png"
-        before = root / "images" / f"CLEVR_default_{name}"
-        changes.append(changed_share(before, root / "sc_images" / f"CLEVR_semantic_{name}", tolerance))
-        distractors.append(changed_share(before, root / "nsc_images" / f"CLEVR_nonsemantic_{name}", tolerance))
+    from procap.data.datasets import load_split
+
+    pairs = [pair for split in splits for pair in load_split("clevr-change", root, split)]
+    changes = [changed_share(p.before_path, p.after_path, tolerance) for p in pairs if p.change_type != "no_change"]
+    distractors = [changed_share(p.before_path, p.after_path, tolerance) for p in pairs if p.change_type == "no_change"]
     return {
-        "scenes": len(ids),
+        "scenes": len(changes),
+        "distractors": len(distractors),
         "median_change": float(np.median(changes)),
         "median_distractor": float(np.median(distractors)),
         "best_threshold_accuracy": best_threshold_accuracy(changes, distractors),
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     for root in args.data:
         try:
             r = measure(root, args.splits, args.tolerance)
-        except (OSError, KeyError, ValueError) as error:
+        except (OSError, ValueError, ProCapError) as error:
             print(f"error: {root}: {error}", file=sys.stderr)
             return 2
         print(

@@ -173,16 +173,31 @@ def ensure_benchmark(root: Path, scenes: int, seed: int, progress: bool, viewpoi
     viewpoint)."""
     from procap.data.synthetic import generate
 
-    spec = root / "scenes.json"
-    if spec.is_file():
+    meta = _benchmark_spec(root)
+    if meta is not None:
         try:
-            meta = read_json(spec, "synthetic scenes file")
             same = (len(meta["scenes"]), meta["size"], meta["seed"]) == (scenes, IMAGE_SIZE, seed)
-            if same and meta.get("viewpoint", "none") == viewpoint:  # benchmarks before viewpoints had none
+            if same and _viewpoint_of(meta) == viewpoint:
                 return
-        except (ProCapError, KeyError, TypeError):  # not the same benchmark: it is written again
+        except (KeyError, TypeError):  # not the same benchmark: it is written again
             pass
     generate(root, scenes, size=IMAGE_SIZE, seed=seed, workers=2, progress=progress, viewpoint=viewpoint)
+
+
+def _benchmark_spec(root: Path) -> dict[str, Any] | None:
+    """``root/scenes.json`` of a synthetic benchmark, or None when there is no readable one."""
+    spec = root / "scenes.json"
+    if not spec.is_file():
+        return None
+    try:
+        meta = read_json(spec, "synthetic scenes file")
+    except ProCapError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _viewpoint_of(meta: dict[str, Any]) -> str:
+    return meta.get("viewpoint", "none")  # benchmarks written before viewpoints had none
 
 
 def run_folder(out: Path, seed: int, base_seed: int) -> Path:
@@ -977,13 +992,10 @@ def run_demo(
 def _check_resumed_benchmark(data: Path, viewpoint: str) -> None:
     """Refuse to go on with a demo folder whose benchmark has another viewpoint: it would be generated again in
     place and its finished seeds, trained on the old one, mixed with new ones."""
-    spec = data / "scenes.json"
-    if not spec.is_file():
-        return
-    try:
-        found = read_json(spec, "synthetic scenes file").get("viewpoint", "none")  # older benchmarks had none
-    except (ProCapError, AttributeError):
-        return  # not a readable benchmark: generated again, and no finished seed can match it
+    meta = _benchmark_spec(data)
+    if meta is None:
+        return  # no readable benchmark: generated again, and no finished seed can match it
+    found = _viewpoint_of(meta)
     if found != viewpoint:
         raise ProCapError(
             f"--resume: {data} holds the benchmark with viewpoint {found!r}, this demo asks for {viewpoint!r}; "
