@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
     model, vocab, metadata = load_checkpoint(checkpoint, map_location=device)
     check_can_caption(metadata, args.ckpt)
+    checkpoint_facts = metadata.get("extra") or {}
     truths = None
     if args.dataset == "clevr-change":
         from procap.eval.correctness import scene_truths
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         out=out,
         extra={
             "checkpoint": str(args.ckpt),
+            # which weights were scored: a run's best.safetensors is the step validation picked, not the last one
+            "checkpoint_step": checkpoint_facts.get("step"),
+            "checkpoint_stage": checkpoint_facts.get("stage"),
             "dataset": args.dataset,
             "split": args.split,
             "split_pairs": len(split_pairs),  # with "pairs": the part of the split the scores cover

@@ -30,7 +30,8 @@ def setup(tmp_path_factory):
         change_token=True,
         standardize_features=True,
     )
-    with_change = save_checkpoint(root / "naming.safetensors", ProCap(naming).eval(), vocab)
+    stage2_facts = {"step": 37, "stage": "stage2"}
+    with_change = save_checkpoint(root / "naming.safetensors", ProCap(naming).eval(), vocab, extra=stage2_facts)
     plain = save_checkpoint(root / "plain.safetensors", ProCap(small_config(vocab_size=len(vocab))).eval(), vocab)
     return root, with_change, plain
 
@@ -47,6 +48,16 @@ def test_ablation_runs_and_is_recorded(setup):
     assert report["ablated"] == ["queries", "change"]
     assert _evaluate(root, with_change, "full") == 0
     assert json.loads((root / "full" / "metrics.json").read_text())["ablated"] == []
+
+
+def test_metrics_name_the_checkpoint_step(setup):
+    root, with_change, plain = setup
+    assert _evaluate(root, with_change, "stepped") == 0
+    report = json.loads((root / "stepped" / "metrics.json").read_text())
+    assert (report["checkpoint_step"], report["checkpoint_stage"]) == (37, "stage2")
+    assert _evaluate(root, plain, "unstepped") == 0  # weights saved without training facts
+    report = json.loads((root / "unstepped" / "metrics.json").read_text())
+    assert (report["checkpoint_step"], report["checkpoint_stage"]) == (None, None)
 
 
 @pytest.mark.parametrize(
