@@ -725,8 +725,8 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(bad: Case, workspace, tmp_
     except SystemExit as exit_info:  # argparse rejects its own way, through sys.exit
         code = exit_info.code
     err = capsys.readouterr().err
-    # the defaults a training command fills in are said before the run's own checks (docs/training.md): they are
-    # notes, not part of the error
+    # the defaults a training command fills in are said once its data has been read (docs/training.md); what the run
+    # itself refuses later (a procedure cache, a full disk) follows them: they are notes, not part of the error
     lines = [line for line in err.splitlines() if line.strip() and not DEFAULT_NOTE.match(line)]
     assert code == 2, err
     assert "Traceback" not in err

@@ -364,10 +364,12 @@ def _config_value_kind(annotation: str, value: Any) -> str | None:
     return None
 
 
-def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
+def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | None = None) -> TrainConfig:
     """TrainConfig from parsed flags over an optional ``--config`` file, with one-sentence errors for bad values.
 
-    Without ``--preset`` a run that builds a new model uses its dataset's paper preset and says so on stderr.
+    Without ``--preset`` a run that builds a new model uses its dataset's paper preset and says so; without
+    ``--vqgan`` it names the shipped tokenizer. These notes go to stderr now, or into ``notes`` when a list is given
+    (the training commands print them only once the data has been read: bad data is then one sentence alone).
     """
     given_preset = getattr(args, "preset", None)  # on the command line, before a --config file fills it in
     if getattr(args, "config", None):
@@ -409,10 +411,18 @@ def config_from_args(stage: str, args: argparse.Namespace) -> TrainConfig:
 
     check_run_folder(config)  # --out from the command line or a --config file: the same rules, before any work
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
-    for line in (note, tokenizer_note):
-        if line:
-            print(line, file=sys.stderr, flush=True)
+    found = [line for line in (note, tokenizer_note) if line]
+    if notes is None:
+        print_notes(found)
+    else:
+        notes.extend(found)
     return config
+
+
+def print_notes(notes: list[str]) -> None:
+    """The notes :func:`config_from_args` collected, one a line on stderr."""
+    for line in notes:
+        print(line, file=sys.stderr, flush=True)
 
 
 def default_tokenizer(stage: str, args: argparse.Namespace) -> str | None:

@@ -14,13 +14,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.commands.cli_args import config_from_args
+    from procap.commands.cli_args import config_from_args, print_notes
 
-    config = config_from_args("vqgan", args)  # every check, before the training code is imported
+    notes: list[str] = []
+    config = config_from_args("vqgan", args, notes)  # every check, before the training code is imported
+    from procap.train.common import load_pairs
     from procap.train.distributed import env_context
     from procap.train.vqgan_train import train_vqgan
 
-    path = train_vqgan(config)
-    if env_context().is_main:  # under torchrun: one line, not one per process
+    is_main = env_context().is_main  # a bad torchrun environment is refused here, before the notes
+    pairs = load_pairs(config, "train")  # bad data is refused before the notes: its error is the one line
+    print_notes(notes)
+    path = train_vqgan(config, pairs)
+    if is_main:  # under torchrun: one line, not one per process
         print(f"VQGAN weights: {path}")
     return 0

@@ -110,6 +110,26 @@ def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(
         config_from_args("train", _parse("train", "--data", str(clevr_root)))
 
 
+@pytest.mark.parametrize("stage", ["vqgan", "pretrain", "train"])
+def test_bad_data_is_refused_before_the_default_notes(tmp_path, capsys, stage):
+    """The notes of the filled-in defaults wait until the data has been read: a refusal stays one line."""
+    (tmp_path / "empty").mkdir()
+    tokenizer = [] if stage == "vqgan" else ["--vqgan", "untrained"]  # vqgan trains the tokenizer itself
+    code = main([stage, "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "run"), *tokenizer])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert len(lines) == 1 and "splits.json" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_default_notes_are_kept_for_the_caller_when_asked(clevr_root, capsys):
+    notes: list[str] = []
+    args = _parse("train", "--data", str(clevr_root), "--out", "r", "--vqgan", "untrained")
+    assert config_from_args("train", args, notes).preset == "clevr"
+    assert capsys.readouterr().err == ""
+    assert len(notes) == 1 and "no --preset given: using 'clevr'" in notes[0]
+
+
 def test_tensorboard_and_wandb_receive_the_logged_scalars(tmp_path, small_model, clevr_root, monkeypatch):
     pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
     pytest.importorskip("wandb", reason="the [wandb] extra is not installed")
