@@ -555,19 +555,25 @@ def paired_from_folder(out: str | Path) -> list[dict[str, Any]]:
 
 
 def format_paired(rows: list[dict[str, Any]]) -> str:
-    """The paired comparisons as a table: difference in points with its 95 % interval, and each seed's."""
-    head = f"{'ProCap (k=2) minus':<28}{'figure':>8}{'difference':>12}{'95 % interval':>18}   per seed"
+    """The paired comparisons as a table: difference in points with its 95 % intervals over the test pairs and over
+    the seeds, and each seed's."""
+    head = f"{'ProCap (k=2) minus':<28}{'figure':>8}{'difference':>12}{'over pairs':>18}{'over seeds':>18}   per seed"
     lines = [head, "-" * (len(head) + 12)]
     for row in rows:
         interval = f"[{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]"
+        over_seeds = (  # one seed: no spread to measure
+            "n/a" if row["seed_low"] is None else f"[{100 * row['seed_low']:+.1f}, {100 * row['seed_high']:+.1f}]"
+        )
         seeds = " ".join(f"{100 * d:+.1f}" for d in row["per_seed"])
         lines.append(
-            f"{row['baseline']:<28}{row['figure']:>8}{100 * row['difference']:>+12.1f}{interval:>18}   {seeds}"
+            f"{row['baseline']:<28}{row['figure']:>8}{100 * row['difference']:>+12.1f}{interval:>18}{over_seeds:>18}"
+            f"   {seeds}"
         )
     pairs = {row["figure"]: row["pairs"] for row in rows}
     lines.append(
-        "(points of accuracy, mean over seeds; interval: bootstrap over test pairs, both models on each resample; "
-        f"pairs: {', '.join(f'{k} {v}' for k, v in pairs.items())})"
+        "(points of accuracy, mean over seeds; 95 % intervals: over pairs, a bootstrap over the test pairs with both "
+        "models on each resample; over seeds, Student's t on the seeds' differences, from two seeds on; pairs: "
+        f"{', '.join(f'{k} {v}' for k, v in pairs.items())})"
     )
     if any(row["baseline"] == INTERACTION for row in rows):
         lines.append(f"({INTERACTION}: (ProCap - stage-1 static) - (no stage 1 - static), all four on each resample)")

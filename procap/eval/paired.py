@@ -5,13 +5,16 @@ many pairs decided it. :func:`paired_difference` scores each pair for both model
 :mod:`procap.eval.correctness` (one figure: ``change``, ``type`` or ``object``), takes the difference of the two
 means and a percentile bootstrap interval, resampling test pairs with replacement and scoring both models on the
 same resample (the pairing). With several training seeds per model (one prediction set per seed, all on the same
-pairs), the difference is the mean over seeds and each resample of the pairs is applied to every seed, so the
-interval covers the test set's sampling while the seeds' spread is reported beside it. :func:`paired_contrast`
-does the same for any weighted sum of models, such as the interaction of a 2 x 2 design.
+pairs), the difference is the mean over seeds and each resample of the pairs is applied to every seed, so that
+interval covers the test set's sampling only. The training seeds can disagree far more than the test pairs do, so
+a second interval is computed over the seeds: Student's t on each seed's difference (``seed_low`` / ``seed_high``,
+from two seeds on). :func:`paired_contrast` does the same for any weighted sum of models, such as the interaction of
+a 2 x 2 design.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -40,6 +43,61 @@ def _right(figure: str, caption: str, truth: PairTruth) -> bool:
     if figure == "type":
         return parsed.names_type_of(truth)
     return parsed.object == truth.object
+
+
+def student_t_quantile(probability: float, df: int) -> float:
+    """The ``probability`` quantile of Student's t distribution with ``df`` degrees of freedom.
+
+    The distribution function has a closed form for whole ``df`` (a finite trigonometric series, odd and even ``df``
+    apart); the quantile is found by bisection on it, to about 1e-9.
+    """
+    if not 0.0 < probability < 1.0:
+        raise ProCapError(f"probability must be in (0, 1), got {probability}.")
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ProCapError(f"df must be a whole number of at least 1, got {df!r}.")
+    if probability < 0.5:
+        return -student_t_quantile(1.0 - probability, df)
+    target = 2.0 * probability - 1.0  # the probability of |T| < t
+    low, high = 0.0, 1.0
+    while _central_t_probability(high, df) < target:
+        high *= 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if _central_t_probability(middle, df) < target else (low, middle)
+        if high - low < 1e-10 * max(1.0, high):
+            break
+    return (low + high) / 2.0
+
+
+def _central_t_probability(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with whole ``df`` (t >= 0)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2 == 0:  # sin(theta) * (1 + cos^2/2 + 1*3 cos^4/(2*4) + ...), df/2 terms
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= cos2 * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+    total = 0.0  # (2/pi) (theta + sin cos (1 + 2 cos^2/3 + ...)), (df - 1)/2 terms after theta
+    if df > 1:
+        term, total = 1.0, 1.0
+        for k in range(1, (df - 1) // 2):
+            term *= cos2 * (2 * k) / (2 * k + 1)
+            total += term
+        total *= math.sin(theta) * math.cos(theta)
+    return 2.0 / math.pi * (theta + total)
+
+
+def seed_interval(per_seed: Sequence[float], level: float = 0.95) -> tuple[float | None, float | None]:
+    """The ``level`` interval of the mean of ``per_seed`` (one value per training seed), Student's t on their spread;
+    ``(None, None)`` with one seed, which has no spread to measure."""
+    count = len(per_seed)
+    if count < 2:
+        return None, None
+    mean = statistics.fmean(per_seed)
+    half = student_t_quantile(0.5 + level / 2.0, count - 1) * statistics.stdev(per_seed) / math.sqrt(count)
+    return mean - half, mean + half
 
 
 def pair_hits(figure: str, predictions: Mapping[str, str], truths: Mapping[str, PairTruth]) -> dict[str, bool]:
@@ -73,8 +131,10 @@ def paired_contrast(
         seed: the resampling's random seed.
 
     Returns:
-        ``{"figure", "pairs", "seeds", "accuracies", "difference", "low", "high", "level", "per_seed"}``: each
-        term's mean accuracy over seeds, the contrast (fractions), the interval's bounds and each seed's contrast.
+        ``{"figure", "pairs", "seeds", "accuracies", "difference", "low", "high", "level", "per_seed", "seed_low",
+        "seed_high"}``: each term's mean accuracy over seeds, the contrast (fractions), the bootstrap interval's
+        bounds (test pairs), each seed's contrast and the interval over seeds (:func:`seed_interval`; None with one
+        seed).
 
     Raises:
         ProCapError: naming the argument, for an unknown figure, seed counts that differ or are zero, prediction
@@ -108,6 +168,8 @@ def paired_contrast(
     n = len(ids)
     draws = sorted(statistics.fmean(rng.choices(gaps, k=n)) for _ in range(resamples))
     tail = (1.0 - level) / 2.0
+    per_seed = [statistics.fmean(contrast(i, s) for i in ids) for s in seeds]
+    seed_low, seed_high = seed_interval(per_seed, level)
     return {
         "figure": figure,
         "pairs": n,
@@ -117,7 +179,9 @@ def paired_contrast(
         "low": draws[min(resamples - 1, int(tail * resamples))],
         "high": draws[min(resamples - 1, max(0, int((1.0 - tail) * resamples) - 1))],
         "level": level,
-        "per_seed": [statistics.fmean(contrast(i, s) for i in ids) for s in seeds],
+        "per_seed": per_seed,
+        "seed_low": seed_low,
+        "seed_high": seed_high,
     }
 
 
@@ -138,8 +202,8 @@ def paired_difference(
 
     Returns:
         ``{"figure", "pairs", "seeds", "model_accuracy", "baseline_accuracy", "difference", "low", "high",
-        "level", "per_seed"}``: the mean accuracies over seeds, their difference (model - baseline, fractions), the
-        interval's bounds and each seed's difference.
+        "level", "per_seed", "seed_low", "seed_high"}``: the mean accuracies over seeds, their difference (model -
+        baseline, fractions), the bootstrap interval's bounds, each seed's difference and the interval over seeds.
 
     Raises:
         ProCapError: as :func:`paired_contrast`.

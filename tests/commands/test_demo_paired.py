@@ -39,12 +39,15 @@ def test_paired_rows_from_a_finished_folder(tmp_path):
     changes = sum(p.change_type != "no_change" for p in test)
     for row in pairwise:
         assert row["seeds"] == 2 and len(row["per_seed"]) == 2
+        # the two seeds caption alike: no spread, the seed interval is the difference itself
+        assert abs(row["seed_low"] - row["difference"]) < 1e-9 and abs(row["seed_high"] - row["difference"]) < 1e-9
         if row["figure"] == "change":  # right on the change pairs, tied on the distractors
             assert row["pairs"] == len(test)
             assert abs(row["difference"] - changes / len(test)) < 1e-9
         else:  # the baselines name no type and no object
             assert row["difference"] == row["model_accuracy"] == 1.0 and row["pairs"] == changes
-    assert "stage 1, static pair (k=0)" in format_paired(rows) and "2x2 interaction" in format_paired(rows)
+    table = format_paired(rows)
+    assert "stage 1, static pair (k=0)" in table and "2x2 interaction" in table and "over seeds" in table
 
 
 def test_the_tool_writes_paired_json_and_refuses_a_folder_without_a_demo(tmp_path):
@@ -53,5 +56,6 @@ def test_the_tool_writes_paired_json_and_refuses_a_folder_without_a_demo(tmp_pat
     done = subprocess.run([*tool, str(tmp_path / "demo")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
     assert len(json.loads((tmp_path / "demo" / "paired.json").read_text())) == 12 and "interval" in done.stdout
+    assert "n/a" in done.stdout  # one seed: no interval over seeds
     missing = subprocess.run([*tool, str(tmp_path / "nothing")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert missing.returncode == 2 and "scenes.json" in missing.stderr and "Traceback" not in missing.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from procap.errors import ProCapError
 from procap.eval.correctness import NO_CHANGE, PairTruth
-from procap.eval.paired import pair_hits, paired_contrast, paired_difference
+from procap.eval.paired import pair_hits, paired_contrast, paired_difference, seed_interval, student_t_quantile
 
 RED_CUBE = {"size": "small", "color": "red", "material": "rubber", "shape": "cube"}
 RIGHT = "the small red rubber cube changed to blue"
@@ -68,8 +68,64 @@ def test_seeds_average_and_are_reported_one_by_one():
     assert result["per_seed"] == pytest.approx(expected)
     assert result["difference"] == pytest.approx(statistics.fmean(expected))
     assert result["seeds"] == 3 and result["pairs"] == 80 and result["low"] <= result["difference"] <= result["high"]
+    half = 4.302653 * statistics.stdev(expected) / 3**0.5  # t(0.975, 2 degrees of freedom)
+    assert (result["seed_low"], result["seed_high"]) == pytest.approx(
+        (result["difference"] - half, result["difference"] + half)
+    )
     # deterministic in its seed
     assert paired_difference("change", model, baseline, truth, resamples=200) == result
+    one = paired_difference("change", model[:1], baseline[:1], truth, resamples=200)
+    assert one["seed_low"] is None and one["seed_high"] is None  # one seed has no spread to measure
+
+
+@pytest.mark.parametrize(
+    ("probability", "df", "expected"),
+    # the printed tables of Student's t
+    [
+        (0.975, 1, 12.7062),
+        (0.975, 2, 4.3027),
+        (0.975, 4, 2.7764),
+        (0.975, 9, 2.2622),
+        (0.95, 3, 2.3534),
+        (0.995, 7, 3.4995),
+        (0.975, 30, 2.0423),
+        (0.975, 120, 1.9799),
+    ],
+)
+def test_student_t_quantiles_match_the_tables(probability, df, expected):
+    assert student_t_quantile(probability, df) == pytest.approx(expected, abs=1e-4)
+    assert student_t_quantile(1.0 - probability, df) == pytest.approx(-expected, abs=1e-4)
+
+
+def test_student_t_refuses_what_has_no_quantile():
+    with pytest.raises(ProCapError, match="probability"):
+        student_t_quantile(1.0, 3)
+    with pytest.raises(ProCapError, match="df"):
+        student_t_quantile(0.975, 0)
+    with pytest.raises(ProCapError, match="df"):
+        student_t_quantile(0.975, 2.5)
+
+
+def test_seeds_that_disagree_widen_the_seed_interval_not_the_pairs_one():
+    """Three seeds whose gaps are +40, +10 and -20 points on 200 pairs: the test pairs decide the mean's +10 closely,
+    the seeds do not."""
+    truth = truths(200, 0)
+    ids = list(truth)
+    baseline = [{i: (RIGHT if n % 2 else WRONG_OBJECT) for n, i in enumerate(ids)}] * 3  # right on half
+
+    def turned(gain: int) -> dict[str, str]:
+        """The baseline with ``abs(gain)`` of its wrong (gain > 0) or right (gain < 0) pairs turned over."""
+        turn = RIGHT if gain > 0 else WRONG_OBJECT
+        chosen = [i for i in ids if baseline[0][i] != turn][: abs(gain)]
+        return {**baseline[0], **dict.fromkeys(chosen, turn)}
+
+    model = [turned(80), turned(20), turned(-40)]
+    result = paired_difference("object", model, baseline, truth, resamples=400)
+    assert result["per_seed"] == pytest.approx([0.4, 0.1, -0.2])
+    assert result["low"] > 0.0  # the pairs' interval excludes 0 ...
+    assert result["seed_low"] < 0.0 < result["seed_high"]  # ... the seeds' does not
+    assert seed_interval(result["per_seed"]) == pytest.approx((result["seed_low"], result["seed_high"]))
+    assert seed_interval([0.1]) == (None, None) and seed_interval([0.2, 0.2]) == pytest.approx((0.2, 0.2))
 
 
 @pytest.mark.parametrize(
