@@ -87,7 +87,8 @@ def _result(offset: float) -> dict:
     accuracy = {"change": 0.95, "type": 0.55, "object": 0.05, "new_value": 0.1, "distinct": 0.4, "per_type": per_type}
     by_type = {kind: {**metrics, "CIDEr": 100.0 + offset, "pairs": 2} for kind in (*FAKE_TYPES, "total")}
     return {
-        "selected_at_step": 20,
+        "checkpoint_step": 1234,
+        "checkpoint_stage": "stage2",
         "num_keyframes": 2,
         "pairs": 6,
         "by_type": by_type,

@@ -367,7 +367,9 @@ def evaluate_run(
     model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
     extra = {
         "checkpoint": str(checkpoint),
-        "selected_at_step": meta["extra"].get("step"),
+        # the names procap evaluate gives them: best.safetensors is the step validation picked
+        "checkpoint_step": meta["extra"].get("step"),
+        "checkpoint_stage": meta["extra"].get("stage"),
         "num_keyframes": model.config.num_keyframes,
     }
     return evaluate_model(

@@ -125,7 +125,7 @@ def metrics_table(summary: dict[str, Any]) -> str:
         cells += [_cell(accuracy.get(c), accuracy_std.get(c), seeds, 100.0) for c in ACCURACY_COLUMNS]
         for key, _, kind in FAILURE_COLUMNS:
             cells.append(_cell(accuracy.get(key), accuracy_std.get(key), seeds, 100.0 if kind == "fraction" else 1.0))
-        cells.append(str(report.get("selected_at_step", "")))
+        cells.append(str(report.get("checkpoint_step", "")))
         rows.append(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     note = (
         f"Test split, {summary.get('pairs', {}).get('test', '?')} pairs; {seeds} seed{'s' if seeds > 1 else ''}. "

@@ -48,6 +48,7 @@ def test_report_is_self_contained_and_complete(tmp_path, checkpoint):
     assert "caption 3 of" not in text and "reference 0 b" in text
     assert "stage-2 encoder" in text  # which head drew the frames
     assert "150.0" in text and "55.0" in text and "152.0" in text  # CIDEr and type accuracy (%) of the table
+    assert "1234" in text  # the step of the checkpoint each model was scored with
     assert [p.name for p in folder.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"] == []
 
 
