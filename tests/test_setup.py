@@ -189,7 +189,11 @@ def test_sdist_carries_every_source_and_installs_with_or_without_the_extension(t
     assert not [name for name in shipped if name.endswith((".so", ".pyc"))]
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    # No pip of its own: ensurepip would bring its bundled setuptools (65 on Python 3.11), which cannot build a wheel
+    # without the `wheel` package; pip and setuptools come from this environment, as the README's install uses them.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
     if sys.prefix != sys.base_prefix:  # run from a virtualenv (a GPU image's python3 is one): the new venv's system
         # site is the base interpreter's, without this one's torch; a .pth file adds this environment's packages
