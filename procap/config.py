@@ -132,6 +132,15 @@ class Departures:
     # the cell's size.
     window_glimpse: int = 0
     standardize_features: bool = False  # per-channel running standardisation of the tokenizer's features
+    # ``image_encoder`` c > 0: a CNN with c channels, trained with the captioner, reads every frame's image and gives
+    # each latent cell c features of its own (a 1-2 px change of view moves the frozen tokenizer's codes in most
+    # cells, docs/model.md); they join the frame's visual tokens, the joint difference and the change cells. It takes
+    # pixel_cnn's place (the two are not combined).
+    image_encoder: int = 0
+    # ``learned_localisation``: the change token's pooling weights and the change window's centre come from a
+    # learned score of every cell's change inputs added to the parameter-free one (temperature x rms of the frozen
+    # features' difference), so they can follow the object when the whole view moved.
+    learned_localisation: bool = False
 
     def check(self, latent_size: int) -> None:
         """Refuse a combination the model cannot build; ``latent_size`` bounds the change window."""
@@ -149,6 +158,12 @@ class Departures:
             raise ValueError(f"window_glimpse must be >= 0 channels, got {self.window_glimpse}")
         if self.window_glimpse and not self.change_window:
             raise ValueError("window_glimpse reads the change window's pixels: set change_window > 0")
+        if self.image_encoder < 0:
+            raise ValueError(f"image_encoder must be >= 0 channels, got {self.image_encoder}")
+        if self.image_encoder and self.pixel_cnn:
+            raise ValueError("image_encoder takes pixel_cnn's place: set pixel_cnn=0")
+        if self.learned_localisation and not self.change_token:
+            raise ValueError("learned_localisation places the change token: set change_token=True")
 
 
 DEPARTURE_FIELDS = frozenset(f.name for f in dataclasses.fields(Departures))
@@ -389,6 +404,7 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "change_window": (0, 4096),
         "pixel_cnn": (0, 4096),
         "window_glimpse": (0, 4096),
+        "image_encoder": (0, 4096),
     },
 }
 _FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {

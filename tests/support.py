@@ -139,6 +139,8 @@ def small_config(**overrides):
         "pixel_cnn": 0,
         "window_glimpse": 0,
         "standardize_features": False,
+        "image_encoder": 0,
+        "learned_localisation": False,
     }
     return get_preset("tiny", **{**base, **overrides})
 

@@ -15,7 +15,7 @@ from typing import Any
 from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError
-from procap.train.config import INTEGER_BOUNDS, STAGE_DEFAULTS, TrainConfig, map_paths
+from procap.train.config import INTEGER_BOUNDS, SELECT_METRICS, STAGE_DEFAULTS, TrainConfig, map_paths
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -213,6 +213,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
         v = parser.add_argument_group("validation")
         v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
         v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
+        v.add_argument(
+            "--select",
+            dest="select_metric",
+            choices=SELECT_METRICS,
+            help="what picks best.safetensors: validation CIDEr (default) or correctness, the mean of the change, "
+            "type and object accuracies of the captions (needs the pairs' truths: CLEVR-Change and the synthetic "
+            "benchmark)",
+        )
 
 
 # Keys of <out>/<stage>_config.json that record facts of the run rather than options.

@@ -99,22 +99,34 @@ class ProcedureEncoder(nn.Module):
         self.feature_norm = nn.BatchNorm2d(z, affine=False) if departures.standardize_features else nn.Identity()
         self.token_merge = departures.token_merge
         self.difference_mode = departures.difference_mode
+        cell = config.image_size // config.latent_size  # pixels per latent cell side
+        learned = departures.image_encoder
+        self.image_encoder = ImageEncoder(learned, cell) if learned else None
+        if learned:
+            # departure (docs/model.md): features learned with the captioner join every frame's tokens
+            self.image_norm = nn.LayerNorm(learned * departures.token_merge**2)
+            self.image_proj = nn.Linear(learned * departures.token_merge**2, d)
+        differenced = (z + learned) * departures.token_merge**2  # what the difference embedding reads of a token
         if departures.difference_embedding and departures.difference_mode == "absolute":
             # departure (docs/model.md): |after - before| per position
-            self.difference_norm = nn.LayerNorm(merged)
-            self.difference_proj = nn.Linear(merged, d)
+            self.difference_norm = nn.LayerNorm(differenced)
+            self.difference_proj = nn.Linear(differenced, d)
         elif departures.difference_embedding:  # "joint": signed [before, after, after - before] per cell, then an MLP
-            self.difference_mlp = nn.Sequential(nn.Linear(3 * merged, d), nn.GELU(), nn.Linear(d, d))
+            self.difference_mlp = nn.Sequential(nn.Linear(3 * differenced, d), nn.GELU(), nn.Linear(d, d))
+        self.change_score: nn.Module | None = None
         if departures.change_token:
             # departure (docs/model.md): one token pooled over the latent cells, weighted by their change
             self.change_pixels = departures.change_pixels
-            cell = config.image_size // config.latent_size  # pixels per latent cell side
             pixels = 2 * 3 * cell * cell if departures.change_pixels else 0
-            pixels += 3 * departures.pixel_cnn  # [before, after, after - before] of the CNN's features
+            # [before, after, after - before] of the learned features (one CNN or the other: Departures.check)
+            pixels += 3 * (departures.pixel_cnn + learned)
             self.pixel_cnn = PixelCNN(departures.pixel_cnn, cell) if departures.pixel_cnn else None
             self.change_mlp = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, d))
             self.change_embedding = nn.Parameter(torch.zeros(d))
             self.change_temperature = nn.Parameter(torch.tensor(CHANGE_TEMPERATURE))
+            if departures.learned_localisation:
+                # departure (docs/model.md): a learned score per cell, added to the parameter-free one
+                self.change_score = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, 1))
         self.change_window = departures.change_window
         self.window_glimpse: WindowGlimpse | None = None
         if departures.change_window:
@@ -131,24 +143,53 @@ class ProcedureEncoder(nn.Module):
             for p in (self.text_pos, self.align_token, self.csy_token):
                 nn.init.normal_(p, std=0.02)
 
-    def embed_visual(self, features: torch.Tensor) -> torch.Tensor:
+    def image_features(self, images: torch.Tensor) -> torch.Tensor | None:
+        """The learned features of images (B, T, 3, S, S) in [0, 1]: (B, T, c, h, w) on the latent grid, or None
+        without ``departures.image_encoder``."""
+        if self.image_encoder is None:
+            return None
+        b, t = images.shape[:2]
+        features = self.image_encoder(images.flatten(0, 1))
+        return features.view(b, t, *features.shape[1:])
+
+    def embed_visual(self, features: torch.Tensor, learned: torch.Tensor | None = None) -> torch.Tensor:
         """VQGAN features (B, T, z, h, w) -> visual tokens (B, T*n, enc_dim), frame-major then row-major.
 
-        With ``token_merge`` m each token holds m x m latent cells (n = h*w / m^2; :func:`space_to_depth`).
+        With ``token_merge`` m each token holds m x m latent cells (n = h*w / m^2; :func:`space_to_depth`). With
+        ``departures.image_encoder``, ``learned`` (B, T, c, h, w) (:meth:`image_features` of the same frames) is
+        merged the same way and added through its own LayerNorm and projection.
         """
         b = features.shape[0]
         tokens = space_to_depth(self.feature_norm(features.flatten(0, 1)), self.token_merge)  # (B*T, n, z*m^2)
-        return self.visual_proj(self.visual_norm(tokens.reshape(b, -1, tokens.shape[-1])))
+        embedded = self.visual_proj(self.visual_norm(tokens.reshape(b, -1, tokens.shape[-1])))
+        if self.image_encoder is None:
+            return embedded
+        if learned is None:
+            raise ValueError("this model's tokens read the images: pass their image_features")
+        cells = space_to_depth(learned.flatten(0, 1).to(embedded.dtype), self.token_merge)
+        return embedded + self.image_proj(self.image_norm(cells.reshape(b, -1, cells.shape[-1])))
 
-    def embed_difference(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    def embed_difference(
+        self,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        learned_before: torch.Tensor | None = None,
+        learned_after: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Per-position change embedding: VQGAN features (B, z, h, w) x 2 -> (B, n, enc_dim), row-major.
 
         ``difference_mode`` "absolute": LayerNorm -> Linear of ``|after - before|``. "joint": an MLP of the signed
         ``[before, after, after - before]`` of every cell, each frame LayerNormed per cell first (no affine) so the
         difference keeps its size: near zero where nothing changed, large at the change, and it tells add from drop.
+        With ``departures.image_encoder`` the learned features (B, c, h, w) x 2 join the tokenizer's per cell.
         Only built with ``departures.difference_embedding``.
         """
         before, after = self.feature_norm(before), self.feature_norm(after)
+        if self.image_encoder is not None:
+            if learned_before is None or learned_after is None:
+                raise ValueError("this model's difference reads the images: pass their image_features")
+            before = torch.cat([before, learned_before.to(before.dtype)], dim=1)
+            after = torch.cat([after, learned_after.to(after.dtype)], dim=1)
         if self.difference_mode == "absolute":
             change = space_to_depth((after - before).abs(), self.token_merge)  # (B, n, z*m^2)
             return self.difference_proj(self.difference_norm(change))
@@ -160,13 +201,16 @@ class ProcedureEncoder(nn.Module):
         after: torch.Tensor,
         before_pixels: torch.Tensor | None = None,
         after_pixels: torch.Tensor | None = None,
+        learned_before: torch.Tensor | None = None,
+        learned_after: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What the change tokens read of every latent cell, and how much it changed.
 
         Returns:
             ``(cells (B, C, h, w), magnitude (B, h, w))``: the standardised ``[before, after, after - before]`` (with
             ``departures.change_pixels`` also the cell's raw pixels in both images, + 2 * 3 * cell^2 channels, and with
-            ``departures.pixel_cnn`` c the CNN's ``[before, after, after - before]`` features, + 3c) and the rms of
+            ``departures.pixel_cnn`` or ``departures.image_encoder`` c the learned ``[before, after, after - before]``
+            features, + 3c: ``learned_before`` / ``learned_after`` (B, c, h, w) for the image encoder) and the rms of
             ``after - before`` over the tokenizer's channels.
         """
         cells = joint_cells(self.feature_norm(before), self.feature_norm(after))  # (B, 3z, h, w)
@@ -175,14 +219,17 @@ class ProcedureEncoder(nn.Module):
         reads_images = self.change_pixels or self.pixel_cnn is not None or self.window_glimpse is not None
         if reads_images and (before_pixels is None or after_pixels is None):
             raise ValueError("this model's change token reads the images: pass before_pixels and after_pixels")
+        if self.image_encoder is not None and (learned_before is None or learned_after is None):
+            raise ValueError("this model's change token reads the images: pass their image_features")
         parts = [cells]
         if self.change_pixels:
             cell = before_pixels.shape[-1] // side
             parts += [pixel_cells(image.to(cells.dtype), cell) for image in (before_pixels, after_pixels)]
         if self.pixel_cnn is not None:
             features = self.pixel_cnn(torch.cat([before_pixels, after_pixels]).to(cells.dtype))
-            before_features, after_features = features.chunk(2)
-            parts.append(joint_cells(before_features, after_features))
+            learned_before, learned_after = features.chunk(2)
+        if learned_before is not None and learned_after is not None:
+            parts.append(joint_cells(learned_before.to(cells.dtype), learned_after.to(cells.dtype)))
         return torch.cat(parts, dim=1) if len(parts) > 1 else cells, magnitude
 
     def embed_change(
@@ -191,26 +238,51 @@ class ProcedureEncoder(nn.Module):
         after: torch.Tensor,
         before_pixels: torch.Tensor | None = None,
         after_pixels: torch.Tensor | None = None,
+        learned_before: torch.Tensor | None = None,
+        learned_after: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The change tokens: VQGAN features (B, z, h, w) x 2 (and images (B, 3, S, S) x 2) -> (B, 1 + w^2, enc_dim).
 
         The first token: an MLP embeds each latent cell (:meth:`change_cells`) and the cells are averaged with
-        weights ``softmax(temperature * rms(after - before))`` (the temperature is learned), so it describes what
-        is at the changed cells. With ``departures.change_window`` w, w^2 more tokens follow: the w x w cells around
-        the strongest change (the peak of the 3 x 3 box-smoothed rms, the window clipped to the grid), each
-        embedded by its own MLP plus a learned embedding of its place in the window, so the object's shape and
-        size survive; with ``departures.window_glimpse`` that MLP also reads :class:`WindowGlimpse`'s features of the
-        window's pixels at full resolution. Only built with ``departures.change_token``.
+        weights ``softmax(score)``, so it describes what is at the changed cells. The score is
+        ``temperature * rms(after - before)`` (the temperature is learned), plus with
+        ``departures.learned_localisation`` a learned function of each cell's inputs. With
+        ``departures.change_window`` w, w^2 more tokens follow: the w x w cells around the highest score (the peak
+        of its 3 x 3 box sum, the window clipped to the grid), each embedded by its own MLP plus a learned embedding
+        of its place in the window, so the object's shape and size survive; with ``departures.window_glimpse`` that
+        MLP also reads :class:`WindowGlimpse`'s features of the window's pixels at full resolution. Only built with
+        ``departures.change_token``.
+
+        ``hidden`` (B, h, w) bool marks cells the tokens must not read (stage 1's masked ends): they get no pooling
+        weight, are never the window's centre, and read as zeros, pixels included.
         """
-        cells, magnitude = self.change_cells(before, after, before_pixels, after_pixels)
+        if hidden is not None and before_pixels is not None and after_pixels is not None:
+            cell = before_pixels.shape[-1] // before.shape[-1]
+            shown = (~hidden).to(before_pixels.dtype).repeat_interleave(cell, 1).repeat_interleave(cell, 2)
+            before_pixels, after_pixels = before_pixels * shown[:, None], after_pixels * shown[:, None]
+        cells, magnitude = self.change_cells(before, after, before_pixels, after_pixels, learned_before, learned_after)
+        if hidden is not None:
+            cells = cells * (~hidden)[:, None].to(cells.dtype)
         inputs = cells.flatten(2).transpose(1, 2)  # (B, h*w, C)
-        weights = torch.softmax(self.change_temperature * magnitude.flatten(1), dim=1)
+        score = self.change_temperature * magnitude.flatten(1)
+        if self.change_score is not None:
+            score = score + self.change_score(inputs).squeeze(-1).to(score.dtype)
+        if hidden is not None:
+            score = score.masked_fill(hidden.flatten(1), HIDDEN_SCORE)
+        weights = torch.softmax(score, dim=1)
+        if hidden is not None:  # every cell hidden: no weight at all (the token is its embedding alone)
+            weights = weights * (~hidden).flatten(1).to(weights.dtype)
         embedded = self.change_mlp(inputs)  # (B, h*w, D)
         pooled = torch.einsum("bn,bnd->bd", weights.to(embedded.dtype), embedded)
         pooled = (pooled + self.change_embedding.to(pooled.dtype)).unsqueeze(1)
         if not self.change_window:
             return pooled
-        top, left = window_origin(magnitude, self.change_window)
+        # The parameter-free rule places the window by the magnitude itself (the temperature only sharpens pooling)
+        place = magnitude if self.change_score is None else score.detach().view_as(magnitude)
+        if hidden is not None:
+            place = place.masked_fill(hidden, HIDDEN_SCORE)
+        top, left = window_origin(place, self.change_window)
         window = window_cells(cells, top, left, self.change_window)  # (B, w*w, C)
         if self.window_glimpse is not None:
             cell = before_pixels.shape[-1] // magnitude.shape[-1]
@@ -295,6 +367,32 @@ class PixelCNN(nn.Module):
         return self.layers(images * 2 - 1)
 
 
+class ImageEncoder(nn.Module):
+    """Images (N, 3, S, S) in [0, 1] -> learned features (N, c, S / cell, S / cell), one vector per latent cell.
+
+    A 3 x 3 convolution at full resolution (edges and corners are a pixel or two wide), a convolution with the cell
+    as kernel and stride down to the latent grid, then two 3 x 3 convolutions there (receptive field 5 cells plus a
+    pixel: an object, its edges and a shift of the view), GELU between them. Trained with the captioner: unlike the
+    frozen tokenizer's codes, its features can learn to ignore a small change of view (docs/model.md).
+    """
+
+    def __init__(self, channels: int, cell: int) -> None:
+        super().__init__()
+        first = max(8, channels // 2)
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, first, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(first, channels, cell, stride=cell),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images * 2 - 1)
+
+
 class WindowGlimpse(nn.Module):
     """The change window's pixels at full resolution -> a feature vector per window cell.
 
@@ -324,6 +422,7 @@ class WindowGlimpse(nn.Module):
 
 
 CHANGE_TEMPERATURE = 10.0  # initial sharpness of the change token's pooling (cells of unit-variance features)
+HIDDEN_SCORE = -1e4  # the pooling score of a hidden cell: no weight after the softmax, never the window's centre
 
 
 def space_to_depth(x: torch.Tensor, merge: int) -> torch.Tensor:

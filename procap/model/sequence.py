@@ -27,7 +27,7 @@ from torch import nn
 from procap import kernels
 from procap.config import Departures, ProCapConfig
 from procap.errors import ProCapError
-from procap.kernels.masking import MaskParams, axial_positions
+from procap.kernels.masking import MaskParams, axial_positions, mask_from_params
 from procap.model.encoder import ProcedureEncoder, authors_prefix_mask, space_to_depth
 from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
@@ -97,10 +97,14 @@ class SequenceAssembly(nn.Module):
 
     def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
         """[0, 1] frames (B, T, 3, S, S) -> visual tokens (B, T*n, enc_dim) without positions."""
-        return self.encoder.embed_visual(self.frame_features(frames))
+        return self.encoder.embed_visual(self.frame_features(frames), self.encoder.image_features(frames))
 
     def with_difference(
-        self, tokens: torch.Tensor, features: torch.Tensor, visible: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        visible: torch.Tensor | None = None,
+        learned: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Add the per-position change embedding of the first and last frame to the frames' tokens.
 
@@ -108,15 +112,18 @@ class SequenceAssembly(nn.Module):
             tokens: (B, T*n, enc_dim) visual tokens, frame-major.
             features: (B, T', z, h, w) VQGAN features whose first / last frames are before / after.
             visible: optional (B, T*n) bool, the tokens stage-1 masking left visible.
+            learned: (B, T', c, h, w) image features of the same frames (``departures.image_encoder``).
 
         Returns:
             ``tokens`` unchanged without ``departures.difference_embedding``; else ``tokens + diff`` repeated per frame, or
-            with ``departures.difference_visible_ends`` only on the first and last frames' tokens (the visible ones, when
-            ``visible`` is given): a masked end or a procedure query gets nothing of the pair's difference.
+            with ``departures.difference_visible_ends`` only on the first and last frames' tokens, and with ``visible``
+            only at the positions where both ends are visible: the difference of a position holds both ends, so
+            a masked end, or a procedure query, gets nothing of it, and neither does the other end's token there.
         """
         if not self.departures.difference_embedding:
             return tokens
-        diff = self.encoder.embed_difference(features[:, 0], features[:, -1])  # (B, n, D)
+        ends = (None, None) if learned is None else (learned[:, 0], learned[:, -1])
+        diff = self.encoder.embed_difference(features[:, 0], features[:, -1], *ends)  # (B, n, D)
         if not self.departures.difference_visible_ends:
             return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
         b, n, d = diff.shape
@@ -126,11 +133,18 @@ class SequenceAssembly(nn.Module):
         ends = ((position == 0) | (position == frames - 1)).to(tokens.dtype)
         weight = ends.view(1, frames, 1).expand(b, frames, n)
         if visible is not None:
-            weight = weight * visible.view(b, frames, n).to(tokens.dtype)
+            both = visible.view(b, frames, n)
+            weight = weight * (both[:, :1] & both[:, -1:]).to(tokens.dtype)
         return tokens + (weight.unsqueeze(-1) * diff.unsqueeze(1).to(tokens.dtype)).reshape(b, frames * n, d)
 
     def with_change_token(
-        self, tokens: torch.Tensor, features: torch.Tensor, before: torch.Tensor, after: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        learned: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append the change token (:meth:`ProcedureEncoder.embed_change`) of the first and last frame.
 
@@ -138,6 +152,9 @@ class SequenceAssembly(nn.Module):
             tokens: (B, N, enc_dim) visual tokens.
             features: (B, T', z, h, w) VQGAN features whose first / last frames are before / after.
             before, after: (B, 3, S, S) the images of those frames (read with ``departures.change_pixels``).
+            learned: (B, T', c, h, w) image features of the same frames (``departures.image_encoder``).
+            visible: optional (B, T'*n) bool, the tokens stage-1 masking left visible: the change tokens read only
+                the cells whose token is visible in both ends (a masked end is not handed over through them).
 
         Returns:
             ``tokens`` unchanged without ``departures.change_token``, else (B, N + 1 + w^2, enc_dim) with a
@@ -145,8 +162,24 @@ class SequenceAssembly(nn.Module):
         """
         if not self.departures.change_token:
             return tokens
-        change = self.encoder.embed_change(features[:, 0], features[:, -1], before, after)
+        ends = (None, None) if learned is None else (learned[:, 0], learned[:, -1])
+        hidden = None
+        if visible is not None:
+            grid, merge = self.config.grid_size, self.departures.token_merge
+            shown = visible.view(visible.shape[0], -1, grid, grid)
+            both = shown[:, 0] & shown[:, -1]  # (B, g, g) tokens -> (B, h, w) latent cells
+            hidden = ~both.repeat_interleave(merge, 1).repeat_interleave(merge, 2)
+        change = self.encoder.embed_change(features[:, 0], features[:, -1], before, after, *ends, hidden=hidden)
         return torch.cat([tokens, change.to(tokens.dtype)], dim=1)
+
+    def hidden_pixels(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Frames (B, T, 3, S, S) with the pixels under every masked token (``mask`` (B, T*n) bool) set to 0: what
+        stage 1's image encoder reads, so that no learned feature of a visible token sees into a masked one."""
+        b, t, _, size, _ = frames.shape
+        grid = self.config.grid_size
+        shown = (~mask).view(b, t, grid, grid).to(frames.dtype)
+        scale = size // grid
+        return frames * shown.repeat_interleave(scale, 2).repeat_interleave(scale, 3).unsqueeze(2)
 
     def msm_targets(self, codes: torch.Tensor) -> torch.Tensor:
         """VQ codes (B, T*h*w), frame-major and row-major over the latent grid, in the order of the MSM head's
@@ -193,11 +226,18 @@ class SequenceAssembly(nn.Module):
             mask_params = self.sample_mask_params(b, frames.device, _on(generator, frames.device))
         features = self.frame_features(frames)
         features = torch.cat([features, self._negative_features(negatives, changed, features)])
-        visual = self.encoder.embed_visual(features)  # (2B, N, D): positives, then consistency negatives
-        visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         frames_both = torch.cat([frames, negatives.to(frames.dtype)])  # the change token of each half its own ends
-        visual = self.with_difference(visual, features, visible=~mask)
-        visual = self.with_change_token(visual, features, frames_both[:, 0], frames_both[:, -1])
+        learned = None
+        if self.encoder.image_encoder is not None:
+            grid = self.config.grid_size
+            hidden = mask_from_params(_repeat(mask_params, 2), self.config.num_frames, grid, grid)
+            learned = self.encoder.image_features(self.hidden_pixels(frames_both, hidden))
+        visual = self.encoder.embed_visual(features, learned)  # (2B, N, D): positives, then consistency negatives
+        visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
+        visual = self.with_difference(visual, features, visible=~mask, learned=learned)
+        visual = self.with_change_token(
+            visual, features, frames_both[:, 0], frames_both[:, -1], learned, visible=~mask
+        )
         text = self.encoder.embed_caption(captions)
         seq = self.stage1_sequence(
             torch.cat([text, text.roll(1, dims=0), text]), torch.cat([visual[:b], visual[:b], visual[b:]])
@@ -218,21 +258,25 @@ class SequenceAssembly(nn.Module):
     def procedure_tokens(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         """Stage-2 input ``{e_bef, e_m x k*n, e_aft}`` + axial positions: (B, 3, S, S) x 2 -> (B, T*n, enc_dim),
         (B, ``config.memory_tokens``, enc_dim) with the change tokens last (``departures.change_token``)."""
-        features = self.frame_features(torch.stack([before, after], dim=1))  # (B, 2, z, h, w)
-        visual = self.encoder.embed_visual(features)  # (B, 2n, D)
+        images = torch.stack([before, after], dim=1)
+        features = self.frame_features(images)  # (B, 2, z, h, w)
+        learned = self.encoder.image_features(images)
+        visual = self.encoder.embed_visual(features, learned)  # (B, 2n, D)
         b, n2, d = visual.shape
         n = n2 // 2
         queries = self.mask_embedding.view(1, 1, d).expand(b, self.config.num_keyframes * n, d)
         seq = torch.cat([visual[:, :n], queries.to(visual.dtype), visual[:, n:]], dim=1)
-        seq = self.with_difference(seq + self.positions().to(seq.dtype), features)
-        return self.with_change_token(seq, features, before, after)
+        seq = self.with_difference(seq + self.positions().to(seq.dtype), features, learned=learned)
+        return self.with_change_token(seq, features, before, after, learned)
 
     def frame_tokens(self, frames: torch.Tensor) -> torch.Tensor:
         """Explicit procedure frames (B, T, 3, S, S) -> their tokens + axial positions, with the departures' difference
         embedding and change tokens: (B, ``config.memory_tokens``, enc_dim)."""
         features = self.frame_features(frames)
-        tokens = self.with_difference(self.encoder.embed_visual(features) + self.positions(), features)
-        return self.with_change_token(tokens, features, frames[:, 0], frames[:, -1])
+        learned = self.encoder.image_features(frames)
+        tokens = self.encoder.embed_visual(features, learned) + self.positions()
+        tokens = self.with_difference(tokens, features, learned=learned)
+        return self.with_change_token(tokens, features, frames[:, 0], frames[:, -1], learned)
 
     def with_prefix(self, visual_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``authors`` variant: ``[prefix, visual]`` (B, P + N, D) and its (P + N, P + N) attention mask."""

@@ -21,6 +21,11 @@ from procap.eval.metrics import metric_names
 if TYPE_CHECKING:
     import torch
 
+# What picks a stage-2 run's best.safetensors on the validation pairs: their CIDEr, or "correctness", the mean of the
+# fractions of captions right about the change, its type and the object (procap.eval.correctness; needs each pair's
+# truth, which the synthetic benchmark and CLEVR-Change have).
+SELECT_METRICS = ("CIDEr", "correctness")
+
 # Paper values per stage. Stage 1: 200k steps, batch 8, AdamW, lr warm-up 1e-6 -> 1e-4 over 5k steps.
 # Stage 2: 40 epochs, batch 16, decoder lr warm-up 0 -> 5e-5 over 10%; the encoder lr is the dataset's
 # (procap.data.datasets: DatasetSpec.encoder_lr).
@@ -131,6 +136,7 @@ class TrainConfig:
     val_every: int = 0
     val_pairs: int | None = 200
     val_metrics: tuple[str, ...] = ("BLEU-4", "ROUGE-L", "CIDEr")  # no METEOR: it needs Java and is slow
+    select_metric: str = "CIDEr"  # SELECT_METRICS: what picks stage 2's best.safetensors
     save_every: int = 0  # steps between saves of `last` (0: off)
     save_minutes: float = 5.0  # also save `last` when this many minutes passed since the last save (0: off)
     log_every: int = 10
@@ -147,6 +153,8 @@ class TrainConfig:
             raise ValueError(f"stage must be one of {sorted(STAGE_DEFAULTS)}, got {self.stage!r}")
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
+        if self.select_metric not in SELECT_METRICS:
+            raise ValueError(f"select_metric must be one of {', '.join(SELECT_METRICS)}, got {self.select_metric!r}")
         if self.decay not in LR_DECAYS:
             raise ValueError(f"decay must be one of {', '.join(LR_DECAYS)}, got {self.decay!r}")
         for name, bounds in INTEGER_BOUNDS.items():  # before any work, for the API as for the command line

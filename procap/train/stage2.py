@@ -1,8 +1,9 @@
-"""Stage 2, implicit procedure captioning: procedure queries + caption decoder, best checkpoint by val CIDEr.
+"""Stage 2, implicit procedure captioning: procedure queries + caption decoder, best checkpoint by validation.
 
 ``train(cfg)`` initialises from a stage-1 checkpoint (``cfg.init``) or, for the static-pair baseline, from
 scratch (``k = 0`` and no stage 1), trains with teacher forcing, validates greedy captions on the validation
-split, and keeps ``best.safetensors`` by CIDEr. The test split is never looked at.
+split, and keeps ``best.safetensors`` by ``cfg.select_metric``: CIDEr, or the captions' correctness. The test split
+is never looked at.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from procap.checkpoint import save_checkpoint
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
+from procap.errors import ProCapError
 from procap.extras import require_all
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
@@ -32,8 +34,6 @@ from procap.train.stage1 import model_and_vocab, weight_loader
 if TYPE_CHECKING:
     from procap.data import Vocabulary
     from procap.model.procap import ProCap
-
-SELECT_METRIC = "CIDEr"
 
 
 def validation_subset(pairs: Sequence[Any], limit: int | None, seed: int = 0) -> list:
@@ -72,7 +72,7 @@ def make_validator(
 
     Besides the caption metrics it reports ``distinct`` (distinct captions / validation pairs) and, with
     ``truths`` (:func:`procap.eval.correctness.scene_truths`), the correctness fractions ``acc_change``,
-    ``acc_type``, ``acc_object``. When the captions stop varying (at most two distinct captions over at least
+    ``acc_type``, ``acc_object`` and their mean, ``correctness`` (``--select correctness``). When the captions stop varying (at most two distinct captions over at least
     ten pairs) it warns: that is the signature of a collapsed memory, visible long before the scores say so.
     """
 
@@ -95,7 +95,10 @@ def make_validator(
         metrics["distinct"] = distinct / max(1, len(predictions))
         if truths:
             accuracy = caption_accuracy(predictions, truths)
-            metrics.update({f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None})
+            parts = {f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None}
+            metrics.update(parts)
+            # a pair set without change pairs has no type or object figure: the mean of those it has
+            metrics["correctness"] = sum(parts.values()) / len(parts) if parts else 0.0
         if len(predictions) >= 10 and distinct <= 2:
             warnings.warn(
                 f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
@@ -122,7 +125,7 @@ def train(
     cache: ImageCache | None = None,
     truths: dict[str, Any] | None = None,
 ) -> Path:
-    """Run stage 2 and return the best checkpoint by validation CIDEr (``<out>/best.safetensors``).
+    """Run stage 2 and return the best checkpoint by ``cfg.select_metric`` on validation (``<out>/best.safetensors``).
 
     Args:
         cfg: training options (``stage="train"``); ``cfg.init`` is the stage-1 checkpoint, or ``None`` to start
@@ -140,6 +143,11 @@ def train(
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
     if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
         truths = scene_truths(cfg.data, val_pairs)
+    if cfg.select_metric == "correctness" and not truths:
+        raise ProCapError(
+            f"--select correctness needs each validation pair's truth, which {cfg.dataset} does not have here; "
+            "select by CIDEr instead."
+        )
     model, vocab = model_and_vocab(cfg, pairs, vocab)
     model.trained_stage = "stage2"  # a stage-1 init's record no longer holds: this run trains the decoder
     model.vqgan.requires_grad_(False)
@@ -168,7 +176,7 @@ def train(
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, facts(extra)),
         load_weights=weight_loader(model),
         validate=make_validator(cfg, model, vocab, val_pairs, cache, max_len, truths),
-        metric=SELECT_METRIC,
+        metric=cfg.select_metric,
         name="stage2",
         weight_fn=caption_targets,
     )
