@@ -354,9 +354,10 @@ PRESETS: dict[str, ProCapConfig] = {
             change_pixels=True,
             change_window=5,
             change_broadcast=True,
-            pixel_cnn=32,
             window_glimpse=32,
             standardize_features=True,
+            image_encoder=32,
+            learned_localisation=True,
         ),
     ),
 }
