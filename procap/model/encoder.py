@@ -92,7 +92,6 @@ class ProcedureEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
         self.fused_add_norm = False  # use_fused_blocks
-        merged = z * departures.token_merge**2  # channels of one encoder token's m x m latent cells
         # departure (docs/model.md): per-channel standardisation of the tokenizer's features (running statistics,
         # no affine); a well-trained VQGAN's channels carry offsets of ~2 standard deviations that a per-token
         # LayerNorm turns into near-constant tokens

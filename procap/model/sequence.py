@@ -235,9 +235,7 @@ class SequenceAssembly(nn.Module):
         visual = self.encoder.embed_visual(features, learned)  # (2B, N, D): positives, then consistency negatives
         visual, mask = self.apply_masking(visual, _repeat(mask_params, 2))  # the same mask for both halves
         visual = self.with_difference(visual, features, visible=~mask, learned=learned)
-        visual = self.with_change_token(
-            visual, features, frames_both[:, 0], frames_both[:, -1], learned, visible=~mask
-        )
+        visual = self.with_change_token(visual, features, frames_both[:, 0], frames_both[:, -1], learned, visible=~mask)
         text = self.encoder.embed_caption(captions)
         seq = self.stage1_sequence(
             torch.cat([text, text.roll(1, dims=0), text]), torch.cat([visual[:b], visual[:b], visual[b:]])

@@ -18,9 +18,9 @@ import torch
 
 from procap.checkpoint import save_checkpoint
 from procap.data.images import ImageCache
+from procap.errors import ProCapError
 from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
-from procap.errors import ProCapError
 from procap.extras import require_all
 from procap.model.decoder import PAD_ID
 from procap.train import distributed

@@ -135,7 +135,7 @@ def test_stage1_ends_do_not_leak_through_the_difference_or_the_change_tokens():
     torch.manual_seed(0)
     config = front_end_config(num_keyframes=0)
     model = ProCap(config).eval()
-    b, z, grid = 2, config.vqgan.z_channels, config.grid_size
+    b, grid = 2, config.grid_size
     frames = torch.rand(b, 2, 3, 16, 16)
     params = model.sample_mask_params(b, "cpu", torch.Generator().manual_seed(3))
     params.scheme.fill_(RANDOM_PATCH)
