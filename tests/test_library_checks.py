@@ -81,6 +81,10 @@ def _caption_lazy_truncated_image(t: dict[str, Any]) -> Any:
     return captioner([image], [image])
 
 
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, device="meta")
+
+
 def _attention_call(t: dict[str, Any]) -> Any:
     before = torch.rand(1, 3, 16, 16)
     return t["model"].generate(before, before)
@@ -109,6 +113,10 @@ CASES = [
     Bad("float8 checkpoint", lambda t: load_checkpoint(t["float8"]), "float8_e4m3fn"),
     Bad("float8 checkpoint in the Captioner", lambda t: Captioner.from_checkpoint(t["float8"]), "float8_e4m3fn"),
     Bad("lazily opened truncated image", _caption_lazy_truncated_image, "truncated.png"),
+    # a tensor on the meta device has no values: reading one raised NotImplementedError
+    Bad("meta-device image", lambda t: _captioner(t).caption(_meta(3, 16, 16), _meta(3, 16, 16)), "meta device"),
+    Bad("meta-device batch", lambda t: _captioner(t)(_meta(2, 3, 16, 16), _meta(2, 3, 16, 16)), "meta device"),
+    Bad("meta-device generate", lambda t: _captioner(t).generate(_meta(2, 3, 16, 16), _meta(2, 3, 16, 16)), "meta"),
     Bad("no metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=[]), "metrics"),
     Bad("unknown metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=["bleu", "nope"]), "nope"),
     Bad(
