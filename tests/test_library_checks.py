@@ -26,6 +26,7 @@ from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.eval.metrics import score
 from procap.fast import Captioner
+from procap.json_files import parse_json
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.distributed import env_context, launched_by_torchrun
@@ -269,3 +270,25 @@ def test_a_safetensors_file_cannot_declare_more_than_it_holds(tmp_path, shape, s
             read(path)
         assert str(path) in str(caught.value) and "\n" not in str(caught.value)
         assert peak.growth < 64 * 2**20, f"{read.__name__} took {peak.growth / 2**20:.0f} MiB at its peak"
+
+
+# -- messages quote values briefly (issue 48, class E) --------------------------------------------------------------
+HUGE = list(range(10**6))
+LONG_KEY = "k" * 10**6
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda t: _captioner(t, batch_sizes=set(HUGE)), "batch_sizes must be a sequence"),
+        (lambda t: _captioner(t, batch_sizes=[HUGE]), "each of batch_sizes must be an integer"),
+        (lambda t: parse_json(f'{{"{LONG_KEY}": 1, "{LONG_KEY}": 2}}', "j.json"), "names the key 'kkkk"),
+    ],
+    ids=["batch_sizes not a sequence", "a batch size not an integer", "a long key given twice"],
+)
+def test_a_message_quotes_a_value_briefly(call, needle, things):
+    """A message quoted the whole value: megabytes for a long list, without end for a YAML alias bomb."""
+    with pytest.raises(ProCapError) as caught:
+        call(things)
+    message = str(caught.value)
+    assert needle in message and len(message) < 300, message[:300]

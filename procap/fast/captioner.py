@@ -45,7 +45,7 @@ from procap import validate
 from procap.attention import BACKENDS
 from procap.checkpoint import check_can_caption, load_checkpoint
 from procap.data.domain import batch_facts, domain_problem, read_domain
-from procap.errors import OutOfDomainWarning, ProCapError
+from procap.errors import OutOfDomainWarning, ProCapError, shown
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
@@ -79,7 +79,7 @@ def _checked_device(device: torch.device | str | None) -> torch.device:
 
 def _check_batch_sizes(batch_sizes: Any) -> None:
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
-        raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {batch_sizes!r}")
+        raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {shown(batch_sizes)}")
     for size in batch_sizes:
         validate.integer(size, "each of batch_sizes", minimum=1)
 
