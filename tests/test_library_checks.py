@@ -107,6 +107,8 @@ CASES = [
     ),
     Bad("string batch size", lambda t: _captioner(t, batch_sizes=["8"]), "batch_sizes"),
     Bad("batch sizes as a number", lambda t: _captioner(t, batch_sizes=8), "batch_sizes"),
+    # the bound of the command line's --batch-size: on CUDA each bucket's buffers are taken whole
+    Bad("batch size beyond memory", lambda t: _captioner(t, batch_sizes=[1, 10**8]), "batch_sizes 100000000 needs"),
     Bad("map_location", lambda t: load_checkpoint(t["ckpt"], map_location="bogus"), "map_location"),
     Bad(
         "map_location without CUDA", lambda t: load_checkpoint(t["ckpt"], map_location="cuda"), "map_location", (), True
