@@ -15,6 +15,7 @@ Two rules hold for every write made here:
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -250,6 +251,22 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], object]) -> Pa
         remove_empty(created)
         raise
     return path
+
+
+def remove_dead_temps(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that :func:`atomic_write` of ``path`` leaves when its process is killed mid-write
+    (``kill -9`` skips the cleanup); returns them.
+
+    Only for the one writer of ``path`` (a training run holding its folder's lock): a live writer's temporary file
+    has the same form.
+    """
+    path = Path(path)
+    pattern = glob.escape(temp_prefix(path.name, path.parent)) + "?" * _TEMP_RANDOM + glob.escape(_TEMP_SUFFIX)
+    removed = []
+    for dead in path.parent.glob(pattern):
+        dead.unlink(missing_ok=True)
+        removed.append(dead)
+    return removed
 
 
 def is_stream(path: str | os.PathLike) -> bool:

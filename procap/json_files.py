@@ -18,7 +18,7 @@ import os
 from collections.abc import Hashable
 from typing import Any
 
-from procap.errors import ProCapError
+from procap.errors import ProCapError, shown
 from procap.validate import input_file
 
 # The largest JSON / YAML / JSON-lines file the package reads: well above the largest real one (the authors' score
@@ -31,7 +31,7 @@ class DuplicateKeyError(ProCapError):
     """A JSON object or YAML mapping names ``key`` twice; the message names the source and the key."""
 
     def __init__(self, source: str, key: object) -> None:
-        super().__init__(f"{source} names the key {key!r} twice; each key may appear once.")
+        super().__init__(f"{source} names the key {shown(key)} twice; each key may appear once.")
         self.key = key
 
 
@@ -108,12 +108,49 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     return parse_json(read_bytes(path, what), f"{what} {path}")
 
 
+# The values YAML aliases may add to a document: far above a config's merges (`<<: *base` of a few keys), far below
+# what a few bytes of nested aliases stand for (a 1 KB "billion laughs" file: 10**9 values).
+MAX_ALIAS_VALUES = 10_000
+
+
+def _refuse_alias_bombs(root: Any, source: str) -> None:
+    """Count the values of a composed YAML document as its aliases expand it, without expanding it (each node's
+    count is kept), and refuse one that aliases add more than :data:`MAX_ALIAS_VALUES` to, or that contains itself.
+
+    PyYAML builds an aliased value once and shares it, but anything that walks the value (a message formatting it,
+    a copy) walks every alias: a 1 KB file grew without end in a message naming its value.
+    """
+    counts: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: Any) -> int:
+        key = id(node)
+        if key in counts:
+            return counts[key]
+        if key in open_nodes:
+            raise ProCapError(f"{source} holds a YAML alias inside the value it names; write the value out.")
+        open_nodes.add(key)
+        children = node.value if isinstance(node.value, list) else []  # scalars hold text
+        # a mapping's entries are (key, value) pairs of nodes
+        total = 1 + sum(count(n) for child in children for n in (child if isinstance(child, tuple) else (child,)))
+        open_nodes.discard(key)
+        counts[key] = total
+        return total
+
+    if count(root) - len(counts) > MAX_ALIAS_VALUES:
+        raise ProCapError(
+            f"{source} uses YAML aliases that add more than {MAX_ALIAS_VALUES:,} values to it (a small file standing "
+            "for a huge one); write the values out instead."
+        )
+
+
 def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML ``text`` (safe types only) under the same rule: a mapping naming a key twice is refused.
 
     Raises:
         DuplicateKeyError: a mapping names a key twice.
-        ProCapError: PyYAML is missing (the ``[train]`` extra names it) or the text is not YAML.
+        ProCapError: PyYAML is missing (the ``[train]`` extra names it), the text is not YAML, or its aliases
+            expand it beyond :data:`MAX_ALIAS_VALUES` (:func:`_refuse_alias_bombs`).
     """
     from procap.extras import require
 
@@ -134,6 +171,10 @@ def parse_yaml(text: str, source: str) -> Any:
                     if isinstance(key, Hashable):
                         seen.add(key)
             return super().construct_mapping(node, deep=deep)
+
+        def construct_document(self, node):
+            _refuse_alias_bombs(node, source)  # before a value is built
+            return super().construct_document(node)
 
     try:
         return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: safe types only

@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from procap.errors import ProCapError
+from procap.errors import ProCapError, shown
 from procap.files import input_overlap
 
 # Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
@@ -122,7 +122,7 @@ def number(
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):  # from a config file or the Python API
-        raise ProCapError(f"{flag} must be a number, got {value!r}.")
+        raise ProCapError(f"{flag} must be a number, got {shown(value)}.")
     if isinstance(value, float) and not math.isfinite(value):
         raise ProCapError(f"{flag} must be a finite number, got {value}.")
     if above is not None and not value > above:
@@ -146,7 +146,7 @@ def integer(value: object, name: str, minimum: int | None = None, maximum: int |
         ProCapError: naming ``name`` and what it takes.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ProCapError(f"{name} must be an integer, got {value!r}.")
+        raise ProCapError(f"{name} must be an integer, got {shown(value)}.")
     number(value, name, minimum=minimum, maximum=maximum)
     return value
 

@@ -26,6 +26,7 @@ from procap.data import Vocabulary
 from procap.errors import ProCapError
 from procap.eval.metrics import score
 from procap.fast import Captioner
+from procap.json_files import parse_json
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.distributed import env_context, launched_by_torchrun
@@ -81,6 +82,10 @@ def _caption_lazy_truncated_image(t: dict[str, Any]) -> Any:
     return captioner([image], [image])
 
 
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, device="meta")
+
+
 def _attention_call(t: dict[str, Any]) -> Any:
     before = torch.rand(1, 3, 16, 16)
     return t["model"].generate(before, before)
@@ -102,6 +107,8 @@ CASES = [
     ),
     Bad("string batch size", lambda t: _captioner(t, batch_sizes=["8"]), "batch_sizes"),
     Bad("batch sizes as a number", lambda t: _captioner(t, batch_sizes=8), "batch_sizes"),
+    # the bound of the command line's --batch-size: on CUDA each bucket's buffers are taken whole
+    Bad("batch size beyond memory", lambda t: _captioner(t, batch_sizes=[1, 10**8]), "batch_sizes 100000000 needs"),
     Bad("map_location", lambda t: load_checkpoint(t["ckpt"], map_location="bogus"), "map_location"),
     Bad(
         "map_location without CUDA", lambda t: load_checkpoint(t["ckpt"], map_location="cuda"), "map_location", (), True
@@ -109,6 +116,10 @@ CASES = [
     Bad("float8 checkpoint", lambda t: load_checkpoint(t["float8"]), "float8_e4m3fn"),
     Bad("float8 checkpoint in the Captioner", lambda t: Captioner.from_checkpoint(t["float8"]), "float8_e4m3fn"),
     Bad("lazily opened truncated image", _caption_lazy_truncated_image, "truncated.png"),
+    # a tensor on the meta device has no values: reading one raised NotImplementedError
+    Bad("meta-device image", lambda t: _captioner(t).caption(_meta(3, 16, 16), _meta(3, 16, 16)), "meta device"),
+    Bad("meta-device batch", lambda t: _captioner(t)(_meta(2, 3, 16, 16), _meta(2, 3, 16, 16)), "meta device"),
+    Bad("meta-device generate", lambda t: _captioner(t).generate(_meta(2, 3, 16, 16), _meta(2, 3, 16, 16)), "meta"),
     Bad("no metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=[]), "metrics"),
     Bad("unknown metric", lambda t: score({"p": "a cube"}, {"p": ["a cube"]}, metrics=["bleu", "nope"]), "nope"),
     Bad(
@@ -261,3 +272,25 @@ def test_a_safetensors_file_cannot_declare_more_than_it_holds(tmp_path, shape, s
             read(path)
         assert str(path) in str(caught.value) and "\n" not in str(caught.value)
         assert peak.growth < 64 * 2**20, f"{read.__name__} took {peak.growth / 2**20:.0f} MiB at its peak"
+
+
+# -- messages quote values briefly (issue 48, class E) --------------------------------------------------------------
+HUGE = list(range(10**6))
+LONG_KEY = "k" * 10**6
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda t: _captioner(t, batch_sizes=set(HUGE)), "batch_sizes must be a sequence"),
+        (lambda t: _captioner(t, batch_sizes=[HUGE]), "each of batch_sizes must be an integer"),
+        (lambda t: parse_json(f'{{"{LONG_KEY}": 1, "{LONG_KEY}": 2}}', "j.json"), "names the key 'kkkk"),
+    ],
+    ids=["batch_sizes not a sequence", "a batch size not an integer", "a long key given twice"],
+)
+def test_a_message_quotes_a_value_briefly(call, needle, things):
+    """A message quoted the whole value: megabytes for a long list, without end for a YAML alias bomb."""
+    with pytest.raises(ProCapError) as caught:
+        call(things)
+    message = str(caught.value)
+    assert needle in message and len(message) < 300, message[:300]

@@ -14,7 +14,7 @@ from typing import Any
 
 from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
-from procap.errors import ProCapError
+from procap.errors import ProCapError, shown
 from procap.train.config import INTEGER_BOUNDS, SELECT_METRICS, STAGE_DEFAULTS, TrainConfig, map_paths
 
 
@@ -332,7 +332,7 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     for key, value in data.items():
         wanted = _config_value_kind(types[key], value)
         if wanted is not None:
-            raise ProCapError(f"--config file {path}: {key} must be {wanted}, got {value!r}.")
+            raise ProCapError(f"--config file {path}: {key} must be {wanted}, got {shown(value)}.")
     for key in CONFIG_PATHS:
         if isinstance(data.get(key), str):
             data[key] = _relative_to_config(data[key], path.parent, key)

@@ -228,7 +228,8 @@ def domain_problem(record: dict[str, Any] | None, facts: Sequence[tuple[Size | N
                 f"an image taken by a camera ({camera}) was given to a model trained on synthetic scenes ({trained}); "
                 "its captions of photographs are guesses, not descriptions (README: Caption your own images)."
             )
-        if size and references and all(_far(size, reference) for reference in references):
+        # an image without pixels has no ratio to the training size: loading it refuses it, naming it
+        if size and min(size) > 0 and references and all(_far(size, reference) for reference in references):
             return (
                 f"images of {size[0]} x {size[1]} px are far from what this model was trained on ({trained}); "
                 "its captions of them are guesses, not descriptions (README: Caption your own images)."

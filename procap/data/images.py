@@ -72,17 +72,17 @@ def upright(image: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(image)
 
 
-def to_tensor(image: Image.Image, size: int) -> torch.Tensor:
+def to_tensor(image: Image.Image, size: int, what: str = "image") -> torch.Tensor:
     """PIL image -> (3, size, size) float32 in [0, 1]: upright (:func:`upright`), RGB, bicubic resize (skipped when
     already that size).
 
-    16-bit images are scaled by their bit depth first.
+    16-bit images are scaled by their bit depth first. ``what`` names the image in messages (``"image a.png"``).
 
     Raises:
         ValueError: a floating-point image, or an integer image that is not 16-bit.
         ProCapError: an image without pixels.
     """
-    require_pixels(image.width, image.height)
+    require_pixels(image.width, image.height, what)
     image = _to_8bit(upright(image)).convert("RGB")
     if image.size != (size, size):
         image = image.resize((size, size), Image.BICUBIC)
@@ -131,7 +131,7 @@ def load_image(path: str | os.PathLike, size: int) -> torch.Tensor:
     with open_image(path) as image:
         try:
             image.seek(0)  # first frame of an animated gif
-            return to_tensor(image, size)
+            return to_tensor(image, size, f"image {path}")
         except (OSError, ValueError, SyntaxError) as exc:
             raise ProCapError(f"image {path} could not be read ({exc}).") from None
 

@@ -45,7 +45,7 @@ from procap import validate
 from procap.attention import BACKENDS
 from procap.checkpoint import check_can_caption, load_checkpoint
 from procap.data.domain import batch_facts, domain_problem, read_domain
-from procap.errors import OutOfDomainWarning, ProCapError
+from procap.errors import OutOfDomainWarning, ProCapError, shown
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
@@ -77,11 +77,17 @@ def _checked_device(device: torch.device | str | None) -> torch.device:
     return default_device() if device is None else validate.device(device, "device")
 
 
-def _check_batch_sizes(batch_sizes: Any) -> None:
+def _check_batch_sizes(batch_sizes: Any, config: Any, device: torch.device) -> None:
+    """Positive integers, and none larger than the command line's ``--batch-size`` may be on ``device``
+    (:func:`procap.batch_memory.check_batch`): on CUDA a batch is padded to its bucket, and the buffers of
+    ``batch_sizes=[1, 10**8]`` were taken for two pairs."""
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
-        raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {batch_sizes!r}")
+        raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {shown(batch_sizes)}")
     for size in batch_sizes:
         validate.integer(size, "each of batch_sizes", minimum=1)
+    from procap.batch_memory import check_batch  # here: it imports the training modules
+
+    check_batch(config, max(batch_sizes), "inference", device, flag="batch_sizes")
 
 
 def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device, configure_as: str | None) -> torch.dtype:
@@ -204,7 +210,7 @@ class Captioner:
         validate.integer(max_len, "max_len")
         if not 2 <= max_len <= config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {config.max_caption_len}], got {max_len}")
-        _check_batch_sizes(batch_sizes)
+        _check_batch_sizes(batch_sizes, config, self.device)
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
         if attention_backend not in BACKENDS:

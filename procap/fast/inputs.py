@@ -29,14 +29,14 @@ from procap.errors import ProCapError
 ImageLike = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 
 
-def _from_pil(image: Image.Image, size: int) -> torch.Tensor:
+def _from_pil(image: Image.Image, size: int, what: str = "PIL image") -> torch.Tensor:
     """PIL image -> (3, size, size) float in [0, 1] through the very function load_image applies to a file."""
+    where = f" from {image.filename}" if getattr(image, "filename", "") else ""
     try:
-        return to_tensor(image, size)
+        return to_tensor(image, size, what + where)
     except ValueError as exc:
         raise ProCapError(f"cannot caption a PIL image of mode {image.mode}: {exc}") from None
     except (OSError, SyntaxError) as exc:  # Image.open decodes lazily: a truncated or corrupt file fails here
-        where = f" from {image.filename}" if getattr(image, "filename", "") else ""
         raise ProCapError(f"the PIL image{where} could not be decoded ({exc}).") from None
 
 
@@ -82,13 +82,27 @@ def check_pixels(images: torch.Tensor, what: str = "images") -> None:
     raise_for_pixel_stats(pixel_stats(images).tolist(), what)
 
 
+def require_values(images: torch.Tensor, what: str = "images") -> None:
+    """A tensor on PyTorch's meta device has a shape and no values: the first read of it raised
+    ``NotImplementedError: Cannot copy out of meta tensor``.
+
+    Raises:
+        ProCapError: naming ``what``.
+    """
+    if images.is_meta:
+        raise ProCapError(
+            f"{what} are on the meta device, which holds shapes and no pixel values; pass tensors that hold the images."
+        )
+
+
 def as_float_pixels(images: torch.Tensor, what: str = "images") -> torch.Tensor:
     """Tensor pixels under the module's rule, without reading anything back: uint8 0-255 -> float / 255, float as
     it is (its range is checked on the device with :func:`pixel_stats`), any other dtype refused.
 
     Raises:
-        ProCapError: an integer or boolean dtype other than uint8.
+        ProCapError: a tensor without values (:func:`require_values`), an integer or boolean dtype other than uint8.
     """
+    require_values(images, what)
     if images.dtype == torch.uint8:
         return images.float().div_(255.0)
     if not images.is_floating_point():
@@ -104,7 +118,7 @@ def to_unit_float(images: torch.Tensor, what: str = "images") -> torch.Tensor:
     return images
 
 
-def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
+def _from_array(array: np.ndarray, size: int, what: str = "numpy image") -> torch.Tensor:
     if array.ndim == 2:
         array = np.stack([array] * 3, axis=-1)
     if array.ndim != 3 or array.shape[-1] not in (3, 4):
@@ -114,14 +128,15 @@ def _from_array(array: np.ndarray, size: int) -> torch.Tensor:
             raise ProCapError(f"numpy images must be uint8 or float in [0, 1], got dtype {array.dtype}")
         check_pixels(torch.from_numpy(np.asarray(array, dtype=np.float32)), "numpy images")
         array = np.clip(np.rint(array * 255.0), 0, 255).astype(np.uint8)
-    return _from_pil(Image.fromarray(np.ascontiguousarray(array)), size)
+    return _from_pil(Image.fromarray(np.ascontiguousarray(array)), size, what)
 
 
 def _from_tensor(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    require_values(tensor, "image tensors")
     if tensor.dtype == torch.uint8:
         if tensor.ndim == 3 and tensor.shape[0] in (3, 4) and tensor.shape[-1] not in (3, 4):
             tensor = tensor.permute(1, 2, 0)
-        return _from_array(tensor.cpu().numpy(), size)
+        return _from_array(tensor.cpu().numpy(), size, "image tensor")
     if tensor.ndim != 3 or tensor.shape[0] != 3:
         raise ProCapError(f"float image tensors must be (3, H, W) in [0, 1], got shape {tuple(tensor.shape)}")
     require_pixels(tensor.shape[2], tensor.shape[1], "image tensor")

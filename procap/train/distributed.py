@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from procap.errors import ProCapError
-from procap.train.state import state_paths
+from procap.train.state import has_resumable
 from procap.validate import environment_integer
 
 # Offset between the RNG seeds of consecutive ranks: rank 0 keeps the single-process seed.
@@ -112,7 +112,7 @@ def resume_after_restart(cfg: Any) -> Any:
     would start from step 0 (or, with ``--resume`` on the first attempt, fail for lack of a checkpoint).
     """
     last = Path(cfg.out) / "last.safetensors"
-    if cfg.resume or restart_count() == 0 or not (last.is_file() and state_paths(last)[1].is_file()):
+    if cfg.resume or restart_count() == 0 or not has_resumable(last):
         return cfg
     return dataclasses.replace(cfg, resume=True)
 

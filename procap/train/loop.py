@@ -28,15 +28,31 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from procap.errors import ProCapError
-from procap.files import OutputError, atomic_write_text, make_parents, refuse_inputs, remove_empty, writing
+from procap.files import (
+    OutputError,
+    atomic_write_text,
+    make_parents,
+    refuse_inputs,
+    remove_dead_temps,
+    remove_empty,
+    writing,
+)
 from procap.json_files import parse_json, read_bytes
 from procap.train import distributed
 from procap.train.config import MAX_STEPS, TrainConfig
 from procap.train.datasets import EpochBatchSampler
-from procap.train.run_folder import MARKER, RunFolder
+from procap.train.run_folder import MARKER, RunFolder, run_files
 from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
-from procap.train.state import capture_rng_state, load_training_state, save_training_state, state_paths
+from procap.train.state import (
+    capture_rng_state,
+    commit_resumable,
+    has_resumable,
+    load_training_state,
+    recover_resumable,
+    save_training_state,
+    state_paths,
+)
 from procap.train.tracking import RunTrackers
 
 MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
@@ -213,10 +229,9 @@ class Trainer:
         return self.out / "best.safetensors"
 
     def save_last(self) -> None:
-        """Rank 0 writes ``last`` and its training state (with every rank's RNG streams); all ranks must call."""
+        """Rank 0 writes ``last`` and its training state (with every rank's RNG streams) as one unit
+        (:func:`~procap.train.state.commit_resumable`); all ranks must call."""
         self._saved_at = time.monotonic()
-        if self.ctx.is_main:
-            self.save_weights(self.last_path, {"step": self.state.step, "stage": self.name})
         scalars = {
             "step": self.state.step,
             "epoch": self.state.epoch,
@@ -229,17 +244,35 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
         }
         rngs = distributed.gather_to_main(capture_rng_state(), self.ctx) if self.ctx.enabled else None
-        if self.ctx.is_main:
-            save_training_state(self.last_path, self.optimizer, scalars, rank_rngs=rngs)
+        if not self.ctx.is_main:
+            return
+
+        def write(staged: Path) -> None:
+            self.save_weights(staged, {"step": self.state.step, "stage": self.name})
+            save_training_state(staged, self.optimizer, scalars, rank_rngs=rngs)
+
+        commit_resumable(self.last_path, write)
 
     def _check_resumable(self) -> None:
-        if not self.last_path.is_file() or not state_paths(self.last_path)[1].is_file():
+        if not has_resumable(self.last_path):
             raise ProCapError(
                 f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"
             )
 
+    def _clear_dead_saves(self) -> None:
+        """Rank 0, holding the run folder's lock: finish or delete what a save killed part-way left (said on
+        stderr, naming the save the run goes on from), and delete the temporary files of killed writes."""
+        note = recover_resumable(self.last_path)
+        if note:
+            print(f"procap: note: {note}.", file=sys.stderr, flush=True)
+        for path in run_files(self.out, self.cfg.stage):
+            remove_dead_temps(path)
+
     def resume(self) -> None:
         """Restore weights, optimizer, schedule, position and RNGs from ``<out>/last.*``."""
+        if self.ctx.is_main:
+            self._clear_dead_saves()
+        distributed.barrier(self.ctx)  # the other ranks read the files rank 0 may just have moved into place
         self._check_resumable()
         self.load_weights(self.last_path)
         scalars = load_training_state(self.last_path, self.optimizer, rank=self.ctx.rank)

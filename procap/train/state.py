@@ -3,12 +3,24 @@
 The state lives beside the weights: ``<stem>.state.safetensors`` for the tensors and ``<stem>.state.json`` for
 the structure and scalars (step, epoch, schedule, best metric...). Every write goes to a temporary file first
 and is moved into place with ``os.replace``.
+
+Weights and state are one unit (:func:`commit_resumable`): all three files are written into a staging folder
+beside them, ``.<checkpoint>.saving``, which one rename makes the committed ``.<checkpoint>.saved``; its files are
+then moved into place. A process killed at any moment therefore leaves either the previous pair whole (and a
+staging folder, deleted by the next save or resume) or a committed folder, whose files the next save or resume
+moves into place (:func:`recover_resumable`). One rename per file could not do this: ``kill -9`` between the
+weights' and the state's left step-N weights beside step-(N-1) optimizer and RNG state, and ``--resume`` trained a
+model no uninterrupted run would have. The state also records the size and SHA-256 of the weights it was saved
+with, and :func:`load_training_state` refuses weights that are not those (files copied by hand, a pair torn by an
+older version, whose state records no hash: there the steps recorded in both files are compared).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +29,12 @@ import torch
 
 from procap.checkpoint import FORMAT
 from procap.errors import ProCapError
-from procap.files import atomic_write_json
-from procap.json_files import read_json
-from procap.weights import atomic_save_tensors, read_tensors
+from procap.files import OutputError, atomic_write_json, beside, refuse_inputs, sha256_of, writing
+from procap.json_files import parse_json, read_json
+from procap.weights import atomic_save_tensors, read_header, read_tensors
+
+STAGING = "saving"  # beside(checkpoint, STAGING): a save being written; incomplete until renamed to COMMITTED
+COMMITTED = "saved"  # beside(checkpoint, COMMITTED): a complete save whose files are being moved into place
 
 
 def state_paths(checkpoint: Path | str) -> tuple[Path, Path]:
@@ -93,7 +108,9 @@ def save_training_state(
     """Write the optimizer, RNG states and ``scalars`` (step, epoch, schedule, best metric...) beside ``checkpoint``.
 
     The JSON file is written last and names the tensor file's step, so a crash between the two writes leaves
-    a state that :func:`load_training_state` rejects instead of silently mixing two steps.
+    a state that :func:`load_training_state` rejects instead of silently mixing two steps. It also records
+    :func:`weights_fingerprint` of ``checkpoint``, which must therefore be written first (a training run writes
+    both through :func:`commit_resumable`).
 
     Args:
         rank_rngs: for a data-parallel job, every rank's :func:`capture_rng_state` in rank order (rank 0 first,
@@ -110,7 +127,7 @@ def save_training_state(
     token = f"{scalars.get('step', 0)}-{os.urandom(8).hex()}"  # os.urandom: must not advance the RNGs saved above
     atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors, **extra_tensors}, {"token": token})
     payload = {"format": FORMAT, "token": token, "optimizer": optim_skeleton, "rng": rng_scalars, **scalars}
-    payload.update(world=len(rank_rngs or [None]), rank_rng=extra_scalars)
+    payload.update(world=len(rank_rngs or [None]), rank_rng=extra_scalars, weights=weights_fingerprint(checkpoint))
     atomic_write_json(json_path, payload, indent=1)
 
 
@@ -131,6 +148,7 @@ def load_training_state(
     tensors, meta = read_tensors(tensor_path, "training state")
     if meta.get("token") != payload.get("token"):
         raise ProCapError(f"training state files {tensor_path} and {json_path} come from different saves")
+    _check_weights_belong(Path(checkpoint), payload)
     if optimizer is not None:
         optimizer.load_state_dict(_unflatten_optimizer(payload["optimizer"], tensors))
     if restore_rng and rank == 0:
@@ -143,4 +161,131 @@ def load_training_state(
         prefix = f"rank{rank}/"
         own = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         restore_rng_state(own, payload["rank_rng"][str(rank)])
-    return {k: v for k, v in payload.items() if k not in ("optimizer", "rng", "token", "format", "rank_rng")}
+    internal = ("optimizer", "rng", "token", "format", "rank_rng", "weights")
+    return {k: v for k, v in payload.items() if k not in internal}
+
+
+# ----------------------------------------------------------------------------------------------- weights and state as one
+def weights_fingerprint(checkpoint: Path | str) -> dict[str, Any] | None:
+    """``{"bytes", "sha256"}`` of the weights file ``checkpoint``, or None where there is none (a state saved alone).
+
+    A hash, not the step: two saves at one step (the last step's periodic and final saves) or two runs hold other
+    weights under the same step.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        return None
+    return {"bytes": checkpoint.stat().st_size, "sha256": sha256_of(checkpoint)}
+
+
+def _recorded_step(checkpoint: Path) -> Any:
+    """The ``step`` a training run wrote into the weights' ``extra`` metadata (ProCap and VQGAN files), or None."""
+    try:
+        extra = parse_json(read_header(checkpoint, "checkpoint")[1].get("extra", "{}"), f"checkpoint file {checkpoint}")
+    except ProCapError:
+        return None  # loading the weights names what is wrong with the file
+    return extra.get("step") if isinstance(extra, dict) else None
+
+
+def _check_weights_belong(checkpoint: Path, payload: dict[str, Any]) -> None:
+    """Refuse a training state beside weights it was not saved with: resuming would continue a model that no
+    uninterrupted run trained (the module docstring)."""
+    if not checkpoint.is_file():
+        return  # a state saved alone (tests, tools): there are no weights to mix with it
+    recorded = payload.get("weights")
+    if recorded is not None:
+        # the size first: a different size tells without reading the file
+        belongs = checkpoint.stat().st_size == recorded.get("bytes") and weights_fingerprint(checkpoint) == recorded
+    else:  # a state from before the hash was recorded: the steps both files record are what can be compared
+        weights_step = _recorded_step(checkpoint)
+        belongs = weights_step is None or weights_step == payload.get("step")
+    if not belongs:
+        _tensor_path, json_path = state_paths(checkpoint)
+        weights_step = _recorded_step(checkpoint)
+        at = f" (step {weights_step})" if weights_step is not None else ""
+        raise ProCapError(
+            f"cannot resume from {checkpoint.parent}: its {checkpoint.name}{at} is not the checkpoint that "
+            f"{json_path.name} (step {payload.get('step')}) was saved with, so continuing would train a model no "
+            "run trained; start the run again, or put back both files from one save."
+        )
+
+
+def has_resumable(checkpoint: Path | str) -> bool:
+    """``checkpoint`` has weights and a training state to resume: in place, or committed and not yet moved there."""
+    checkpoint = Path(checkpoint)
+    in_place = checkpoint.is_file() and state_paths(checkpoint)[1].is_file()
+    return in_place or beside(checkpoint, COMMITTED).is_dir()
+
+
+def _unit_files(checkpoint: Path) -> list[Path]:
+    """The files of one save, in the order they are moved into place: the JSON, which names the others, last."""
+    tensor_path, json_path = state_paths(checkpoint)
+    return [checkpoint, tensor_path, json_path]
+
+
+def _move_into_place(committed: Path, checkpoint: Path) -> None:
+    """Move the files of the committed save in ``committed`` beside ``checkpoint``; what is already there was moved
+    by a process killed part-way, which is why this may run again."""
+    for final in _unit_files(checkpoint):
+        staged = committed / final.name
+        if staged.is_file():
+            os.replace(staged, final)
+    shutil.rmtree(committed)
+
+
+def recover_resumable(checkpoint: Path | str) -> str | None:
+    """Finish what a save of ``checkpoint`` killed part-way left (:func:`commit_resumable`): a committed save is moved
+    into place, an uncommitted one deleted (the pair in place is then the previous save, whole).
+
+    Only for the one writer of the folder (a run holding its lock): a live save looks the same.
+
+    Returns:
+        A sentence saying which save the folder now holds, or None when nothing was left.
+    """
+    checkpoint = Path(checkpoint)
+    committed, staging = beside(checkpoint, COMMITTED), beside(checkpoint, STAGING)
+    done = []
+    if committed.is_dir():
+        _move_into_place(committed, checkpoint)
+        done.append(f"moved into place the save of {checkpoint} that a killed run had completed")
+    if staging.exists():
+        shutil.rmtree(staging)
+        done.append(f"deleted an unfinished save of {checkpoint} left by a killed run")
+    if not done:
+        return None
+    json_path = state_paths(checkpoint)[1]
+    payload = read_json(json_path, "training state file") if json_path.is_file() else None
+    step = payload.get("step") if isinstance(payload, dict) else None
+    held = f"; {checkpoint.parent} holds the save of step {step}" if step is not None else ""
+    return " and ".join(done) + held
+
+
+def commit_resumable(checkpoint: Path | str, write: Callable[[Path], None]) -> None:
+    """Write weights and training state as one unit (the module docstring).
+
+    Args:
+        checkpoint: where the weights go; the state goes beside it (:func:`state_paths`).
+        write: ``write(staged)`` writes the weights to ``staged`` and then the state beside it
+            (:func:`save_training_state` of ``staged``); ``staged`` lies in a staging folder beside ``checkpoint``.
+
+    Raises:
+        OutputError: the operating system refused a write, naming the file in place, never the staging folder.
+    """
+    checkpoint = Path(checkpoint)
+    refuse_inputs(*_unit_files(checkpoint))  # the moves into place are writes too
+    recover_resumable(checkpoint)
+    staging = beside(checkpoint, STAGING)
+    try:
+        with writing(checkpoint):
+            staging.mkdir()
+        write(staging / checkpoint.name)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OutputError) and exc.filename:
+            # the staged file's name is the final file's: the one the user knows
+            raise OutputError(exc.errno, exc.strerror, str(checkpoint.with_name(Path(exc.filename).name))) from exc
+        raise
+    committed = beside(checkpoint, COMMITTED)
+    with writing(checkpoint):
+        os.rename(staging, committed)  # the commit: from here on the new save is the one a resume takes
+        _move_into_place(committed, checkpoint)

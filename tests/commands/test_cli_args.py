@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from procap.commands.cli_args import add_common_arguments, config_from_args
+from procap.commands.cli_args import add_common_arguments, config_from_args, read_config_file
 from procap.data import DATASETS
 from procap.errors import ProCapError
 
@@ -60,3 +61,36 @@ def test_flags_map_onto_the_config_and_paper_defaults_fill_the_rest():
 def test_bad_values_are_one_sentence_errors(argv, message):
     with pytest.raises(ProCapError, match=message):
         config_from_args("train", _parse("train", *argv))
+
+
+# -- config files: values quoted briefly, aliases bounded (issue 48, class E) ---------------------------------------
+def _nested_aliases(levels: int, width: int) -> str:
+    """YAML whose last key stands, through aliases, for ``width ** levels`` values in a few hundred bytes."""
+    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\nsteps: *a{levels - 1}\n"
+
+
+def test_a_config_value_of_the_wrong_type_is_quoted_briefly(tmp_path):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"steps": list(range(10**5))}), encoding="utf-8")
+    with pytest.raises(ProCapError) as caught:
+        read_config_file(config, "pretrain")
+    message = str(caught.value)
+    assert f"--config file {config}: steps must be an integer, got [0, 1, 2, 3, ...]." == message
+
+
+def test_yaml_aliases_may_not_stand_for_a_huge_config(tmp_path):
+    pytest.importorskip("yaml", reason="YAML needs the [train] extra (pyyaml)")
+    config = tmp_path / "c.yaml"
+    config.write_text(_nested_aliases(levels=5, width=10), encoding="utf-8")  # 111,110 values in 300 bytes
+    with pytest.raises(ProCapError) as caught:
+        read_config_file(config, "pretrain")
+    message = str(caught.value)
+    assert message.startswith(f"--config file {config} uses YAML aliases that add more than 10,000 values")
+    config.write_text("steps: &s [1, *s]\n", encoding="utf-8")  # a value holding itself: endless to walk
+    with pytest.raises(ProCapError, match="alias inside the value it names"):
+        read_config_file(config, "pretrain")
+    config.write_text("base: &b {x: 1}\nsteps: 3\n", encoding="utf-8")  # aliases as configs use them still work
+    with pytest.raises(ProCapError, match="keys that are no training option: base"):
+        read_config_file(config, "pretrain")

@@ -14,7 +14,7 @@ from procap.checkpoint import save_checkpoint
 from procap.cli import main
 from procap.data import Vocabulary
 from procap.data.domain import TRAINED_ON, domain_problem, domain_record, image_facts
-from procap.errors import OutOfDomainWarning, ProCapWarning
+from procap.errors import OutOfDomainWarning, ProCapError, ProCapWarning
 from procap.fast import Captioner
 from procap.model.procap import ProCap
 from tests.support import small_config, small_vqgan_config
@@ -83,6 +83,8 @@ def _caught(action) -> list[warnings.WarningMessage]:
         (REAL_224, (4032, 3024), True),  # a phone's photograph
         (None, (4032, 3024), False),  # no record: unknown, never said
         (domain_record(image_size=224), (4032, 3024), False),  # a record without the training images' size
+        (SYNTHETIC_64, (0, 0), False),  # no pixels, no ratio: loading the image refuses it
+        (SYNTHETIC_64, (0, 64), False),
     ],
 )
 def test_the_size_rule(record, size, far):
@@ -121,6 +123,23 @@ def test_a_64px_synthetic_model_given_640x480_photos_warns_once(files):
     message = str(caught[0].message)
     assert "640 x 480 px" in message and "synthetic CLEVR-Change" in message and "64 x 64 px" in message
     assert caught[0].filename == __file__  # it points at the caller's line, not into the library
+
+
+@pytest.mark.parametrize(
+    ("empty", "name"),
+    [
+        (Image.new("RGB", (0, 0)), "PIL image"),
+        (np.zeros((0, 0, 3), dtype=np.uint8), "numpy image"),
+        (torch.zeros(3, 0, 0), "image tensor"),
+        (torch.zeros(0, 0, 3, dtype=torch.uint8), "image tensor"),
+    ],
+    ids=["pil", "numpy", "float-tensor", "uint8-tensor"],
+)
+def test_an_image_without_pixels_is_one_sentence_naming_it(files, empty, name):
+    """The domain check runs before the images are loaded; a 0 x 0 image raised ZeroDivisionError there."""
+    captioner = Captioner.from_checkpoint(files["root"] / "synthetic.safetensors", device="cpu")
+    with pytest.raises(ProCapError, match=f"^the {name} is 0 x 0 pixels; an image to caption needs at least one"):
+        captioner.caption(files["scene"][0], empty)
 
 
 def test_in_domain_and_identical_images_do_not_warn(files):
