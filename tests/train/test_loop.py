@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from procap.checkpoint import load_checkpoint, read_checkpoint_metadata
+from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
@@ -114,7 +115,6 @@ def test_resume_continues_with_identical_losses(tmp_path, small_model, train_pai
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, small_model, train_pairs, vocab):
-    from procap.errors import ProCapError
     from procap.train.stage1 import pretrain
 
     with pytest.raises(ProCapError, match="no checkpoint to resume"):
@@ -152,6 +152,44 @@ def test_stage2_keeps_best_by_validation_cider(tmp_path, small_model, clevr_root
     model, loaded_vocab, _ = load_checkpoint(best)
     assert model.config.num_keyframes == 1 and len(loaded_vocab) == len(vocab)
     assert json.loads((tmp_path / "s2" / "stage2_config.json").read_text())["init"] == str(init)
+
+
+def test_stage2_selects_by_correctness_when_asked(tmp_path, small_model, clevr_root, train_pairs, vocab):
+    from procap.train.stage2 import train
+
+    cfg = TrainConfig(
+        stage="train",
+        data=str(clevr_root),
+        out=str(tmp_path / "s2"),
+        steps=6,
+        batch_size=4,
+        lr=1e-3,
+        val_every=2,
+        val_pairs=6,
+        progress=False,
+        select_metric="correctness",
+    )
+    best = train(cfg, pairs=train_pairs, vocab=vocab)
+    vals = [r for r in JsonlLog(tmp_path / "s2" / "log.jsonl").records() if "val/correctness" in r]
+    assert [r["step"] for r in vals] == [2, 4, 6]
+    for r in vals:  # the mean of the correctness fractions the validation has (type and object need changes)
+        parts = [r[k] for k in ("val/acc_change", "val/acc_type", "val/acc_object") if k in r]
+        assert r["val/correctness"] == pytest.approx(sum(parts) / len(parts))
+    picked = read_checkpoint_metadata(best)["extra"]
+    first_best = max(vals, key=lambda r: r["val/correctness"])  # ties keep the earliest
+    assert picked["step"] == first_best["step"]
+    assert picked["val"]["correctness"] == first_best["val/correctness"]
+
+
+def test_correctness_selection_needs_truths(tmp_path, train_pairs, vocab):
+    from procap.train.stage2 import train
+
+    with pytest.raises(ValueError, match="select_metric must be one of"):
+        TrainConfig(stage="train", select_metric="BLEU")
+    cfg = TrainConfig(stage="train", out=str(tmp_path / "s2"), steps=1, batch_size=2, select_metric="correctness")
+    with pytest.raises(ProCapError, match="--select correctness needs each validation pair's truth"):
+        train(cfg, pairs=train_pairs, val_pairs=train_pairs[:2], vocab=vocab, truths={})
+    assert not (tmp_path / "s2").exists()
 
 
 def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, capsys):
