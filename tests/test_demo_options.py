@@ -120,6 +120,32 @@ def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
     assert finished_reports(tmp_path, configs) is None  # unfinished: trained again
 
 
+def test_resume_refuses_a_finished_seed_of_another_model_design(tmp_path):
+    # The settings name the preset; its departures changed with issue 54 (the learned front end), so a seed trained
+    # before would be averaged with one trained after unless the model itself is compared.
+    from procap.checkpoint import save_checkpoint
+    from procap.commands.demo_pipeline import FULL, MODELS, PRESET, finished_reports, stage_configs
+    from procap.config import get_preset
+    from procap.data import Vocabulary
+    from procap.model.procap import ProCap
+
+    configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
+    for name, _ in MODELS:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.json").write_text(json.dumps({"accuracy": {"change": 0.5}}))
+        (run / "results.json").write_text(json.dumps([{"image_id": "a", "caption": "no change"}]))
+        (run / "stage2_config.json").write_text(json.dumps(configs[name].resolved().to_dict()))
+    vocab = Vocabulary.build(["the small red cube moved", "no change"])
+    today = get_preset(PRESET, vocab_size=len(vocab))
+    save_checkpoint(tmp_path / "procap" / "best.safetensors", ProCap(today), vocab)
+    assert set(finished_reports(tmp_path, configs)) == {name for name, _ in MODELS}
+    before = today.replace(image_encoder=0, learned_localisation=False, pixel_cnn=32)
+    save_checkpoint(tmp_path / "static" / "best.safetensors", ProCap(before), vocab)
+    with pytest.raises(ProCapError, match=r"static was trained with another model \(departures pixel_cnn, image_enc"):
+        finished_reports(tmp_path, configs)
+
+
 def test_the_full_demo_defaults_to_viewpoint_change_and_the_quick_one_to_none():
     from procap.cli import build_parser
     from procap.commands.demo_pipeline import FULL, QUICK

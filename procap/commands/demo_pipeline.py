@@ -419,6 +419,7 @@ def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str,
         if not all((run / f).is_file() for f in ("metrics.json", "results.json", "stage2_config.json")):
             return None
         _check_settings(run, read_json(run / "stage2_config.json", "run configuration"), configs[name])
+        _check_departures(run)
         report = read_json(run / "metrics.json", "evaluation report")
         reports[name] = {**report, "predictions": read_predictions(run / "results.json")}
     return reports
@@ -432,6 +433,25 @@ def _check_settings(run: Path, saved: dict[str, Any], config: TrainConfig) -> No
         raise ProCapError(
             f"--resume: {run} was trained with other settings ({', '.join(changed)}) than this demo; "
             "give a new --out, or run without --resume to train it again."
+        )
+
+
+def _check_departures(run: Path) -> None:
+    """Refuse a finished run whose model departs from the paper otherwise than today's preset: the settings name
+    the preset, and a preset's departures change between releases (the learned front end of issue 54)."""
+    from procap.checkpoint import read_checkpoint_metadata
+    from procap.config import ProCapConfig, get_preset
+
+    checkpoint = run / "best.safetensors"
+    if not checkpoint.is_file():
+        return  # metrics.json names the checkpoint it scored; without it there is nothing to compare
+    recorded = ProCapConfig.from_dict(read_checkpoint_metadata(checkpoint)["config"]).departures
+    wanted = get_preset(PRESET).departures
+    changed = [f.name for f in dataclasses.fields(wanted) if getattr(recorded, f.name) != getattr(wanted, f.name)]
+    if changed:
+        raise ProCapError(
+            f"--resume: {run} was trained with another model (departures {', '.join(changed)}) than this demo's "
+            f"{PRESET} preset; give a new --out, or run without --resume to train it again."
         )
 
 
