@@ -38,6 +38,7 @@ from procap.data.pair_lists import pair_key
 from procap.errors import ProCapError
 from procap.files import (
     UNIT_STAGING,
+    OutputError,
     OutputLock,
     atomic_write_json,
     beside,
@@ -234,7 +235,10 @@ class CaptionFile:
     def _write_settings(self, folder: Path) -> None:
         """Put :meth:`check_settings`' record into ``folder`` before the rows it describes, where it is not there."""
         if self._settings is not None and self._settings != self._recorded:
-            atomic_write_json(folder / self.settings_path.name, self._settings, indent=1)
+            try:
+                atomic_write_json(folder / self.settings_path.name, self._settings, indent=1)
+            except OutputError as exc:  # named as the output the user gave: the settings are part of it
+                raise OutputError(exc.errno, exc.strerror, str(self.path)) from exc
             self._recorded = self._settings
 
     def _append_to_file(self, rows: list[tuple[str, str, str]]) -> None:
