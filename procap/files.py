@@ -22,14 +22,23 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procap.errors import ProCapError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; outputs there are not guarded
+    fcntl = None
 
 
 class OutputError(OSError):
@@ -386,3 +395,170 @@ def recover_swap(final: str | os.PathLike) -> str | None:
         return f"removed {backup}, the old copy of {final} left by a replacement that had finished"
     os.rename(backup, final)
     return f"put back {final} from {backup}, where a replacement stopped between its two renames had left it"
+
+
+# ------------------------------------------------------------------------------------------- files as one unit
+UNIT_STAGING = "saving"  # beside(anchor, UNIT_STAGING): a unit being written; incomplete until renamed to committed
+UNIT_COMMITTED = "saved"  # beside(anchor, UNIT_COMMITTED): a complete unit whose files are being moved into place
+
+
+def _move_unit_into_place(committed: Path, folder: Path, names: Sequence[str]) -> None:
+    """Move the files of the committed unit ``committed`` into ``folder``, in the order of ``names``; what is
+    already there was moved by a process killed part-way, which is why this may run again."""
+    for name in names:
+        staged = committed / name
+        if staged.is_file():
+            os.replace(staged, folder / name)
+    shutil.rmtree(committed)
+
+
+def recover_unit(anchor: str | os.PathLike, names: Sequence[str]) -> list[str]:
+    """Finish what a :func:`commit_unit` killed part-way left beside ``anchor``: a committed unit is moved into
+    place, an uncommitted one deleted (the files in place are then the previous unit, whole).
+
+    Only for the one writer of those files (a process holding their lock): a live commit looks the same.
+
+    Returns:
+        A clause per thing done (``moved into place ...``, ``deleted ...``); empty when nothing was left.
+    """
+    anchor = Path(anchor)
+    committed, staging = beside(anchor, UNIT_COMMITTED), beside(anchor, UNIT_STAGING)
+    done = []
+    if committed.is_dir():
+        with writing(anchor):
+            _move_unit_into_place(committed, anchor.parent, names)
+        done.append(f"moved into place the save of {anchor} that a killed run had completed")
+    if staging.exists():
+        shutil.rmtree(staging)
+        done.append(f"deleted an unfinished save of {anchor} left by a killed run")
+    return done
+
+
+def commit_unit(anchor: str | os.PathLike, names: Sequence[str], write: Callable[[Path], None]) -> None:
+    """Write the files ``names`` of ``anchor``'s folder as one unit: all of them or none are replaced.
+
+    ``write(staging)`` writes them into a staging folder beside ``anchor`` (:func:`beside` ``anchor``
+    ``"saving"``), which one rename commits (to ``... "saved"``); its files are then moved into place. A process
+    killed at any moment leaves either the previous files whole (and a staging folder) or a committed unit, and
+    the next writer's :func:`recover_unit` deletes the one or finishes moving the other. One rename per file could
+    not do this: a kill between two of them left new files beside old ones (new weights under an old model card).
+
+    Args:
+        anchor: the unit's main file; the staging folders are named after it and ``anchor``'s folder is created
+            when missing (and removed again if the write fails).
+        names: the unit's file names in that folder, in the order they are moved into place (the one that names
+            the others last).
+        write: writes the files into the folder it is given; a name it does not write is left as it was.
+
+    Raises:
+        OutputError: the operating system refused a write, naming the file in place, never the staging folder.
+    """
+    anchor = Path(anchor)
+    refuse_inputs(*(anchor.parent / name for name in names))  # the moves into place are writes too
+    created: list[Path] = []
+    with writing(anchor):
+        created = make_parents(anchor)
+    recover_unit(anchor, names)
+    staging = beside(anchor, UNIT_STAGING)
+    try:
+        with writing(anchor):
+            staging.mkdir()
+        write(staging)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_empty(created)
+        if isinstance(exc, OutputError) and exc.filename:
+            # the staged file's name is the final file's: the one the user knows
+            raise OutputError(exc.errno, exc.strerror, str(anchor.with_name(Path(exc.filename).name))) from exc
+        raise
+    commit_staged(anchor, names)
+
+
+def commit_staged(anchor: str | os.PathLike, names: Sequence[str]) -> None:
+    """Commit the complete unit written into :func:`beside` ``anchor`` ``"saving"`` and move its files into place
+    (the last step of :func:`commit_unit`, for writers that fill the staging folder over a long run)."""
+    anchor = Path(anchor)
+    committed = beside(anchor, UNIT_COMMITTED)
+    with writing(anchor), signals_deferred():  # a Ctrl-C lands before the commit or after the moves
+        os.rename(beside(anchor, UNIT_STAGING), committed)  # the commit: from here on the new unit is the one in place
+        _move_unit_into_place(committed, anchor.parent, names)
+
+
+# ----------------------------------------------------------------------------------------- one writer per output
+def try_exclusive_flock(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without waiting; False when another process holds one.
+
+    True also where there is no flock (Windows, some network mounts): the write then runs unguarded rather than
+    not at all.
+    """
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+_HOLDER_CHARS = 300  # how much of a holder's command line a refusal quotes
+
+
+class OutputLock:
+    """One writer per output file: an exclusive ``flock`` on ``.<name>.lock`` beside it, held while inside.
+
+    A lock file rather than the output itself, because a replaced output is a new file (a lock on the old one
+    would not stop a writer of the new). The holder writes its process id and command line into the lock file,
+    so that a refused writer can name it, and deletes the file on exit; a killed holder's file is taken over (the
+    kernel dropped its flock). Folders created for the lock file are removed again on exit when still empty.
+
+    Args:
+        output: the file to guard.
+        flag: how messages name it (``--out``).
+
+    Raises:
+        ProCapError: another process holds the lock (the sentence names it).
+        OutputError: the lock file cannot be created.
+    """
+
+    def __init__(self, output: str | os.PathLike, flag: str = "--out") -> None:
+        self.output, self.flag = Path(output), flag
+        self.lock_file = beside(self.output, "lock")
+        self._fd: int | None = None
+        self._created: list[Path] = []
+
+    def __enter__(self) -> Self:
+        with writing(self.output):
+            self._created = make_parents(self.lock_file)
+        while self._fd is None:
+            with writing(self.output):
+                fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            if not try_exclusive_flock(fd):
+                holder = os.pread(fd, _HOLDER_CHARS, 0).decode("utf-8", "replace").strip() or "another procap run"
+                os.close(fd)
+                raise ProCapError(
+                    f"{self.flag} {self.output} is being written by {holder}; wait for it to finish or choose "
+                    "another file."
+                )
+            # the holder before may have deleted the file between this open and the flock: lock the one in place
+            try:
+                current = os.path.samestat(os.fstat(fd), os.stat(self.lock_file))
+            except FileNotFoundError:
+                current = False
+            if current:
+                self._fd = fd
+            else:
+                os.close(fd)
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python"
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"procap (pid {os.getpid()}: {command[:_HOLDER_CHARS]})".encode())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        self.lock_file.unlink(missing_ok=True)  # while still held, so that a writer waiting to lock sees it gone
+        os.close(self._fd)  # closing the descriptor releases the flock
+        self._fd = None
+        remove_empty(self._created)

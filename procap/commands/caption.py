@@ -4,14 +4,19 @@ image pairs with procap.fast.Captioner, printed or streamed to `--out FILE.jsonl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from procap import validate
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import COMPUTE_DTYPES, MAX_BEAMS
 from procap.errors import ProCapError
+
+if TYPE_CHECKING:
+    from procap.fast.caption_file import CaptionFile
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
 
@@ -126,11 +131,43 @@ def run(args: argparse.Namespace) -> int:
         from procap.fast.caption_file import CaptionFile
 
         output = CaptionFile(args.out, resume=args.resume, overwrite=args.overwrite)
+    with output or contextlib.nullcontext():
+        return _caption(args, pairs, output)
+
+
+def decoding_settings(args: argparse.Namespace, checkpoint: Path) -> dict[str, Any]:
+    """The options that change a caption, keyed by flag, as ``--out``'s settings record them: ``--max-len`` as the
+    captioner will use it (the checkpoint's own when not given), ``--length-penalty`` only where beams rank by it."""
+    from procap.batch_memory import checkpoint_config
+
+    max_len = args.max_len
+    if max_len is None:
+        config = checkpoint_config(checkpoint)
+        max_len = config.max_caption_len if config is not None else None
+    settings = {"--max-len": max_len, "--beams": args.beams}
+    if args.beams > 1:
+        settings["--length-penalty"] = args.length_penalty
+    return settings
+
+
+def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
+    """``{"file", "bytes", "sha256"}`` of the weights: a hash, so that retrained weights under the same name are
+    told apart and the same weights moved elsewhere are not (about a second per GB, once per run)."""
+    from procap.files import sha256_of
+
+    return {"file": str(checkpoint.resolve()), "bytes": checkpoint.stat().st_size, "sha256": sha256_of(checkpoint)}
+
+
+def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: CaptionFile | None) -> int:
     from procap.data.pair_lists import pair_key
 
     done = [pair for pair in pairs if output is not None and pair_key(*pair) in output.done]
     todo = [pair for pair in pairs if output is None or pair_key(*pair) not in output.done]
     checkpoint = checkpoint_file(args)
+    if output is not None:
+        output.check_settings(checkpoint_identity(checkpoint), decoding_settings(args, checkpoint))
+        if output.note:
+            print(f"procap: note: {output.note}.", file=sys.stderr, flush=True)
     if not todo:
         print(f"{args.out} already holds the captions of all {len(pairs)} pairs.", file=sys.stderr)
         return 0
@@ -154,18 +191,15 @@ def run(args: argparse.Namespace) -> int:
     # one batch needs no bar; the bar counts the pairs a resumed file already holds
     progress = args.progress and len(todo) > batch_size
     rows: list[tuple[Path, Path, str]] = []
-    try:
-        for batch in caption_batches(captioner, todo, batch_size, progress=progress, done=len(done)):
-            if output is not None:
-                output.append(batch)
-            elif args.json:
-                rows += batch
-            else:
-                print("\n".join(caption for _, _, caption in batch), flush=True)
-    finally:
+    for batch in caption_batches(captioner, todo, batch_size, progress=progress, done=len(done)):
         if output is not None:
-            output.close()
+            output.append(batch)
+        elif args.json:
+            rows += batch
+        else:
+            print("\n".join(caption for _, _, caption in batch), flush=True)
     if output is not None:
+        output.finish()
         print(f"{len(todo)} captions written to {args.out} ({len(done)} were there already).", file=sys.stderr)
     elif args.json:
         print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for b, a, c in rows], indent=2))

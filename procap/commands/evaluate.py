@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     from procap import validate
     from procap.checkpoint import check_can_caption, load_checkpoint
     from procap.eval.split import evaluate_model
-    from procap.files import atomic_write_json
 
     metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
@@ -121,9 +120,8 @@ def run(args: argparse.Namespace) -> int:
         },
         truths=truths,
         generate=generate,
+        references=True,
     )
-    # the references beside the predictions: what `procap score --pred results.json --refs references.json` reads
-    atomic_write_json(out / "references.json", {pair.id: list(pair.captions) for pair in pairs}, indent=1)
     print(format_report(report))
     print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
     return 0

@@ -36,6 +36,7 @@ import math
 import os
 import random
 import re
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -459,18 +460,25 @@ def generate(
     validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
     check_viewpoint(viewpoint)
 
+    from procap.train.run_guard import RunFolderLock
+
     root = Path(out_dir)
-    recover_interrupted_swap(root)
-    check_replaceable(root)
     created: list[Path] = []
     staging = None
     try:
         with writing(root):
             created = make_parents(root / "scenes.json")
-            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
-        splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
-        with writing(root):
-            _swap_in(staging, root)
+        # one generate per folder: a second one's swap would interleave with this one's, and only with the lock
+        # held is a staging folder left inside known to be a dead run's
+        with RunFolderLock(root, "the benchmark folder"):
+            for note in recover_interrupted_swap(root):
+                print(f"procap: note: {note}.", file=sys.stderr, flush=True)
+            check_replaceable(root)
+            with writing(root):
+                staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+            splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
+            with writing(root):
+                _swap_in(staging, root)
         return splits
     except BaseException:
         if staging is not None and not _swapped_out(staging):
@@ -524,25 +532,31 @@ def _swapped_out(staging: Path) -> bool:
     return trash.is_dir() and any(trash.iterdir())
 
 
-def recover_interrupted_swap(root: Path) -> None:
-    """Put back the old benchmark a ``generate`` killed part-way through its swap left inside ``root``.
+def recover_interrupted_swap(root: Path) -> list[str]:
+    """Clean up what a ``generate`` killed outright left inside ``root``; returns a sentence per staging folder.
 
-    Its staging folder holds the old entries in ``.replaced`` and the new entries not yet moved; the entries
+    A staging folder holding old entries in ``.replaced`` was killed part-way through its swap: the entries
     already moved are taken out of ``root`` again, so ``root`` holds the old benchmark whole (when every new entry
-    had moved, the new one is whole and stays), and the staging folder is deleted. A staging folder without old entries (killed while rendering) is left alone: it may belong
-    to a run still going.
+    had moved, the new one is whole and stays). A staging folder without old entries was killed while rendering
+    and is deleted: it stayed inside the dataset for good when it was left alone as possibly a live run's.
+
+    Only for the one writer of ``root`` (:func:`generate` holds its lock): a live run's staging folder looks the
+    same.
     """
     import shutil
 
     if not root.is_dir():
-        return
+        return []
+    notes = []
     for staging in sorted(root.glob(STAGING_PREFIX + "*")):
-        if not _swapped_out(staging):
-            continue
-        if any((staging / name).exists() for name in LAYOUT):  # killed part-way: the old benchmark goes back
-            with writing(root):
+        if _swapped_out(staging) and any((staging / name).exists() for name in LAYOUT):
+            with writing(root):  # killed part-way through the swap: the old benchmark goes back
                 _move_back(staging, root)
+            notes.append(f"put back the benchmark in {root} that a synth killed while replacing it had moved aside")
+        elif not _swapped_out(staging):
+            notes.append(f"deleted {staging.name}, the unfinished benchmark of a synth killed while writing it")
         shutil.rmtree(staging, ignore_errors=True)  # (else killed after the last rename: the new one is whole)
+    return notes
 
 
 def _write_benchmark(

@@ -20,7 +20,7 @@ from procap.eval.metrics import (
     score,
     write_results,
 )
-from procap.files import atomic_write_json
+from procap.files import atomic_write_json, commit_unit
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -139,6 +139,26 @@ def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequen
     return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
 
 
+EVALUATION_FILES = ("results.json", "references.json", "metrics.json")  # in the order they are moved into place
+
+
+def write_evaluation(
+    out: Path, predictions: dict[str, str], report: dict[str, Any], pairs: Sequence[Any] | None = None
+) -> None:
+    """Write ``results.json``, ``metrics.json`` and, given ``pairs``, their ``references.json`` under ``out`` as one
+    unit (:func:`procap.files.commit_unit`): a full disk at the second file left new predictions beside the old
+    scores, and a kill between them does no longer either. ``metrics.json``, which scores the others, goes last."""
+
+    def write(staging: Path) -> None:
+        write_results(staging / "results.json", predictions)
+        if pairs is not None:
+            # what `procap score --pred results.json --refs references.json` reads
+            atomic_write_json(staging / "references.json", {pair.id: list(pair.captions) for pair in pairs}, indent=1)
+        atomic_write_json(staging / "metrics.json", report, indent=1)
+
+    commit_unit(out / "metrics.json", EVALUATION_FILES, write)
+
+
 def evaluate_model(
     model: ProCap,
     vocab: Vocabulary,
@@ -152,11 +172,13 @@ def evaluate_model(
     truths: dict[str, Any] | None = None,
     generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     progress: bool = True,
+    references: bool = False,
 ) -> dict[str, Any]:
     """Caption ``pairs`` (greedily with ``model.generate``, or with ``generate``) and score them; writes
-    ``results.json`` and ``metrics.json`` under ``out``.
+    ``results.json`` and ``metrics.json`` under ``out`` (:func:`write_evaluation`).
 
     Args:
+        references: also write the pairs' reference captions to ``references.json`` under ``out``.
         generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, beam search).
         progress: a bar over the captioning batches (:func:`caption_pairs`).
         truths: optional ground truth per pair id (:func:`procap.eval.correctness.scene_truths`); when given, the
@@ -186,9 +208,6 @@ def evaluate_model(
     if note:
         report["note"] = note
     if out is not None:
-        out = Path(out)
-
-        write_results(out / "results.json", predictions)
-        atomic_write_json(out / "metrics.json", report, indent=1)
+        write_evaluation(Path(out), predictions, report, pairs if references else None)
     report["predictions"] = predictions
     return report

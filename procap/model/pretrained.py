@@ -28,7 +28,7 @@ from procap.data import DATASETS, Vocabulary
 from procap.data.domain import describe_domain, read_domain
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION
-from procap.files import atomic_write_json, atomic_write_text
+from procap.files import UNIT_COMMITTED, atomic_write_json, atomic_write_text, beside, commit_unit
 from procap.hub_files import (
     CARD_NAME,
     CONFIG_NAME,
@@ -56,6 +56,8 @@ PAPER_BIBTEX = """@inproceedings{procap2026imagine,
 # Where the paper's authors publish their checkpoints (the repo `procap convert` reads from).
 AUTHORS_HUB_URL = "https://huggingface.co/BlueberryOreo/ProCap"
 # config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
+# a pretrained folder's files, in the order a save moves them into place
+PRETRAINED_FILES = (WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, CARD_NAME)
 _CONFIG_TAGS = {"library_name": "procap", "model_type": "procap", "architectures": ["ProCap"]}
 
 
@@ -100,10 +102,17 @@ def write_pretrained(
         "license": license or recorded.get("license"),
     }
     info["license"] = card_license(model, info)
-    save_checkpoint(directory / WEIGHTS_NAME, model, vocab, info)
-    atomic_write_json(directory / CONFIG_NAME, {**_CONFIG_TAGS, **model.config.to_dict()})
-    vocab.save(directory / VOCAB_NAME)
-    atomic_write_text(directory / CARD_NAME, model_card(model, len(vocab), info, repo_id))
+    card = model_card(model, len(vocab), info, repo_id)
+
+    def write(staging: Path) -> None:
+        save_checkpoint(staging / WEIGHTS_NAME, model, vocab, info)
+        atomic_write_json(staging / CONFIG_NAME, {**_CONFIG_TAGS, **model.config.to_dict()})
+        vocab.save(staging / VOCAB_NAME)
+        atomic_write_text(staging / CARD_NAME, card)
+
+    # one unit: four independent writes left new weights under the old model card when killed between them; other
+    # files in the folder (a Hub clone's .git, say) stay, which a swap of the whole folder would not leave them
+    commit_unit(directory / WEIGHTS_NAME, PRETRAINED_FILES, write)
     return directory
 
 
@@ -291,6 +300,11 @@ def read_pretrained(
         token=token,
         force_download=force_download,
     )
+    if beside(weights, UNIT_COMMITTED).is_dir():
+        raise ProCapError(
+            f"{weights.parent} holds a save_pretrained that was stopped while its files were moved into place, so "
+            "they may be of two saves; save the model into it again (that finishes or replaces the save)."
+        )
     model, vocab, metadata = read_checkpoint(model_class, weights, map_location)
     _check_config_copy(weights.parent / CONFIG_NAME, model.config.to_dict())
     model.vocab = vocab

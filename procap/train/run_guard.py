@@ -21,11 +21,7 @@ from typing import Any
 from typing_extensions import Self
 
 from procap.errors import ProCapError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; runs there are not guarded
-    fcntl = None
+from procap.files import try_exclusive_flock
 
 
 class RunFolderLock:
@@ -44,20 +40,13 @@ class RunFolderLock:
         self._fd: int | None = None
 
     def __enter__(self) -> Self:
-        if fcntl is None:
-            return self
         fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_exclusive_flock(fd):
             os.close(fd)
             raise ProCapError(
                 f"{self.flag} {self.folder} is in use by another procap run; wait for it to finish "
                 "or choose another folder."
-            ) from None
-        except OSError:  # a file system without flock (some network mounts): run unguarded rather than not at all
-            os.close(fd)
-            return self
+            )
         self._fd = fd
         return self
 

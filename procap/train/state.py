@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,9 @@ import torch
 
 from procap.checkpoint import FORMAT
 from procap.errors import ProCapError
-from procap.files import OutputError, atomic_write_json, beside, refuse_inputs, sha256_of, writing
+from procap.files import UNIT_COMMITTED, atomic_write_json, beside, commit_unit, recover_unit, sha256_of
 from procap.json_files import parse_json, read_json
 from procap.weights import atomic_save_tensors, read_header, read_tensors
-
-STAGING = "saving"  # beside(checkpoint, STAGING): a save being written; incomplete until renamed to COMMITTED
-COMMITTED = "saved"  # beside(checkpoint, COMMITTED): a complete save whose files are being moved into place
 
 
 def state_paths(checkpoint: Path | str) -> tuple[Path, Path]:
@@ -214,23 +210,13 @@ def has_resumable(checkpoint: Path | str) -> bool:
     """``checkpoint`` has weights and a training state to resume: in place, or committed and not yet moved there."""
     checkpoint = Path(checkpoint)
     in_place = checkpoint.is_file() and state_paths(checkpoint)[1].is_file()
-    return in_place or beside(checkpoint, COMMITTED).is_dir()
+    return in_place or beside(checkpoint, UNIT_COMMITTED).is_dir()
 
 
-def _unit_files(checkpoint: Path) -> list[Path]:
+def _unit_names(checkpoint: Path) -> list[str]:
     """The files of one save, in the order they are moved into place: the JSON, which names the others, last."""
     tensor_path, json_path = state_paths(checkpoint)
-    return [checkpoint, tensor_path, json_path]
-
-
-def _move_into_place(committed: Path, checkpoint: Path) -> None:
-    """Move the files of the committed save in ``committed`` beside ``checkpoint``; what is already there was moved
-    by a process killed part-way, which is why this may run again."""
-    for final in _unit_files(checkpoint):
-        staged = committed / final.name
-        if staged.is_file():
-            os.replace(staged, final)
-    shutil.rmtree(committed)
+    return [checkpoint.name, tensor_path.name, json_path.name]
 
 
 def recover_resumable(checkpoint: Path | str) -> str | None:
@@ -243,14 +229,7 @@ def recover_resumable(checkpoint: Path | str) -> str | None:
         A sentence saying which save the folder now holds, or None when nothing was left.
     """
     checkpoint = Path(checkpoint)
-    committed, staging = beside(checkpoint, COMMITTED), beside(checkpoint, STAGING)
-    done = []
-    if committed.is_dir():
-        _move_into_place(committed, checkpoint)
-        done.append(f"moved into place the save of {checkpoint} that a killed run had completed")
-    if staging.exists():
-        shutil.rmtree(staging)
-        done.append(f"deleted an unfinished save of {checkpoint} left by a killed run")
+    done = recover_unit(checkpoint, _unit_names(checkpoint))
     if not done:
         return None
     json_path = state_paths(checkpoint)[1]
@@ -272,20 +251,4 @@ def commit_resumable(checkpoint: Path | str, write: Callable[[Path], None]) -> N
         OutputError: the operating system refused a write, naming the file in place, never the staging folder.
     """
     checkpoint = Path(checkpoint)
-    refuse_inputs(*_unit_files(checkpoint))  # the moves into place are writes too
-    recover_resumable(checkpoint)
-    staging = beside(checkpoint, STAGING)
-    try:
-        with writing(checkpoint):
-            staging.mkdir()
-        write(staging / checkpoint.name)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OutputError) and exc.filename:
-            # the staged file's name is the final file's: the one the user knows
-            raise OutputError(exc.errno, exc.strerror, str(checkpoint.with_name(Path(exc.filename).name))) from exc
-        raise
-    committed = beside(checkpoint, COMMITTED)
-    with writing(checkpoint):
-        os.rename(staging, committed)  # the commit: from here on the new save is the one a resume takes
-        _move_into_place(committed, checkpoint)
+    commit_unit(checkpoint, _unit_names(checkpoint), lambda staging: write(staging / checkpoint.name))

@@ -253,3 +253,62 @@ def test_a_share_of_the_distractors_is_still_under_every_viewpoint(tmp_path):
             before = render_state(scene, 0.0, 32)
             distractor = render_state(scene, 1.0, 32, distractor=True)
             assert np.array_equal(before, distractor) == bool(scene.get("still")), scene["index"]
+
+
+_KILLED_WHILE_RENDERING = """
+import os, sys
+from procap.data import synthetic
+
+save = synthetic._save_png
+
+def save_then_die(array, path):
+    save(array, path)
+    os._exit(86)  # as kill -9 after the first image: no cleanup runs
+
+synthetic._save_png = save_then_die
+synthetic.generate(sys.argv[1], 4, size=16, seed=1, progress=False)
+"""
+
+
+def test_the_staging_folder_of_a_killed_synth_is_deleted_by_the_next(tmp_path, capsys):
+    """Issue 48: a synth killed while rendering left its staging folder inside the dataset for good."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support import subprocess_env
+
+    root = tmp_path / "bench"
+    generate(root, 4, size=16, seed=1, progress=False)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_WHILE_RENDERING, str(root)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert killed.returncode == 86, killed.stderr[-3000:]
+    assert len(list(root.glob(".synth-new-*"))) == 1  # what the kill left
+
+    generate(root, 4, size=16, seed=1, progress=False)
+    assert not list(root.glob(".synth-new-*"))
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    assert "unfinished benchmark of a synth killed while writing it" in capsys.readouterr().err
+
+
+def test_a_second_synth_into_one_folder_is_refused(tmp_path, capsys):
+    from procap.cli import main
+    from procap.train.run_guard import RunFolderLock
+
+    root = tmp_path / "bench"
+    root.mkdir()
+    with RunFolderLock(root):  # a synth writing the folder (the lock is per open file: this counts as another)
+        with pytest.raises(ProCapError, match=f"the benchmark folder {root} is in use by another procap run"):
+            generate(root, 4, size=16, seed=1, progress=False)
+        assert main(["synth", "--out", str(root), "--scenes", "4", "--size", "16", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("procap: error:") and "in use by another procap run" in err and err.count("\n") == 1
+    assert list(root.iterdir()) == []
