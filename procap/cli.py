@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from procap import __version__
+from procap._version import __version__
 from procap.errors import ProCapError, ProCapWarning
 from procap.extras import DISTRIBUTION, missing_extra_message
 from procap.files import OutputError, os_error_in, protect_inputs
@@ -63,14 +63,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def version_line() -> str:
-    """``procap X.Y.Z (procap-torch)``: the installed distribution's version, or the source tree's."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        version = __version__
-    return f"procap {version} ({DISTRIBUTION})"
+    """``procap X.Y.Z (procap-torch)``: the version of the code that runs, which is also the installed
+    distribution's (pyproject.toml reads it from ``procap._version``)."""
+    return f"procap {__version__} ({DISTRIBUTION})"
 
 
 def build_parser() -> argparse.ArgumentParser:
