@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
 from procap import validate
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import COMPUTE_DTYPES, MAX_BEAMS
 from procap.errors import ProCapError
+
+logger = logging.getLogger(__name__)
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
 
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     todo = [pair for pair in pairs if output is None or pair_key(*pair) not in output.done]
     checkpoint = checkpoint_file(args)
     if not todo:
-        print(f"{args.out} already holds the captions of all {len(pairs)} pairs.", file=sys.stderr)
+        logger.info("%s already holds the captions of all %d pairs.", args.out, len(pairs))
         return 0
     from procap.batch_memory import check_checkpoint_batch
 
@@ -166,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         if output is not None:
             output.close()
     if output is not None:
-        print(f"{len(todo)} captions written to {args.out} ({len(done)} were there already).", file=sys.stderr)
+        logger.info("%d captions written to %s (%d were there already).", len(todo), args.out, len(done))
     elif args.json:
         print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for b, a, c in rows], indent=2))
     return 0
