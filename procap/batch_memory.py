@@ -30,8 +30,8 @@ device's, or the machine's physical memory (a cgroup limit where one is set, as 
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ from procap.config import ProCapConfig, config_from_dict, get_preset
 from procap.errors import ProCapError
 from procap.train.common import load_pairs
 from procap.train.distributed import env_context
+
+logger = logging.getLogger(__name__)
 
 PIXEL_BYTES = 4  # float32 images
 ACTIVATION_BYTES = 2  # bf16: the smallest dtype activations are held in
@@ -170,12 +172,16 @@ def check_batch(
 
 
 def clamp_note(flag_value: int, items: int, what: str, command: str, default: int = 32) -> None:
-    """Say on stderr that a batch above the flag's ``default`` is cut to the ``items`` there are."""
+    """Warn (on stderr, from the command line) that a batch above the flag's ``default`` is cut to the ``items`` there
+    are."""
     if items < flag_value and flag_value > default:  # the default batch outnumbers a handful of pairs unasked
-        print(
-            f"procap {command}: --batch-size {flag_value} is more than the {items} {what}; using batches of {items}",
-            file=sys.stderr,
-            flush=True,
+        logger.warning(
+            "procap %s: --batch-size %d is more than the %d %s; using batches of %d",
+            command,
+            flag_value,
+            items,
+            what,
+            items,
         )
 
 
@@ -195,7 +201,7 @@ def check_checkpoint_batch(
     checkpoint: str | os.PathLike, requested: int, items: int | None, device: Any, what: str, command: str
 ) -> int:
     """The batch for captioning ``items`` pairs with ``checkpoint``'s model on ``device``: ``requested`` cut to the
-    items (said on stderr when it was cut from above the default), refused when it cannot fit (:func:`check_batch`).
+    items (a warning when it was cut from above the default), refused when it cannot fit (:func:`check_batch`).
     """
     batch = requested if items is None else min(requested, items)
     config = checkpoint_config(checkpoint)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import select
 import signal
@@ -18,10 +19,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from procap import __version__
+from procap._version import __version__
 from procap.errors import ProCapError, ProCapWarning
 from procap.extras import DISTRIBUTION, missing_extra_message
 from procap.files import OutputError, os_error_in, protect_inputs
+from procap.logs import console_logging
 from procap.validate import output_apart
 
 # name -> module under procap.commands; the order is the order shown by --help.
@@ -63,19 +65,20 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def version_line() -> str:
-    """``procap X.Y.Z (procap-torch)``: the installed distribution's version, or the source tree's."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        version = __version__
-    return f"procap {version} ({DISTRIBUTION})"
+    """``procap X.Y.Z (procap-torch)``: the version of the code that runs, which is also the installed
+    distribution's (pyproject.toml reads it from ``procap._version``)."""
+    return f"procap {__version__} ({DISTRIBUTION})"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="procap", description="ProCap: fast change captioning (ICLR 2026).")
     parser.add_argument("--version", action="version", version=version_line())
+    # Before the command (`procap --quiet train ...`): one switch for every command, read before any of them runs.
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", help="show only warnings and errors (results on stdout stay)"
+    )
+    loudness.add_argument("-v", "--verbose", action="store_true", help="also show debugging messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available_commands().items():
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -156,6 +159,13 @@ def one_line_warnings() -> Iterator[None]:
         warnings.showwarning = previous
 
 
+def log_level(args: argparse.Namespace) -> int:
+    """The ``procap`` logger's level for ``--quiet`` / ``--verbose`` / neither (:mod:`procap.logs`)."""
+    if args.quiet:
+        return logging.WARNING
+    return logging.DEBUG if args.verbose else logging.INFO
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["--version"]:
@@ -168,6 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    with console_logging(log_level(args)):
+        return _run_command(parser, args)
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the parsed command, answering its failures with one sentence on stderr and an exit code."""
     try:
         inputs = input_arguments(parser, args)
         if getattr(args, "out", None):

@@ -6,12 +6,15 @@ tests write themselves, and a file missing there must be an error, not a downloa
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -261,6 +264,36 @@ def test_the_card_reads_back_through_huggingface_hubs_model_card(pretrained, tmp
     assert ModelCard.load(hub_dataset / "README.md").data.datasets == ["someone/levir-cc-copy"]
     assert "@inproceedings{" in card.text and "Imagine How To Change" in card.text
     assert "pypi.org" not in card.content and "pip install" not in card.content  # not known to be on PyPI
+
+
+def run_card_snippet(card: str) -> Any:
+    """Run the card's one ``python`` block as a reader pasting it would (in the current folder); return the value of
+    its last line, an expression."""
+    [block] = re.findall(r"^```python\n(.*?)^```$", card, flags=re.DOTALL | re.MULTILINE)
+    module = ast.parse(block)
+    last = module.body.pop()
+    assert isinstance(last, ast.Expr), "the snippet ends with the call whose result a reader sees"
+    namespace: dict[str, Any] = {}
+    exec(compile(module, "<model card>", "exec"), namespace)  # noqa: S102 - the text procap wrote, under test
+    return eval(compile(ast.Expression(last.value), "<model card>", "eval"), namespace)
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["folder", "hub-repo"])
+def test_the_cards_python_snippet_runs_as_written(pretrained, offline_hub, tmp_path, monkeypatch, published):
+    """The card's usage snippet, unedited: a folder's card names the folder ``path/to/this/folder`` (made here, under
+    the folder the snippet runs in), a published card its repo id (read from the offline Hub cache)."""
+    model, vocab, _ = pretrained
+    if published:
+        folder = model.save_pretrained(tmp_path / "upload", vocab, repo_id=REPO)
+        put_in_hub_cache(offline_hub, REPO, "main", folder)
+    else:
+        folder = model.save_pretrained(tmp_path / "path" / "to" / "this" / "folder", vocab)
+    for name, picture in zip(("before.png", "after.png"), images(1), strict=True):
+        Image.fromarray((picture[0].permute(1, 2, 0) * 255).to(torch.uint8).numpy()).save(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    caption = run_card_snippet((folder / "README.md").read_text())
+    assert isinstance(caption, str) and caption.split()
+    assert set(caption.split()) <= set(vocab.to_dict())  # words of the model's vocabulary
 
 
 def test_the_card_names_the_latent_grid_not_the_token_grid(tmp_path):

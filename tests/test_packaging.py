@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import procap
 from procap.cli import main
 from procap.errors import ProCapError
 from procap.extras import DISTRIBUTION, EXTRA_OF_MODULE, missing_extra_message, require
@@ -19,7 +21,8 @@ from tests.support import subprocess_env
 tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml without a package")
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
 
 
 def test_the_distribution_is_not_the_unrelated_procap_and_keeps_the_command():
@@ -42,7 +45,25 @@ def test_the_core_is_lean_and_every_extra_of_the_table_exists():
 
 def test_version_flag(capsys):
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.startswith("procap 0.")
+    assert capsys.readouterr().out == f"procap {procap.__version__} ({DISTRIBUTION})\n"
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml has no version of its own: setuptools reads procap/_version.py, the file procap.__version__
+    comes from, so the distribution's metadata and the package cannot disagree."""
+    from setuptools.config.expand import read_attr
+
+    assert "version" not in PROJECT and "version" in PROJECT["dynamic"]
+    source = PYPROJECT["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert source == "procap._version.__version__"
+    assert read_attr(source, root_dir=str(ROOT)) == procap.__version__  # what a build of this tree records
+    assert procap.__version__ is procap._version.__version__
+    assigned = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "procap").rglob("*.py"))
+        if re.search(r"^__version__\s*=", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    ]
+    assert assigned == ["procap/_version.py"]
 
 
 def test_the_version_is_answered_without_importing_torch():

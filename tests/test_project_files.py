@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import procap
 from procap.data import Vocabulary
 from procap.model.pretrained import AUTHORS_HUB_URL, PAPER_BIBTEX, PAPER_TITLE
 from procap.model.procap import ProCap
@@ -27,7 +28,7 @@ def test_the_licence_file_is_the_mit_licence_pyproject_declares():
 
 def test_the_citation_file_names_this_software_and_the_paper():
     text = (ROOT / "CITATION.cff").read_text()
-    assert "cff-version: 1.2.0" in text and f"version: {PROJECT['version']}" in text
+    assert "cff-version: 1.2.0" in text and f"version: {procap.__version__}" in text
     assert f'title: "{PAPER_TITLE}"' in text and "ICLR 2026" in text
 
 

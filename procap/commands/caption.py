@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,8 @@ from procap.errors import ProCapError
 
 if TYPE_CHECKING:
     from procap.fast.caption_file import CaptionFile
+
+logger = logging.getLogger(__name__)
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
 
@@ -167,9 +169,9 @@ def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: C
     if output is not None:
         output.check_settings(checkpoint_identity(checkpoint), decoding_settings(args, checkpoint))
         if output.note:
-            print(f"procap: note: {output.note}.", file=sys.stderr, flush=True)
+            logger.info("procap: note: %s.", output.note)
     if not todo:
-        print(f"{args.out} already holds the captions of all {len(pairs)} pairs.", file=sys.stderr)
+        logger.info("%s already holds the captions of all %d pairs.", args.out, len(pairs))
         return 0
     from procap.batch_memory import check_checkpoint_batch
 
@@ -200,7 +202,7 @@ def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: C
             print("\n".join(caption for _, _, caption in batch), flush=True)
     if output is not None:
         output.finish()
-        print(f"{len(todo)} captions written to {args.out} ({len(done)} were there already).", file=sys.stderr)
+        logger.info("%d captions written to %s (%d were there already).", len(todo), args.out, len(done))
     elif args.json:
         print(json.dumps([{"before": str(b), "after": str(a), "caption": c} for b, a, c in rows], indent=2))
     return 0

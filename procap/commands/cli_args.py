@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,8 @@ from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.errors import ProCapError, shown
 from procap.train.config import INTEGER_BOUNDS, SELECT_METRICS, STAGE_DEFAULTS, TrainConfig, map_paths
+
+logger = logging.getLogger(__name__)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -428,9 +430,9 @@ def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | No
 
 
 def print_notes(notes: list[str]) -> None:
-    """The notes :func:`config_from_args` collected, one a line on stderr."""
+    """Log the notes :func:`config_from_args` collected (on stderr, from the command line), one a line."""
     for line in notes:
-        print(line, file=sys.stderr, flush=True)
+        logger.info(line)
 
 
 def default_tokenizer(stage: str, args: argparse.Namespace) -> str | None:

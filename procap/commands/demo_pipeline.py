@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import queue as queue_module
 import shutil
 import statistics
@@ -45,6 +46,7 @@ from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.data.images import ImageCache
 from procap.errors import ProCapError
 from procap.json_files import parse_json, read_json
+from procap.logs import LOGGER_NAME, start_console_logging
 from procap.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -693,10 +695,12 @@ class _LinesToParent(io.TextIOBase):
         pass
 
 
-def _start_worker(queue: Any) -> None:
-    """Pool initializer: the worker's output lines go to the parent through ``queue``."""
+def _start_worker(queue: Any, log_level: int) -> None:
+    """Pool initializer: the worker's output lines go to the parent through ``queue``, its log records (validation
+    lines, warnings) among them at the parent's level: a spawned process starts with logging unset."""
     sys.stdout = _LinesToParent(queue, "out")
     sys.stderr = _LinesToParent(queue, "err")
+    start_console_logging(log_level)
 
 
 def _live_log(out: Path, since: float) -> Path | None:
@@ -878,7 +882,8 @@ def _train_side_by_side(
     # spawn, not fork: a child forked after the parent used torch's OpenMP pool can deadlock in it.
     context = multiprocessing.get_context("spawn")
     lines = context.Queue()  # the workers' output lines, printed by the parent (SideBySideMonitor)
-    pool = context.Pool(jobs, initializer=_start_worker, initargs=(lines,))
+    log_level = logging.getLogger(LOGGER_NAME).getEffectiveLevel()
+    pool = context.Pool(jobs, initializer=_start_worker, initargs=(lines, log_level))
     finished = False
     try:
         with SideBySideMonitor(quiet, clock, lines, progress) as monitor:

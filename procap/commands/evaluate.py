@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.config import ABLATABLE_PARTS, MAX_BEAMS
 from procap.eval.metrics import METRICS_SPELLING_HELP
+
+logger = logging.getLogger(__name__)
 
 HELP = (
     "Evaluate a checkpoint on a split: BLEU-1..4/METEOR/ROUGE-L/CIDEr/SPICE "
@@ -152,7 +154,7 @@ def _pairs_to_evaluate(args: argparse.Namespace) -> tuple[list, list]:
     split_pairs = load_split(args.dataset, args.data, args.split)
     pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
     if len(pairs) < len(split_pairs):  # the report says it covers part of the split, as this line does
-        print(f"evaluating {len(pairs)} of the {len(split_pairs)} {args.split} pairs (--max-pairs)", file=sys.stderr)
+        logger.info("evaluating %d of the %d %s pairs (--max-pairs)", len(pairs), len(split_pairs), args.split)
     if not pairs:
         raise ProCapError(f"the {args.split} split of {args.data} is empty")
     return split_pairs, pairs

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 
 from procap.data.datasets import DATASETS, SPLITS
 from procap.errors import ProCapError
 from procap.eval.metrics import METRICS_SPELLING_HELP
+
+logger = logging.getLogger(__name__)
 
 HELP = "Score predicted captions against references (BLEU-1..4, METEOR, ROUGE-L, CIDEr; SPICE on request)."
 
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         )
     results = {**paper_scale(score(predictions, references, metrics, types)), "coverage": coverage}
     if len(predictions) < len(references):
-        print(f"scored {len(predictions)} of the {len(references)} ids of {source} (--allow-partial)", file=sys.stderr)
+        logger.info("scored %d of the %d ids of %s (--allow-partial)", len(predictions), len(references), source)
     print(format_table(results))
     if args.out:
         atomic_write_json(args.out, results, indent=2)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ from procap.files import (
     writing,
 )
 from procap.json_files import parse_json, read_bytes
+from procap.logs import TO_STDOUT
 from procap.train import distributed
 from procap.train.config import MAX_STEPS, TrainConfig
 from procap.train.datasets import EpochBatchSampler
@@ -54,6 +55,8 @@ from procap.train.state import (
     state_paths,
 )
 from procap.train.tracking import RunTrackers
+
+logger = logging.getLogger(__name__)
 
 MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
 
@@ -200,11 +203,13 @@ class Trainer:
             raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
         if self.sampler.batch_size < cfg.batch_size and self.ctx.is_main:
             # One process clamps to the data; say so, since a whole split per step can take gigabytes.
-            print(
-                f"{name}: --batch-size {cfg.batch_size} is more than the {len(dataset)} training items; each step "
-                f"takes all {len(dataset)} (lower --batch-size to use less memory)",
-                file=sys.stderr,
-                flush=True,
+            logger.warning(
+                "%s: --batch-size %d is more than the %d training items; each step takes all %d (lower --batch-size "
+                "to use less memory)",
+                name,
+                cfg.batch_size,
+                len(dataset),
+                len(dataset),
             )
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
         # A short run logs more often than --log-every, so that its loss curve has points to draw (a 10-step stage 1
@@ -252,6 +257,7 @@ class Trainer:
             save_training_state(staged, self.optimizer, scalars, rank_rngs=rngs)
 
         commit_resumable(self.last_path, write)
+        logger.debug("%s: saved step %d to %s", self.name, self.state.step, self.last_path)
 
     def _check_resumable(self) -> None:
         if not has_resumable(self.last_path):
@@ -260,11 +266,11 @@ class Trainer:
             )
 
     def _clear_dead_saves(self) -> None:
-        """Rank 0, holding the run folder's lock: finish or delete what a save killed part-way left (said on
-        stderr, naming the save the run goes on from), and delete the temporary files of killed writes."""
+        """Rank 0, holding the run folder's lock: finish or delete what a save killed part-way left (a logged
+        warning naming the save the run goes on from), and delete the temporary files of killed writes."""
         note = recover_resumable(self.last_path)
         if note:
-            print(f"procap: note: {note}.", file=sys.stderr, flush=True)
+            logger.warning("procap: note: %s.", note)
         for path in run_files(self.out, self.cfg.stage):
             remove_dead_temps(path)
 
@@ -291,6 +297,7 @@ class Trainer:
             best_step=scalars["best_step"],
             history=scalars.get("history", []),
         )
+        logger.debug("%s: resumed %s at step %d of %d", self.name, self.last_path, self.state.step, self.total)
 
     # ------------------------------------------------------------------ one step
     def _autocast(self):
@@ -366,7 +373,7 @@ class Trainer:
         self.trackers.write(record)
         self.state.history.append(record)
         run_name = Path(self.cfg.out).name  # not self.out's: a replacing run writes in a folder of another name
-        print(validation_line(self.name, self.state.step, metrics, run_name), flush=True)
+        logger.info(validation_line(self.name, self.state.step, metrics, run_name), extra=TO_STDOUT)
         value = metrics.get(self.metric) if self.metric else None
         if value is not None and value > self.state.best_metric:
             self.state.best_metric, self.state.best_step = float(value), self.state.step
@@ -442,7 +449,7 @@ class Trainer:
                     config = {**self.cfg.replay_dict(), "data_parallel": self.layout()}
                     atomic_write_text(self.config_path, json.dumps(config, indent=1))
                     if self.sampler.parts > 1:
-                        print(f"{self.name}: {self.layout_text()}", file=sys.stderr, flush=True)
+                        logger.info("%s: %s", self.name, self.layout_text())
                     self.trackers = RunTrackers(
                         self.cfg.loggers, self.out, self.name, config, self.cfg.wandb_project, self.cfg.wandb_name
                     )

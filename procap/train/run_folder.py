@@ -6,7 +6,7 @@ folder that holds no run; ``--resume`` continues a run of its own command; ``--o
 training in a folder beside it and swapping the two only when the new run has finished, so an interrupted or
 failed replacement leaves the old run as it was. The swap is :func:`procap.files.swap_folder`: two renames with
 Ctrl-C deferred between them; a process killed outright between them leaves the old run beside the folder, and the
-next run into the folder puts it back (:func:`procap.files.recover_swap`, said on stderr), as it deletes the
+next run into the folder puts it back (:func:`procap.files.recover_swap`, a logged warning), as it deletes the
 folders of replacements killed before they finished. Anything else is refused with one sentence before any work: a
 finished run replaced its ``best.safetensors`` and ``log.jsonl`` with exit 0, and a stage-2 run pointed at its
 stage-1 folder overwrote stage 1's state.
@@ -19,9 +19,9 @@ folder may be none of the run's inputs and lie inside none of them.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -32,6 +32,8 @@ from procap.json_files import read_json
 from procap.train.config import TrainConfig
 from procap.train.state import state_paths
 from procap.validate import output_apart
+
+logger = logging.getLogger(__name__)
 
 MARKER = "run.json"
 # The name each command's trainer gives its files (<name>_config.json) and its final checkpoint, if any.
@@ -98,7 +100,7 @@ def check_run_folder(cfg: TrainConfig) -> None:
     out = Path(cfg.out)
     note = recover_swap(out)  # a replacement killed between its two renames left the old run beside the folder
     if note:
-        print(f"procap: note: {note}.", file=sys.stderr, flush=True)
+        logger.warning("procap: note: %s.", note)
     inputs = run_inputs(cfg)
     output_apart(out, "--out", inputs)
     # an --init that is best.safetensors of this very folder, named on the command line or in a config file

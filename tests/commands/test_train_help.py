@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 import pytest
 
@@ -57,12 +58,13 @@ def test_train_has_no_warmup_steps_flag_it_would_ignore():
 
 
 @pytest.mark.parametrize("stage", ["train", "pretrain"])
-def test_a_new_tiny_model_gets_the_shipped_tokenizer_and_says_so(tmp_path, data, capsys, stage):
+def test_a_new_tiny_model_gets_the_shipped_tokenizer_and_says_so(tmp_path, data, caplog, stage):
+    caplog.set_level(logging.INFO, logger="procap")  # the note is an INFO record (on stderr from the command line)
     from procap.train.tokenizer import embedded_tokenizer_path
 
     config = config_from_args(stage, _parse(stage, "--data", data, "--out", str(tmp_path / "r"), "--preset", "tiny"))
     assert config.vqgan == str(embedded_tokenizer_path())
-    assert "no --vqgan given: using the tokenizer shipped in the package" in capsys.readouterr().err
+    assert "no --vqgan given: using the tokenizer shipped in the package" in caplog.text
 
 
 @pytest.mark.parametrize("stage", ["train", "pretrain"])
@@ -75,12 +77,13 @@ def test_a_preset_the_shipped_tokenizer_does_not_fit_needs_vqgan(tmp_path, data,
     assert not (tmp_path / "r").exists()
 
 
-def test_untrained_is_asked_for_by_name_and_survives_a_replay(tmp_path, data, capsys):
+def test_untrained_is_asked_for_by_name_and_survives_a_replay(tmp_path, data, caplog):
+    caplog.set_level(logging.INFO, logger="procap")
     from procap.train.common import new_model
 
     args = _parse("train", "--data", data, "--out", str(tmp_path / "r"), "--preset", "clevr", "--vqgan", "untrained")
     config = config_from_args("train", args)
-    assert config.vqgan == UNTRAINED_VQGAN and capsys.readouterr().err.count("tokenizer") == 0
+    assert config.vqgan == UNTRAINED_VQGAN and caplog.text.count("tokenizer") == 0
     (tmp_path / "c.json").write_text(json.dumps(config.replay_dict()))
     replayed = config_from_args("train", _parse("train", "--config", str(tmp_path / "c.json")))
     assert replayed.vqgan == UNTRAINED_VQGAN

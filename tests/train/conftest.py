@@ -36,3 +36,15 @@ def model(vocab):
     from procap.model.procap import ProCap
 
     return ProCap(small_training_config(len(vocab)))
+
+
+@pytest.fixture
+def small_model(monkeypatch):
+    """Route ``new_model`` (used by pretrain/train) to the 16 px test configuration."""
+    from procap.model.procap import ProCap
+    from procap.train import stage1
+
+    def build(preset, vocab, vqgan_path, **overrides):
+        return ProCap(small_training_config(len(vocab), **overrides))
+
+    monkeypatch.setattr(stage1, "new_model", build)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -14,18 +15,6 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
 from procap.train.loop import JsonlLog, Trainer
 from procap.train.schedules import stage2_optimizer
-from tests.support import small_training_config
-
-
-@pytest.fixture
-def small_model(monkeypatch):
-    """Route ``new_model`` (used by pretrain/train) to the 16 px test configuration."""
-    from procap.train import stage1
-
-    def build(preset, vocab, vqgan_path, **overrides):
-        return ProCap(small_training_config(len(vocab), **overrides))
-
-    monkeypatch.setattr(stage1, "new_model", build)
 
 
 def test_one_step_reduces_loss(tmp_path, model, vocab, train_pairs):
@@ -251,13 +240,16 @@ def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkey
     assert vqgan.config.resolution == 16
 
 
-def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train_pairs, capsys):
-    """A --batch-size above the size of the split is clamped to the split, and the run says so."""
+def test_a_batch_larger_than_the_data_is_announced(tmp_path, model, vocab, train_pairs, caplog):
+    """A --batch-size above the size of the split is clamped to the split, and the run warns (a logged warning: the
+    command line shows it on stderr)."""
     cfg = TrainConfig(stage="train", out=str(tmp_path), steps=1, batch_size=10_000, progress=False, device="cpu")
     data = PairDataset(train_pairs, vocab, 16, 12)
     trainer = Trainer(cfg.resolved(), model, data, lambda b: {}, lambda total: (None, None), None, None)
     assert trainer.sampler.batch_size == len(data)
-    assert f"--batch-size 10000 is more than the {len(data)} training items" in capsys.readouterr().err
+    [record] = [r for r in caplog.records if r.name == "procap.train.loop"]
+    assert record.levelno == logging.WARNING
+    assert f"--batch-size 10000 is more than the {len(data)} training items" in record.getMessage()
 
 
 def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, train_pairs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 
 import pytest
@@ -93,19 +94,20 @@ def test_bad_config_files_are_one_sentence(tmp_path, clevr_root, content, messag
         config_from_args("pretrain", _parse("pretrain", "--config", str(path), "--data", str(clevr_root)))
 
 
-def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(tmp_path, clevr_root, capsys):
+def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(tmp_path, clevr_root, caplog):
+    caplog.set_level(logging.INFO, logger="procap")  # the notes are INFO records (on stderr from the command line)
     untrained = ("--vqgan", "untrained")  # a paper preset's new model needs a tokenizer (test_train_help.py)
     args = _parse("train", "--data", str(clevr_root), "--out", "run", "--dataset", "spot-the-diff", *untrained)
     assert config_from_args("train", args).preset == "spot"
-    assert "using 'spot', the paper's preset for spot-the-diff" in capsys.readouterr().err
+    assert "using 'spot', the paper's preset for spot-the-diff" in caplog.text
     args = _parse("train", "--data", str(clevr_root), "--out", "r", *untrained)
     assert config_from_args("train", args).preset == "clevr"
-    capsys.readouterr()
+    caplog.clear()
     init = tmp_path / "s1.safetensors"
     init.write_bytes(b"x")  # unreadable: loading it names the file (test_checkpoint.py); no preset is announced here
     config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--init", str(init)))
     config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--preset", "tiny", *untrained))
-    assert capsys.readouterr().err == ""  # the checkpoint's model, or a preset asked for: nothing to announce
+    assert caplog.text == ""  # the checkpoint's model, or a preset asked for: nothing to announce
     with pytest.raises(ProCapError, match="--out is required"):
         config_from_args("train", _parse("train", "--data", str(clevr_root)))
 

@@ -268,7 +268,7 @@ def test_an_overwrite_interrupted_in_its_swap_keeps_the_old_run(stage1_run, trai
     assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]  # the new run discarded, no backup left
 
 
-def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run, train_pairs, vocab, capsys):
+def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run, train_pairs, vocab, caplog):
     from procap.files import beside
     from procap.train.run_folder import check_run_folder
     from procap.train.stage1 import pretrain
@@ -279,7 +279,7 @@ def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run
     stale.mkdir()  # and the new run it was swapping in
     with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run"):
         check_run_folder(_config(stage1_run, seed=2))  # any run into the folder puts it back, even one refused
-    assert "put back" in capsys.readouterr().err
+    assert "put back" in caplog.text  # a logged warning (the command line shows it on stderr)
     assert _tree(stage1_run) == before and not backup.exists()
     pretrain(_config(stage1_run, seed=2, overwrite=True), pairs=train_pairs, vocab=vocab)
     assert sorted(p.name for p in stage1_run.parent.iterdir()) == ["s1"]  # the killed replacement's folder went too
