@@ -184,7 +184,7 @@ def test_sdist_carries_every_source_and_installs_with_or_without_the_extension(t
     assert any(name.endswith(".cpp") for name in csrc) and any(name.startswith("csrc/cuda/") for name in csrc)
     # Every source, header and CUDA file, although this machine's torch may be a CPU build.
     assert csrc <= shipped, sorted(csrc - shipped)
-    assert {"setup.py", "MANIFEST.in", "kernels/__init__.py", "kernels/dispatch.py"} <= shipped
+    assert {"setup.py", "MANIFEST.in", "CHANGELOG.md", "kernels/__init__.py", "kernels/dispatch.py"} <= shipped
     assert {"procap/py.typed", "procap/assets/demo_tokenizer.safetensors"} <= shipped
     assert not [name for name in shipped if name.endswith((".so", ".pyc"))]
 
