@@ -32,11 +32,11 @@ their own), so the three benchmarks of a seed hold the same scenes. The view is 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View,
 from procap.errors import ProCapError
 from procap.files import atomic_write_json, make_parents, remove_empty, signals_deferred, writing
 from procap.json_files import read_json
+
+logger = logging.getLogger(__name__)
 
 CHANGE_TYPES = DATASETS["clevr-change"].change_types  # the synthetic benchmark writes the CLEVR-Change layout
 # Key order of the real type_mapping.json (a permutation of CHANGE_TYPES), so our files read like theirs.
@@ -472,7 +474,7 @@ def generate(
         # held is a staging folder left inside known to be a dead run's
         with RunFolderLock(root, "the benchmark folder"):
             for note in recover_interrupted_swap(root):
-                print(f"procap: note: {note}.", file=sys.stderr, flush=True)
+                logger.warning("procap: note: %s.", note)
             check_replaceable(root)
             with writing(root):
                 staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
