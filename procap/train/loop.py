@@ -138,13 +138,14 @@ def total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
 
 
 def validation_line(stage: str, step: int, metrics: dict[str, float], run: str | None = None) -> str:
-    """One console line of validation scores: caption metrics as they are, fractions (``acc_*``, ``distinct``) in %.
+    """One console line of validation scores: caption metrics as they are, fractions (``acc_*``, ``distinct``,
+    ``correctness``) in %.
 
     ``run`` (the run folder's name) tells apart the lines of runs that train side by side (``procap demo``).
     """
 
     def shown(name: str, value: float) -> str:
-        if name.startswith("acc_") or name == "distinct":
+        if name.startswith("acc_") or name in ("distinct", "correctness"):
             return f"{name} {100 * value:.1f}%"
         return f"{name} {value:.2f}"
 

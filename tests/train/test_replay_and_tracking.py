@@ -162,8 +162,8 @@ def test_scalars_flatten_and_validation_is_one_console_line():
     }
     assert scalars({**record, "ok": True}) == {"step": 3.0, "lr/encoder": 1e-4, "lr/decoder": 2e-5, "val/CIDEr": 12.5}
     assert scalars({"losses": [0.5, 0.25]}) == {"losses/0": 0.5, "losses/1": 0.25}
-    line = validation_line("stage2", 40, {"CIDEr": 112.3, "acc_change": 0.981, "distinct": 0.5})
-    assert line == "stage2 step 40 validation: CIDEr 112.30, acc_change 98.1%, distinct 50.0%"
+    line = validation_line("stage2", 40, {"CIDEr": 112.3, "acc_change": 0.981, "distinct": 0.5, "correctness": 0.75})
+    assert line == "stage2 step 40 validation: CIDEr 112.30, acc_change 98.1%, distinct 50.0%, correctness 75.0%"
     named = validation_line("stage2", 40, {"CIDEr": 112.3}, run="static")
     assert named == "stage2 step 40 validation (static): CIDEr 112.30"
 
