@@ -72,8 +72,9 @@ def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_pa
     for name in ("procap_no_stage1", "static"):  # a random encoder learns at the decoder's rate
         resolved = configs[name].resolved()
         assert resolved.encoder_lr == resolved.decoder_lr == 1e-3, name
-    # the full demo: stage 1 on every training pair, its encoder fine-tuned below the decoder
-    assert FULL.stage1_pairs is None and FULL.stage2_encoder_lr < FULL.stage2_lr
+    # the full demo: stage 1 on every training pair, its encoder fine-tuned at the decoder's rate, which the
+    # measurement at --viewpoint none favoured over a fifth of it (docs/training.md)
+    assert FULL.stage1_pairs is None and FULL.stage2_encoder_lr is None
 
 
 @pytest.mark.slow
