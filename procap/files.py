@@ -502,6 +502,38 @@ def try_exclusive_flock(fd: int) -> bool:
     return True
 
 
+class RunFolderLock:
+    """Exclusive, non-blocking lock on a folder (``flock`` on the folder's own descriptor; no lock file).
+
+    Args:
+        folder: an existing folder.
+        flag: how messages name it (``--out``).
+
+    Raises:
+        ProCapError: another process holds the lock.
+    """
+
+    def __init__(self, folder: str | os.PathLike, flag: str = "--out") -> None:
+        self.folder, self.flag = Path(folder), flag
+        self._fd: int | None = None
+
+    def __enter__(self) -> Self:
+        fd = os.open(self.folder, os.O_RDONLY)
+        if not try_exclusive_flock(fd):
+            os.close(fd)
+            raise ProCapError(
+                f"{self.flag} {self.folder} is in use by another procap run; wait for it to finish "
+                "or choose another folder."
+            )
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
 _HOLDER_CHARS = 300  # how much of a holder's command line a refusal quotes
 
 

@@ -49,7 +49,7 @@ from procap.config import VIEWPOINTS
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
 from procap.errors import ProCapError
-from procap.files import atomic_write_json, make_parents, remove_empty, signals_deferred, writing
+from procap.files import RunFolderLock, atomic_write_json, make_parents, remove_empty, signals_deferred, writing
 from procap.json_files import read_json
 
 logger = logging.getLogger(__name__)
@@ -461,8 +461,6 @@ def generate(
     validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED)
     validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
     check_viewpoint(viewpoint)
-
-    from procap.train.run_guard import RunFolderLock
 
     root = Path(out_dir)
     created: list[Path] = []

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from procap.errors import ProCapError
 from procap.files import (
     OutputError,
+    RunFolderLock,
     atomic_write_text,
     make_parents,
     refuse_inputs,
@@ -43,7 +44,7 @@ from procap.train import distributed
 from procap.train.config import MAX_STEPS, TrainConfig
 from procap.train.datasets import EpochBatchSampler
 from procap.train.run_folder import MARKER, RunFolder, run_files
-from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
+from procap.train.run_guard import StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
 from procap.train.state import (
     capture_rng_state,

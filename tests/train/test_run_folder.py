@@ -101,7 +101,7 @@ def test_an_interrupted_overwrite_leaves_the_old_run(stage1_run, train_pairs, vo
 
 
 def test_a_replacement_refused_at_its_start_leaves_nothing_beside_the_run(stage1_run, train_pairs, vocab):
-    from procap.train.run_guard import RunFolderLock
+    from procap.files import RunFolderLock
     from procap.train.stage1 import pretrain
 
     before = _contents(stage1_run)

@@ -16,10 +16,11 @@ import pytest
 
 from procap.checkpoint import read_checkpoint_metadata
 from procap.errors import ProCapError
+from procap.files import RunFolderLock
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog
-from procap.train.run_guard import RunFolderLock, StopRequests, TrainingInterrupted
+from procap.train.run_guard import StopRequests, TrainingInterrupted
 from tests.support import small_training_config
 
 
