@@ -354,16 +354,21 @@ class PixelCNN(nn.Module):
 
     def __init__(self, channels: int, cell: int) -> None:
         super().__init__()
-        self.layers = nn.Sequential(
-            nn.Conv2d(3, channels, cell, stride=cell),
-            nn.GELU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
-            nn.GELU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
-        )
+        self.layers = nn.Sequential(*down_to_latent_grid(3, channels, cell))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.layers(images * 2 - 1)
+
+
+def down_to_latent_grid(inputs: int, channels: int, cell: int) -> list[nn.Module]:
+    """A convolution with the latent cell as kernel and stride, then two 3 x 3 on the latent grid, GELU between."""
+    return [
+        nn.Conv2d(inputs, channels, cell, stride=cell),
+        nn.GELU(),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.GELU(),
+        nn.Conv2d(channels, channels, 3, padding=1),
+    ]
 
 
 class ImageEncoder(nn.Module):
@@ -379,13 +384,7 @@ class ImageEncoder(nn.Module):
         super().__init__()
         first = max(8, channels // 2)
         self.layers = nn.Sequential(
-            nn.Conv2d(3, first, 3, padding=1),
-            nn.GELU(),
-            nn.Conv2d(first, channels, cell, stride=cell),
-            nn.GELU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
-            nn.GELU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.Conv2d(3, first, 3, padding=1), nn.GELU(), *down_to_latent_grid(first, channels, cell)
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
