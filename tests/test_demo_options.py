@@ -93,16 +93,23 @@ def test_resume_reads_back_finished_seeds_and_trains_the_rest(tmp_path):
     assert "resume" in again["phases_s"] and "resume" not in first["phases_s"]
 
 
-def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
-    from procap.commands.demo_pipeline import FULL, MODELS, finished_reports, stage_configs
+def _write_finished_seed(folder, configs):
+    """A seed's four evaluated runs as the demo leaves them (without checkpoints), trained with ``configs``."""
+    from procap.commands.demo_pipeline import MODELS
 
-    configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
     for name, _ in MODELS:
-        run = tmp_path / name
+        run = folder / name
         run.mkdir()
         (run / "metrics.json").write_text(json.dumps({"accuracy": {"change": 0.5}}))
         (run / "results.json").write_text(json.dumps([{"image_id": "a", "caption": "no change"}]))
         (run / "stage2_config.json").write_text(json.dumps(configs[name].resolved().to_dict()))
+
+
+def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
+    from procap.commands.demo_pipeline import FULL, MODELS, finished_reports, stage_configs
+
+    configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
+    _write_finished_seed(tmp_path, configs)
     reports = finished_reports(tmp_path, configs)
     assert set(reports) == {name for name, _ in MODELS}
     assert reports["procap"]["predictions"] == {"a": "no change"} and reports["procap"]["accuracy"]["change"] == 0.5
@@ -131,12 +138,7 @@ def test_resume_refuses_a_finished_seed_of_another_model_design(tmp_path):
     from procap.model.procap import ProCap
 
     configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
-    for name, _ in MODELS:
-        run = tmp_path / name
-        run.mkdir()
-        (run / "metrics.json").write_text(json.dumps({"accuracy": {"change": 0.5}}))
-        (run / "results.json").write_text(json.dumps([{"image_id": "a", "caption": "no change"}]))
-        (run / "stage2_config.json").write_text(json.dumps(configs[name].resolved().to_dict()))
+    _write_finished_seed(tmp_path, configs)
     vocab = Vocabulary.build(["the small red cube moved", "no change"])
     today = get_preset(PRESET, vocab_size=len(vocab))
     save_checkpoint(tmp_path / "procap" / "best.safetensors", ProCap(today), vocab)
