@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from procap.checkpoint import load_checkpoint
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.fast import Captioner
+from procap.loading.checkpoint import load_checkpoint
 from procap.model.decoder import EOS_ID, PAD_ID
 from procap.model.procap import ProCap
 

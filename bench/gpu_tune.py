@@ -221,7 +221,7 @@ class TuneSession:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
-        from procap.config import get_preset
+        from procap.core.config import get_preset
         from procap.model.procap import ProCap
 
         self.args, self.device = args, torch.device("cuda")
@@ -247,8 +247,8 @@ class TuneSession:
         import torch
         from torch.utils.flop_counter import FlopCounterMode
 
-        from procap.attention import use_backend
         from procap.fast import Captioner
+        from procap.kernels.attention import use_backend
 
         counter = Captioner(
             self.model, None, device=self.device, dtype=torch.float32, max_len=STEPS + 1, batch_sizes=(1,),

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import Self
 
-from procap.validate import device_index
+from procap.core.validate import device_index
 
 # Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import device_info, synchronize
 
-from procap.attention import BACKENDS, attention, unavailable_reason
+from procap.kernels.attention import BACKENDS, attention, unavailable_reason
 
 # name -> (B, H, Lq, Lk, Dh, causal)
 GPU_SHAPES = {

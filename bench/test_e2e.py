@@ -32,9 +32,9 @@ import torch
 from conftest import device_info, synchronize
 from telemetry import PAPER_A40_TPS, GPUTelemetry, count_flops, mfu, peak_flops
 
-from procap.attention import select_backend, use_backend
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.fast import Captioner
+from procap.kernels.attention import select_backend, use_backend
 from procap.model.decoder import PAD_ID
 from procap.model.procap import ProCap
 

@@ -13,7 +13,7 @@ import torch
 from conftest import bandwidth_info, device_info, time_op
 
 from procap import kernels
-from procap.config import MaskingConfig
+from procap.core.config import MaskingConfig
 from procap.model.masking import sample_mask_params
 
 # name -> (B, T, H, W, D)

@@ -27,7 +27,7 @@ import torch
 from conftest import device_info, time_op
 from telemetry import count_flops
 
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.fast import Captioner
 from procap.fast.bucket import Bucket
 from procap.model.procap import ProCap

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from procap import kernels
-from procap.config import ProCapConfig, get_preset
+from procap.core.config import ProCapConfig, get_preset
 from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig

@@ -119,7 +119,7 @@ def recording(arch: int = 90) -> Iterator[list[tuple[Any, dict]]]:
 
 
 def _preset_configs() -> list[Any]:
-    from procap.config import PRESETS
+    from procap.core.config import PRESETS
 
     return list(PRESETS.values())
 

@@ -2,7 +2,7 @@
 
 Contract. The procedure sequence holds T = k + 2 frames of H x W visual tokens, flattened frame-major and row-major
 (N = T * H * W). Per sample one scheme is drawn (:data:`ENTIRE`, :data:`RANDOM_PATCH`, :data:`IN_BLOCK`,
-:data:`OUT_OF_BLOCK`, in ``procap.config.MASKING_SCHEMES`` order); all randomness is drawn up front into
+:data:`OUT_OF_BLOCK`, in ``procap.core.config.MASKING_SCHEMES`` order); all randomness is drawn up front into
 :class:`MaskParams` (``procap.model.masking.sample_mask_params``), so every implementation computes the same mask::
 
     out[b, n] = where(mask[b, n], e_m, x[b, n]) + ((pos_frame[t] + pos_row[h]) + pos_col[w])      (fp32, cast to x)
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from procap.config import MASKING_SCHEMES
+from procap.core.config import MASKING_SCHEMES
 from procap.kernels import _ext
 from procap.kernels._common import round_to_bf16_rne
 from procap.kernels.dispatch import (

@@ -1,5 +1,5 @@
 import sys
 
-from procap.cli import main
+from procap.commands.cli import main
 
 sys.exit(main())

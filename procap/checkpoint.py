@@ -1,63 +1,12 @@
-"""ProCap checkpoints without pickle: model weights, config and vocabulary in one safetensors file.
+"""``procap.checkpoint``, the documented name of ``procap.loading.checkpoint`` (level 4): importing either gives the same module.
 
-The format is the model's own, :mod:`procap.model.checkpoint_file`: it builds whichever model class it is handed, so
-``ProCap.from_pretrained`` reads it from below. This module is that format for the library's callers, with
-:func:`load_checkpoint` naming :class:`~procap.model.procap.ProCap`; it sits above the model for that reason alone.
+The library imports ``procap.loading.checkpoint``; this file only keeps the public name. The star import is for type checkers;
+at run time the module below replaces this one, so its state (and a test's patch of it) is shared, not copied.
 """
 
-from __future__ import annotations
+import sys
 
-from pathlib import Path
-from typing import Any
+from procap.loading import checkpoint as _module
+from procap.loading.checkpoint import *
 
-import torch
-
-from procap.data import Vocabulary
-from procap.model.checkpoint_file import (
-    CAPTIONING_STAGES,
-    FORMAT,
-    FORMAT_VERSION,
-    check_stage_can_caption,
-    read_checkpoint,
-    read_checkpoint_metadata,
-    recorded_stage,
-    save_checkpoint,
-    vocab_from_dict,
-    vocab_to_dict,
-)
-from procap.model.procap import ProCap
-
-__all__ = [
-    "CAPTIONING_STAGES",
-    "FORMAT",
-    "FORMAT_VERSION",
-    "check_can_caption",
-    "load_checkpoint",
-    "read_checkpoint_metadata",
-    "save_checkpoint",
-    "vocab_from_dict",
-    "vocab_to_dict",
-]
-
-
-def load_checkpoint(
-    path: Path | str, map_location: str | torch.device = "cpu"
-) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
-    """``(ProCap, vocab, metadata)`` from a checkpoint written by :func:`save_checkpoint`:
-    :func:`procap.model.checkpoint_file.read_checkpoint` with the model class named."""
-    return read_checkpoint(ProCap, path, map_location)
-
-
-def check_can_caption(metadata: dict[str, Any], source: str | Path) -> None:
-    """Refuse a checkpoint whose recorded stage cannot caption; one without a recorded stage passes.
-
-    A model loaded by hand carries the same record, and :meth:`ProCap.generate` refuses it too.
-
-    Args:
-        metadata: the decoded metadata of :func:`load_checkpoint` or :func:`procap.hub.load_pretrained`.
-        source: how the message names the checkpoint (its path or Hub name).
-
-    Raises:
-        ProCapError: the checkpoint records a stage that does not train the caption decoder.
-    """
-    check_stage_can_caption(recorded_stage(metadata), source)
+sys.modules[__name__] = _module

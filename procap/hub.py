@@ -1,43 +1,12 @@
-"""The Hub layer's face of the model: :func:`load_pretrained`, a ProCap and its vocabulary from any name a
-pretrained model can have (a folder, a checkpoint file, ``hf://owner/repo[@revision]``, ``owner/repo``).
+"""``procap.hub``, the documented name of ``procap.loading.hub`` (level 4): importing either gives the same module.
 
-The pretrained folder and its reading are the model's own (:mod:`procap.model.pretrained`, what
-``ProCap.from_pretrained`` runs), and carrying files to and from the Hub is :mod:`procap.hub_files`; this module wraps
-that reading with :class:`~procap.model.procap.ProCap` named, for callers that want the vocabulary and the
-checkpoint's metadata beside the model (``Captioner.from_pretrained``).
+The library imports ``procap.loading.hub``; this file only keeps the public name. The star import is for type checkers;
+at run time the module below replaces this one, so its state (and a test's patch of it) is shared, not copied.
 """
 
-from __future__ import annotations
+import sys
 
-from pathlib import Path
-from typing import Any
+from procap.loading import hub as _module
+from procap.loading.hub import *
 
-import torch
-
-from procap.data import Vocabulary
-from procap.model.pretrained import read_pretrained
-from procap.model.procap import ProCap
-
-
-def load_pretrained(
-    name_or_path: str | Path,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-    map_location: str | torch.device = "cpu",
-    *,
-    token: str | bool | None = None,
-    force_download: bool = False,
-) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
-    """``(ProCap, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``:
-    :func:`procap.model.pretrained.read_pretrained` with the model class named."""
-    return read_pretrained(
-        ProCap,
-        name_or_path,
-        revision,
-        cache_dir,
-        local_files_only,
-        map_location,
-        token=token,
-        force_download=force_download,
-    )
+sys.modules[__name__] = _module

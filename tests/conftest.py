@@ -59,7 +59,7 @@ TRAIN_PAIRS = 24
 
 
 def tiny_config():
-    from procap.config import get_preset
+    from procap.core.config import get_preset
 
     """The ``tiny`` preset shrunk further: 32 px images (8 x 8 latents, 4 x 4 tokens), one encoder layer, 16-token captions."""
     vqgan = dataclasses.asdict(get_preset("tiny").vqgan) | {"resolution": 32}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.config import VQGANConfig, get_preset
+from procap.core.config import VQGANConfig, get_preset
 from procap.kernels import _ext
 from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID
 
@@ -337,7 +337,7 @@ def _peak_rss() -> int:
 # -- the demo ------------------------------------------------------------------------------------------------------
 def micro_demo_budget():
     """A ``procap demo`` budget of a few steps per phase: enough for weights to move, seconds to run."""
-    from procap.commands.demo_pipeline import DemoBudget
+    from procap.experiments.demo import DemoBudget
 
     return DemoBudget(
         scenes=24,

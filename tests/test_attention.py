@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from procap import attention as attn_mod
-from procap.attention import (
+from procap.kernels import attention as attn_mod
+from procap.kernels.attention import (
     BACKENDS,
     BackendUnavailableError,
     attention,

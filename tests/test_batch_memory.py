@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from procap import batch_memory
-from procap.cli import main
-from procap.config import get_preset
-from procap.errors import ProCapError
+from procap.commands.cli import main
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
+from procap.train import batch_memory
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +17,9 @@ def bench(tmp_path_factory) -> dict[str, Path]:
     """A 20-scene synthetic benchmark at 16 px and a one-layer checkpoint trained on nothing."""
     from test_cli_bad_inputs import _small_model
 
-    from procap.checkpoint import save_checkpoint
     from procap.data import load_split
     from procap.data.synthetic import generate
+    from procap.loading.checkpoint import save_checkpoint
     from procap.train.common import build_vocab
 
     root = tmp_path_factory.mktemp("batch_memory")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules whose code runs inside the captured encoder pass or decoding step (and the kernels they launch).
-CAPTURED_PACKAGES = ("procap/model", "procap/fast", "procap/attention.py", "kernels")
+CAPTURED_PACKAGES = ("procap/model", "procap/fast", "procap/kernels/attention.py", "kernels")
 # (file, function) pairs that index with a list outside any capture, each with why.
 OUTSIDE_CAPTURE = {
     ("procap/model/procap.py", "without_procedure_queries"): "copies a state dict once, before any Captioner exists",

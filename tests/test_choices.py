@@ -1,4 +1,4 @@
-"""The command line offers exactly the choices the library accepts: each list is written once, in procap.config."""
+"""The command line offers exactly the choices the library accepts: each list is written once, in procap.core.config."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import pytest
 import torch
 
-from procap import config
-from procap.cli import build_parser
+from procap.commands.cli import build_parser
+from procap.core import config
 from procap.data.datasets import SPLITS
 
 # (command, flag) -> the library's list of allowed values

@@ -5,7 +5,7 @@ traceback, and no file created, changed or removed anywhere in the workspace or 
 categories are: missing / directory / empty / corrupt / wrong type / out of range / unwritable output /
 existing output (a file where a folder goes, or the reverse, or a non-empty dataset folder) / output is an input
 (the same file, a link to it, or a place inside a folder the command reads) / disk full (the operating system
-refuses the write mid-run, played by a file-size limit). A command added to ``procap.cli.COMMANDS`` fails
+refuses the write mid-run, played by a file-size limit). A command added to ``procap.commands.cli.COMMANDS`` fails
 :func:`test_every_command_is_in_the_table` until its cases are added here. The same table, by category, is in
 docs/errors.md.
 
@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.cli import COMMANDS, build_parser, main
+from procap.commands.cli import COMMANDS, build_parser, main
 
 KINDS = (
     "missing",
@@ -439,7 +439,7 @@ def _partial_cache(root: Path) -> None:
 
 
 def _small_model(vocab_size: int):
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from procap.model.procap import ProCap
     from tests.support import small_vqgan_config
 
@@ -519,8 +519,8 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from procap.checkpoint import save_checkpoint
     from procap.data import load_split
+    from procap.loading.checkpoint import save_checkpoint
     from procap.train.common import build_vocab
     from procap.train.vqgan_train import save_vqgan
 

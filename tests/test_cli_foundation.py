@@ -10,9 +10,9 @@ import sys
 import pytest
 from safetensors import SafetensorError
 
-from procap.cli import main
+from procap.commands.cli import main
+from procap.core.files import OutputError
 from procap.data import Vocabulary
-from procap.files import OutputError
 
 
 def test_help_lists_the_subcommands(capsys):

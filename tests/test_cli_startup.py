@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procap.cli import COMMANDS
+from procap.commands.cli import COMMANDS
 from tests.support import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ HEAVY = ("torch", "torchvision", "cv2", "h5py")
 
 PROBE = """
 import sys
-from procap.cli import main
+from procap.commands.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:

@@ -26,7 +26,7 @@ def echo_phases(monkeypatch, capsys) -> None:
     The quick demo takes minutes; under ``pytest -q`` a captured run shows nothing until it ends. Each phase line
     is printed as the demo prints it (into the capture the test reads) and once more with capture suspended.
     """
-    from procap.commands.demo_pipeline import Clock
+    from procap.experiments.demo import Clock
 
     original = Clock.phase
 
@@ -39,7 +39,7 @@ def echo_phases(monkeypatch, capsys) -> None:
 
 
 def test_phase_lines_reach_the_terminal(monkeypatch, capsys):
-    from procap.commands.demo_pipeline import Clock
+    from procap.experiments.demo import Clock
 
     echo_phases(monkeypatch, capsys)
     shown = []
@@ -71,7 +71,7 @@ class _Recording:
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path, capsys, monkeypatch):
-    from procap.cli import main
+    from procap.commands.cli import main
 
     echo_phases(monkeypatch, capsys)  # minutes of work: the phases show on the terminal even under -q
     start = time.perf_counter()
@@ -148,10 +148,10 @@ def identical_pair_verdicts(out, count: int = 12) -> list[bool]:
     """Whether the demo's ProCap says "no change" for each of ``count`` test images given as both before and after."""
     import dataclasses
 
-    from procap.checkpoint import load_checkpoint
     from procap.data.datasets import load_split
     from procap.eval.correctness import parse_caption
     from procap.eval.split import caption_pairs
+    from procap.loading.checkpoint import load_checkpoint
 
     pairs = load_split("clevr-change", out / "data", "test")
     befores = list({p.before_path: p for p in pairs}.values())[:count]

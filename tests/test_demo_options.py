@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from procap.checkpoint import read_checkpoint_metadata
-from procap.commands.demo_pipeline import aggregate, format_failures, run_demo
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.experiments.demo import aggregate, format_failures, run_demo
+from procap.loading.checkpoint import read_checkpoint_metadata
 from tests.support import micro_demo_budget
 
 
@@ -62,7 +62,7 @@ def test_the_failure_table_shows_each_kind_with_its_spread():
 
 
 def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_path):
-    from procap.commands.demo_pipeline import FULL, stage_configs
+    from procap.experiments.demo import FULL, stage_configs
 
     budget = dataclasses.replace(micro_demo_budget(), stage2_lr=1e-3, stage2_encoder_lr=2e-4)
     configs = stage_configs(budget, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
@@ -95,7 +95,7 @@ def test_resume_reads_back_finished_seeds_and_trains_the_rest(tmp_path):
 
 def _write_finished_seed(folder, configs):
     """A seed's four evaluated runs as the demo leaves them (without checkpoints), trained with ``configs``."""
-    from procap.commands.demo_pipeline import MODELS
+    from procap.experiments.demo import MODELS
 
     for name, _ in MODELS:
         run = folder / name
@@ -106,7 +106,7 @@ def _write_finished_seed(folder, configs):
 
 
 def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
-    from procap.commands.demo_pipeline import FULL, MODELS, finished_reports, stage_configs
+    from procap.experiments.demo import FULL, MODELS, finished_reports, stage_configs
 
     configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
     _write_finished_seed(tmp_path, configs)
@@ -131,10 +131,10 @@ def test_resume_refuses_a_finished_seed_trained_with_other_settings(tmp_path):
 def test_resume_refuses_a_finished_seed_of_another_model_design(tmp_path):
     # The settings name the preset; its departures changed with issue 54 (the learned front end), so a seed trained
     # before would be averaged with one trained after unless the model itself is compared.
-    from procap.checkpoint import save_checkpoint
-    from procap.commands.demo_pipeline import FULL, MODELS, PRESET, finished_reports, stage_configs
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from procap.data import Vocabulary
+    from procap.experiments.demo import FULL, MODELS, PRESET, finished_reports, stage_configs
+    from procap.loading.checkpoint import save_checkpoint
     from procap.model.procap import ProCap
 
     configs = stage_configs(FULL, tmp_path, tmp_path / "data", 0, "cpu", False, 0, tmp_path)
@@ -150,8 +150,8 @@ def test_resume_refuses_a_finished_seed_of_another_model_design(tmp_path):
 
 
 def test_the_full_demo_defaults_to_viewpoint_change_and_the_quick_one_to_none():
-    from procap.cli import build_parser
-    from procap.commands.demo_pipeline import FULL, QUICK
+    from procap.commands.cli import build_parser
+    from procap.experiments.demo import FULL, QUICK
 
     assert (FULL.viewpoint, QUICK.viewpoint) == ("distractor", "none")
     assert build_parser().parse_args(["demo"]).viewpoint is None  # resolved from the budget by run_demo
@@ -172,7 +172,7 @@ def test_resume_refuses_a_benchmark_of_another_viewpoint_before_writing(tmp_path
 
 
 def test_cli_resume_with_another_viewpoint_is_one_sentence(tmp_path, capsys):
-    from procap.cli import main
+    from procap.commands.cli import main
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "scenes.json").write_text(json.dumps({"scenes": [], "viewpoint": "none"}))

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from procap.commands import demo_pipeline
-from procap.commands.demo_pipeline import (
+from procap.experiments import demo as demo_pipeline
+from procap.experiments.demo import (
     MODELS,
     Clock,
     SideBySideMonitor,
@@ -21,7 +21,15 @@ from procap.commands.demo_pipeline import (
     _live_log,
     describe_parallelism,
 )
+from procap.core.logs import console_logging
 from procap.train.config import TrainConfig
+
+
+@pytest.fixture(autouse=True)
+def _console():
+    """The demo logs its lines; the command line shows them through its console handler, as here."""
+    with console_logging():
+        yield
 
 
 def _configs(tmp_path) -> dict[str, TrainConfig]:
@@ -98,12 +106,11 @@ def test_the_summary_says_how_the_runs_shared_the_machine(threads, jobs, expecte
     assert describe_parallelism({"threads": threads, "jobs": jobs}) == expected
 
 
-def test_the_summary_line_uses_it(capsys, monkeypatch):
+def test_the_summary_line_uses_it(monkeypatch):
     monkeypatch.setattr(demo_pipeline, "format_table", lambda results, metrics: "table")
     monkeypatch.setattr(demo_pipeline, "format_failures", lambda results: "failures")
     summary = {"threads": 3, "jobs": 3, "total_s": 12.0, "phases_s": {"stage1": 2.0}}
-    demo_pipeline.print_summary({}, [], [], summary, None)
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = demo_pipeline.summary_text({}, [], [], summary, None).strip().splitlines()[-1]
     assert (
         last == "total 12 s, stage 2 as 3 processes x 1 thread side by side (the rest on 3 threads); phases: stage1 2s"
     )

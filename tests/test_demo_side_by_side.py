@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from procap.commands.demo_pipeline import MODELS, default_jobs, run_demo
+from procap.experiments.demo import MODELS, default_jobs, run_demo
 from tests.support import micro_demo_budget
 
 MICRO = micro_demo_budget()

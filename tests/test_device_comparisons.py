@@ -1,4 +1,4 @@
-"""Devices are compared one way: through ``procap.validate.same_device``, never with ``==`` / ``!=``.
+"""Devices are compared one way: through ``procap.core.validate.same_device``, never with ``==`` / ``!=``.
 
 ``torch.device("cuda") != torch.device("cuda:0")`` although a tensor made on ``cuda`` lives on ``cuda:0``; an
 equality test of devices is right on the CPU and wrong on every GPU, so CI (CPU only) cannot catch it by running
@@ -57,7 +57,7 @@ def _sources() -> list[Path]:
 
 def test_no_device_is_compared_with_equality():
     found = [f"{path.relative_to(ROOT)}:{line}" for path in _sources() for line in device_comparisons(path.read_text())]
-    assert not found, f"compare devices with procap.validate.same_device, not ==/!=: {found}"
+    assert not found, f"compare devices with procap.core.validate.same_device, not ==/!=: {found}"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""procap.files: atomic writes leave no temporary file and give the result an ordinary file mode; operating-system
+"""procap.core.files: atomic writes leave no temporary file and give the result an ordinary file mode; operating-system
 failures name the output; inputs of a running command are never overwritten."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 import pytest
 from safetensors import SafetensorError
 
-from procap.errors import ProCapError
-from procap.files import (
+from procap.core.errors import ProCapError
+from procap.core.files import (
     OutputError,
     atomic_write,
     atomic_write_json,
@@ -146,7 +146,7 @@ def _read_fifo(path, into: list) -> threading.Thread:
 
 def test_an_output_that_is_a_pipe_is_written_through_not_replaced(tmp_path):
     """A rename onto a named pipe or a device (``--out /dev/stdout``, ``/dev/null``) replaced it with a file."""
-    from procap.files import atomic_write_text, is_stream
+    from procap.core.files import atomic_write_text, is_stream
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -165,7 +165,7 @@ def test_an_output_that_is_a_pipe_is_written_through_not_replaced(tmp_path):
 def test_score_out_to_a_pipe(tmp_path, capsys):
     import json
 
-    from procap.cli import main
+    from procap.commands.cli import main
 
     (tmp_path / "p.json").write_text(json.dumps({"p1": "the cube moved"}))
     (tmp_path / "r.json").write_text(json.dumps({"p1": ["the cube moved"]}))
@@ -183,7 +183,7 @@ def test_score_out_to_a_pipe(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["a" * 250 + ".json", "é" * 125 + ".txt", "b" * 242], ids=["255", "254 utf-8", "242"])
 def test_a_legal_name_up_to_the_limit_is_written(tmp_path, name):
     """Temporary names were the output's plus 14 bytes: a legal 242-255-byte name failed after the work was done."""
-    from procap.files import name_limit, temp_prefix
+    from procap.core.files import name_limit, temp_prefix
 
     assert len(name.encode()) <= name_limit(tmp_path)
     target = tmp_path / name
@@ -198,7 +198,7 @@ def test_a_legal_name_up_to_the_limit_is_written(tmp_path, name):
 def test_a_checkpoint_under_a_255_byte_name_is_written(tmp_path):
     import torch
 
-    from procap.weights import atomic_save_tensors, read_tensors
+    from procap.core.weights import atomic_save_tensors, read_tensors
 
     target = tmp_path / ("c" * 243 + ".safetensors")
     atomic_save_tensors(target, {"w": torch.ones(2)})

@@ -20,11 +20,11 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.cli import main
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
+from procap.core.hub_files import parse_hub_path
 from procap.data import Vocabulary
-from procap.errors import ProCapError
-from procap.hub import load_pretrained
-from procap.hub_files import parse_hub_path
+from procap.loading.hub import load_pretrained
 from procap.model.procap import ProCap
 from tests.support import small_config
 
@@ -104,8 +104,15 @@ def test_the_model_alone_loads_a_pretrained_folder(pretrained):
     """``ProCap.from_pretrained`` with only the model imported: the folder format sits below the model, and nothing
     of the levels above it (docs/architecture.md) is loaded on the way."""
     _, vocab, folder = pretrained
-    above = ("procap.hub", "procap.checkpoint", "procap.procedure", "procap.convert", "procap.eval", "procap.train")
-    above += ("procap.fast", "procap.batch_memory", "procap.viz", "procap.commands", "procap.cli")
+    above = (
+        "procap.loading.hub",
+        "procap.loading.checkpoint",
+        "procap.procedure",
+        "procap.convert",
+        "procap.eval",
+        "procap.train",
+    )
+    above += ("procap.fast", "procap.train.batch_memory", "procap.viz", "procap.commands", "procap.commands.cli")
     script = "\n".join(
         [
             "import sys",
@@ -297,7 +304,7 @@ def test_the_cards_python_snippet_runs_as_written(pretrained, offline_hub, tmp_p
 
 
 def test_the_card_names_the_latent_grid_not_the_token_grid(tmp_path):
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from procap.model.pretrained import model_card
 
     config = get_preset("tiny")
@@ -380,7 +387,7 @@ def test_cli_hub_flags_and_the_hf_prefix_hint(pretrained, tmp_path, monkeypatch,
 def test_a_huggingface_hub_older_than_the_extra_asks_is_named(offline_hub, monkeypatch):
     import huggingface_hub
 
-    from procap.hub_files import MIN_HUB_VERSION
+    from procap.core.hub_files import MIN_HUB_VERSION
 
     tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml without a package")
 

@@ -1,4 +1,4 @@
-"""The one JSON / YAML reader (procap/json_files.py): a key given twice is refused wherever the package reads.
+"""The one JSON / YAML reader (procap/core/json_files.py): a key given twice is refused wherever the package reads.
 
 The last test keeps it the only one: no other module of the package parses JSON or YAML itself.
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from procap.errors import ProCapError
-from procap.json_files import DuplicateKeyError, parse_json, parse_yaml, read_json
+from procap.core.errors import ProCapError
+from procap.core.json_files import DuplicateKeyError, parse_json, parse_yaml, read_json
 
 PACKAGE = Path(__file__).resolve().parents[1] / "procap"
 
@@ -71,7 +71,7 @@ def test_no_module_but_json_files_parses_json_or_yaml():
         if path.name != "json_files.py"
         for line, call in _parsing_calls(ast.parse(path.read_text(encoding="utf-8")))
     ]
-    assert offenders == [], "read through procap.json_files (read_json / parse_json / parse_yaml): " + ", ".join(
+    assert offenders == [], "read through procap.core.json_files (read_json / parse_json / parse_yaml): " + ", ".join(
         offenders
     )
 
@@ -101,9 +101,9 @@ def _config_file(path: Path) -> None:
     ids=["json", "config", "yaml config", "json lines", "csv"],
 )
 def test_a_text_file_over_the_ceiling_is_refused_from_its_size(tmp_path, monkeypatch, name, text, read):
-    import procap.json_files
+    import procap.core.json_files
 
-    monkeypatch.setattr(procap.json_files, "MAX_TEXT_BYTES", 4096)
+    monkeypatch.setattr(procap.core.json_files, "MAX_TEXT_BYTES", 4096)
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     assert path.stat().st_size > 4096
@@ -117,7 +117,7 @@ def test_a_text_file_over_the_ceiling_is_refused_from_its_size(tmp_path, monkeyp
 
 
 def test_the_bounded_read_still_reads_files_under_the_ceiling(tmp_path):
-    from procap.json_files import MAX_TEXT_BYTES, read_bytes
+    from procap.core.json_files import MAX_TEXT_BYTES, read_bytes
 
     path = tmp_path / "ok.json"
     path.write_text('{"a": [1, 2]}', encoding="utf-8")

@@ -28,6 +28,18 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # would permit the upward edge only; it may never close a loop (test_no_import_goes_round_a_loop).
 EXCEPTIONS: set[tuple[str, str]] = set()
 
+# The package root holds only these modules (the package itself, the one version, ``python -m procap``) and the
+# public names; every other module sits in a folder that is one row of the table.
+ROOT_MODULES = {"procap", "procap._version", "procap.__main__"}
+# Public names kept at the root, each the module it hands over: ``procap.config`` is ``procap.core.config``.
+PUBLIC_NAMES = {
+    "procap.config": "procap.core.config",
+    "procap.errors": "procap.core.errors",
+    "procap.attention": "procap.kernels.attention",
+    "procap.checkpoint": "procap.loading.checkpoint",
+    "procap.hub": "procap.loading.hub",
+}
+
 
 def level_table(text: str) -> dict[str, int]:
     """``{module or package: level}`` from the rows ``| <level> | <name> | `procap.x`, ... |`` of the layer table."""
@@ -303,7 +315,7 @@ def test_the_check_catches_upward_imports(table):
     assert violations("procap.model.fake", typing_only, table)  # an annotation reaching up is still reaching up
     assert violations("procap.unplaced", "", table)
     assert not violations("procap.train.fake", "from procap.model.procap import ProCap\nfrom . import loop\n", table)
-    assert not violations("procap.cli", "from procap import __version__\n", table)
+    assert not violations("procap.commands.cli", "from procap import __version__\n", table)
 
 
 def test_the_check_catches_an_upward_import_planted_in_a_linked_kernel(tmp_path, table):
@@ -325,6 +337,38 @@ def test_the_check_catches_an_upward_import_planted_in_a_linked_kernel(tmp_path,
     graph = import_graph({module: path.read_text() for module, path in files.items()}, ["procap.kernels"])
     loops = [describe_loop(loop, graph) for loop in import_cycles(graph)]
     assert loops == ["procap.kernels.vq:5 -> procap.model.procap:1 -> procap.kernels.vq"]
+
+
+def test_a_modules_folder_is_its_level(table):
+    """Each row of the table is a folder of the package (bar the root modules and the public names), and the root
+    holds nothing else: a file's level is read from its path."""
+    files = package_files()
+    for name in table:
+        if name in ROOT_MODULES or name in PUBLIC_NAMES:
+            continue
+        assert name.count(".") == 1 and files[name].name == "__init__.py", f"table row {name} is not a top folder"
+    at_root = {module for module, path in files.items() if path.parent == PACKAGE and path.name != "__init__.py"}
+    assert at_root | {"procap"} == ROOT_MODULES | set(PUBLIC_NAMES)
+
+
+def test_the_public_names_are_the_modules_they_name(table):
+    import importlib
+
+    for public, real in PUBLIC_NAMES.items():
+        assert importlib.import_module(public) is importlib.import_module(real)
+        assert level_of(public, table) == level_of(real, table), public
+
+
+def test_the_library_imports_real_paths_not_public_names():
+    """Inside the package a public name is never imported: its level would be read from the wrong row."""
+    found = []
+    for module, path in package_files().items():
+        if module in PUBLIC_NAMES:
+            continue
+        for target, line in imported_modules(module, path.read_text(encoding="utf-8"), path.name == "__init__.py"):
+            if target in PUBLIC_NAMES:
+                found.append(f"{module}:{line} imports {target} (import {PUBLIC_NAMES[target]})")
+    assert not found, "\n".join(found)
 
 
 def test_the_loop_finder_on_a_small_graph():

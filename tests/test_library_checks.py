@@ -19,14 +19,14 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from procap.attention import select_backend
-from procap.checkpoint import load_checkpoint, save_checkpoint
-from procap.commands.demo_pipeline import run_demo
+from procap.core.errors import ProCapError
+from procap.core.json_files import parse_json
 from procap.data import Vocabulary
-from procap.errors import ProCapError
 from procap.eval.metrics import score
+from procap.experiments.demo import run_demo
 from procap.fast import Captioner
-from procap.json_files import parse_json
+from procap.kernels.attention import select_backend
+from procap.loading.checkpoint import load_checkpoint, save_checkpoint
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.distributed import env_context, launched_by_torchrun
@@ -262,7 +262,7 @@ def _declaring_safetensors(path, shape: list[int], stored: int) -> None:
     ("shape", "stored"), [([16384, 16384], 4), ([16384, 16384], 0), ([2**40], 8)], ids=["4 bytes", "none", "2**40"]
 )
 def test_a_safetensors_file_cannot_declare_more_than_it_holds(tmp_path, shape, stored):
-    from procap.weights import read_header, read_tensors
+    from procap.core.weights import read_header, read_tensors
     from tests.support import PeakMemory
 
     path = tmp_path / "w.safetensors"

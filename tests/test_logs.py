@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from procap.cli import build_parser, log_level, main
-from procap.logs import LOGGER_NAME, TO_STDOUT, console_logging
+from procap.commands.cli import build_parser, log_level, main
+from procap.core.logs import LOGGER_NAME, TO_STDOUT, console_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 # The command line and its commands print their results (captions, tables, `procap info`); nothing else may.
-COMMAND_LAYER = (ROOT / "procap" / "cli.py", ROOT / "procap" / "commands")
+COMMAND_LAYER = (ROOT / "procap" / "commands",)
 # A module run with `python -m` (tools such as kernels/compile_check.py) prints its report from its main function.
 PROGRAM_ENTRY_POINTS = {"main", "_main"}
 
@@ -112,9 +112,9 @@ def caption_inputs(tmp_path_factory) -> argparse.Namespace:
     """A one-pair benchmark at 16 px and an untrained one-layer checkpoint."""
     from test_cli_bad_inputs import _small_model
 
-    from procap.checkpoint import save_checkpoint
     from procap.data import load_split
     from procap.data.synthetic import generate
+    from procap.loading.checkpoint import save_checkpoint
     from procap.train.common import build_vocab
 
     root = tmp_path_factory.mktemp("logs")

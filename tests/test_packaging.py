@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import procap
-from procap.cli import main
-from procap.errors import ProCapError
-from procap.extras import DISTRIBUTION, EXTRA_OF_MODULE, missing_extra_message, require
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
+from procap.core.extras import DISTRIBUTION, EXTRA_OF_MODULE, missing_extra_message, require
 from tests.support import subprocess_env
 
 tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml without a package")
@@ -27,7 +27,9 @@ PROJECT = PYPROJECT["project"]
 
 def test_the_distribution_is_not_the_unrelated_procap_and_keeps_the_command():
     assert PROJECT["name"] == DISTRIBUTION == "procap-torch"
-    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {"procap": "procap.cli:main"}
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {
+        "procap": "procap.commands.cli:main"
+    }
     assert (ROOT / "procap" / "py.typed").is_file()
 
 
@@ -68,7 +70,7 @@ def test_the_version_is_written_once():
 
 def test_the_version_is_answered_without_importing_torch():
     # Building the parser imports every command and torch with them (2.5-3 s); --version must not pay for that.
-    probe = "import sys; from procap.cli import main; main(['--version']); print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('procap.commands')))"
+    probe = "import sys; from procap.commands.cli import main; main(['--version']); print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('procap.commands')))"
     env = subprocess_env()
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=True

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from procap.checkpoint import check_can_caption, load_checkpoint, save_checkpoint, vocab_from_dict
-from procap.cli import main
-from procap.errors import ProCapError
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
 from procap.fast import Captioner
+from procap.loading.checkpoint import check_can_caption, load_checkpoint, save_checkpoint, vocab_from_dict
 from procap.model.procap import ProCap
 from tests.support import small_training_config
 

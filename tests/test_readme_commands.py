@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from procap.cli import main
+from procap.commands.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY_MODEL = {
@@ -44,10 +44,10 @@ def _readme_block() -> list[list[str]]:
 
 def _demo_layout(root: Path) -> None:
     """runs/demo/{data, vqgan/vqgan.safetensors, procap/best.safetensors} as `procap demo` writes them."""
-    from procap.checkpoint import save_checkpoint
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from procap.data import load_split
     from procap.data.synthetic import generate
+    from procap.loading.checkpoint import save_checkpoint
     from procap.model.procap import ProCap
     from procap.train.common import build_vocab
     from procap.train.vqgan_train import save_vqgan

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from procap.cli import build_parser, main
+from procap.commands.cli import build_parser, main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -39,10 +39,10 @@ def _demo_stand_in(root: Path) -> None:
     """runs/demo/{data, procap/best.safetensors} as the demo writes them, the model small and untrained."""
     import torch
 
-    from procap.checkpoint import save_checkpoint
     from procap.data import load_split
     from procap.data.domain import TRAINED_ON, training_domain
     from procap.data.synthetic import generate
+    from procap.loading.checkpoint import save_checkpoint
     from procap.model.procap import ProCap
     from procap.train.common import build_vocab
     from tests.support import small_config, small_vqgan_config
@@ -92,8 +92,8 @@ def test_caption_your_own_images_runs_as_written(tmp_path, monkeypatch, capsys):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
     _run(convert, capsys)
-    from procap.checkpoint import read_checkpoint_metadata
     from procap.data.domain import TRAINED_ON
+    from procap.loading.checkpoint import read_checkpoint_metadata
 
     record = read_checkpoint_metadata(convert[convert.index("--out") + 1])["extra"][TRAINED_ON]
     assert (record["dataset"], record["synthetic"], record["source_image_size"]) == ("clevr-change", False, [480, 320])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from procap.config import PRESETS, get_preset
+from procap.core.config import PRESETS, get_preset
 from procap.model.procap import ProCap, count_parameters
 
 README = Path(__file__).resolve().parents[1] / "README.md"

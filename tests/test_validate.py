@@ -1,4 +1,4 @@
-"""procap.validate: the checks every command makes before it starts (one sentence naming the file or argument)."""
+"""procap.core.validate: the checks every command makes before it starts (one sentence naming the file or argument)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from procap import validate
-from procap.errors import ProCapError
+from procap.core import validate
+from procap.core.errors import ProCapError
 
 
 def test_input_paths(tmp_path):
@@ -136,7 +136,7 @@ def test_a_refused_write_names_the_output_not_the_temporary_file(tmp_path, monke
     import json
     import tempfile
 
-    from procap.cli import main
+    from procap.commands.cli import main
 
     (tmp_path / "pred.json").write_text(json.dumps([{"image_id": "a", "caption": "the cube moved"}]))
     (tmp_path / "refs.json").write_text(json.dumps({"a": ["the cube moved"]}))
@@ -160,9 +160,9 @@ def test_cpu_with_an_index_is_the_cpu(tmp_path, capsys):
     from PIL import Image
     from test_cli_bad_inputs import _small_model
 
-    from procap.checkpoint import save_checkpoint
-    from procap.cli import main
+    from procap.commands.cli import main
     from procap.data.vocab import Vocabulary
+    from procap.loading.checkpoint import save_checkpoint
 
     assert validate.device("cpu:0") == torch.device("cpu") == validate.canonical_device("cpu:0")
     vocab = Vocabulary(["the", "cube", "moved"])

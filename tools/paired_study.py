@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from procap.commands.demo_pipeline import format_paired, paired_from_folder
-from procap.errors import ProCapError
-from procap.files import atomic_write_json
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_json
+from procap.experiments.demo import format_paired, paired_from_folder
 
 
 def main(folders: list[str]) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 
 
 def changed_share(before: Path, after: Path, tolerance: int) -> float:

@@ -1,1 +1,1 @@
-"""CLI subcommands, one module each (see procap.cli)."""
+"""CLI subcommands, one module each (see procap.commands.cli)."""

@@ -10,10 +10,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from procap import validate
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
-from procap.config import COMPUTE_DTYPES, MAX_BEAMS
-from procap.errors import ProCapError
+from procap.core import validate
+from procap.core.config import COMPUTE_DTYPES, MAX_BEAMS
+from procap.core.errors import ProCapError
 
 if TYPE_CHECKING:
     from procap.fast.caption_file import CaptionFile
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 def decoding_settings(args: argparse.Namespace, checkpoint: Path) -> dict[str, Any]:
     """The options that change a caption, keyed by flag, as ``--out``'s settings record them: ``--max-len`` as the
     captioner will use it (the checkpoint's own when not given), ``--length-penalty`` only where beams rank by it."""
-    from procap.batch_memory import checkpoint_config
+    from procap.train.batch_memory import checkpoint_config
 
     max_len = args.max_len
     if max_len is None:
@@ -155,7 +155,7 @@ def decoding_settings(args: argparse.Namespace, checkpoint: Path) -> dict[str, A
 def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
     """``{"file", "bytes", "sha256"}`` of the weights: a hash, so that retrained weights under the same name are
     told apart and the same weights moved elsewhere are not (about a second per GB, once per run)."""
-    from procap.files import sha256_of
+    from procap.core.files import sha256_of
 
     return {"file": str(checkpoint.resolve()), "bytes": checkpoint.stat().st_size, "sha256": sha256_of(checkpoint)}
 
@@ -173,7 +173,7 @@ def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: C
     if not todo:
         logger.info("%s already holds the captions of all %d pairs.", args.out, len(pairs))
         return 0
-    from procap.batch_memory import check_checkpoint_batch
+    from procap.train.batch_memory import check_checkpoint_batch
 
     # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)
     device = validate.device(args.device)

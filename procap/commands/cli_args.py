@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from procap.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap.core.config import LR_DECAYS, PRESETS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap.core.errors import ProCapError, shown
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
-from procap.errors import ProCapError, shown
 from procap.train.config import INTEGER_BOUNDS, SELECT_METRICS, STAGE_DEFAULTS, TrainConfig, map_paths
 
 logger = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
 # Keys of <out>/<stage>_config.json that record facts of the run rather than options.
 RUN_FACTS = ("data_parallel",)
 
-# Allowed ranges of the numeric flags (keyword arguments of procap.validate.number); absent flags are not checked.
+# Allowed ranges of the numeric flags (keyword arguments of procap.core.validate.number); absent flags are not checked.
 FLAG_BOUNDS: dict[str, dict[str, float]] = {
     **INTEGER_BOUNDS,  # the integers' ranges are TrainConfig's (steps, epochs, --grad-accum, ... with their ceilings)
     "dist_timeout": {"above": 0},
@@ -245,7 +245,7 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag in range and every path usable, before anything is loaded or written."""
-    from procap import validate
+    from procap.core import validate
 
     if args.preset not in PRESETS:
         raise ProCapError(f"unknown preset {args.preset!r}; choose one of: {', '.join(sorted(PRESETS))}")
@@ -284,7 +284,7 @@ def check_args(args: argparse.Namespace) -> None:
 def check_init_preset(init: str, preset: str) -> None:
     """A run from ``--init`` trains the checkpoint's model: a ``--preset`` naming another model was ignored with
     exit 0 (``train --init tiny.safetensors --preset clevr`` trained the tiny model)."""
-    from procap.batch_memory import checkpoint_config
+    from procap.train.batch_memory import checkpoint_config
 
     config = checkpoint_config(init)
     if config is not None and config.name != preset:
@@ -308,8 +308,8 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
         ProCapError: unreadable file, a key given twice, not a mapping, another stage's config, or keys that are
             no TrainConfig field.
     """
-    from procap import validate
-    from procap.json_files import parse_json, parse_yaml, read_bytes
+    from procap.core import validate
+    from procap.core.json_files import parse_json, parse_yaml, read_bytes
 
     path = validate.input_file(path, "--config file")
     source = f"--config file {path}"
@@ -405,8 +405,8 @@ def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | No
         config = TrainConfig.from_args(stage, args)
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
-    from procap.batch_memory import check_training_batch
-    from procap.extras import require_all
+    from procap.core.extras import require_all
+    from procap.train.batch_memory import check_training_batch
 
     require_all(config.optional_packages(), f"procap {stage}")  # a missing extra fails now, not at a validation
     if stage == "train":

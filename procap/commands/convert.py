@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 
 HELP = "Convert the authors' released ProCap checkpoint into a procap checkpoint (no pickled code runs)."
 SOURCES = ("authors",)
@@ -36,11 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap import validate
-    from procap.checkpoint import save_checkpoint
     from procap.convert import convert_authors_checkpoint
+    from procap.core import validate
+    from procap.core.hub_files import parse_hub_path, resolve_file
     from procap.data.domain import TRAINED_ON, describe_domain, domain_record
-    from procap.hub_files import parse_hub_path, resolve_file
+    from procap.loading.checkpoint import save_checkpoint
 
     out = Path(args.out)
     validate.output_file(out, "--out")  # before the (slow) conversion or a download: nothing is written on a bad --out

@@ -1,13 +1,13 @@
 """`procap demo`: synthetic benchmark -> VQGAN -> stage 1 -> stage 2; the four cells of the paper's 2 x 2 ablation
 (stage 1 or not, procedure queries or not: ProCap, ProCap without stage 1, the stage-1 static pair and the static
-pair) compared on caption metrics and correctness (the pipeline: procap/commands/demo_pipeline.py)."""
+pair) compared on caption metrics and correctness (the pipeline: procap/experiments/demo.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from procap.config import DEMO_PROCEDURES, VIEWPOINTS
+from procap.core.config import DEMO_PROCEDURES, VIEWPOINTS
 
 HELP = "Run the whole pipeline on the embedded synthetic benchmark: ProCap and its 2 x 2 ablation compared."
 
@@ -81,12 +81,12 @@ def demo_packages(procedures: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.extras import require_all
+    from procap.core.extras import require_all
 
     require_all(demo_packages(args.procedures), "procap demo")  # before the pipeline's imports: the first second
-    from procap import validate
-    from procap.commands.demo_pipeline import MAX_SEEDS, MODELS, run_demo
-    from procap.viz.report import REPORT_NAME
+    from procap.core import validate
+    from procap.experiments.demo import MAX_SEEDS, MODELS, run_demo
+    from procap.experiments.report import REPORT_NAME
 
     validate.number(args.seeds, "--seeds", minimum=1, maximum=MAX_SEEDS)
     # the runs use seeds seed .. seed + seeds - 1

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
-from procap.config import ABLATABLE_PARTS, MAX_BEAMS
+from procap.core.config import ABLATABLE_PARTS, MAX_BEAMS
 from procap.eval.metrics import METRICS_SPELLING_HELP
 
 logger = logging.getLogger(__name__)
@@ -72,23 +72,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from procap import validate
-    from procap.checkpoint import check_can_caption, load_checkpoint
+    from procap.core import validate
     from procap.eval.split import evaluate_model
+    from procap.loading.checkpoint import check_can_caption, load_checkpoint
 
     metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
     validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
     device = validate.device(args.device)
-    from procap.hub_files import parse_hub_path
+    from procap.core.hub_files import parse_hub_path
 
     checkpoint = checkpoint_file(args)
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
     out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
     split_pairs, pairs = _pairs_to_evaluate(args)
-    from procap.batch_memory import check_checkpoint_batch
+    from procap.train.batch_memory import check_checkpoint_batch
 
     what = f"{args.split} pairs"
     args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _checked_metrics(args: argparse.Namespace) -> list[str] | None:
     """The metrics ``--metrics`` names (None: the default set), refused now if this machine cannot compute one."""
-    from procap.errors import ProCapError
+    from procap.core.errors import ProCapError
     from procap.eval.metrics import metric_names, unavailable_metrics
 
     try:
@@ -148,8 +148,8 @@ def _checked_metrics(args: argparse.Namespace) -> list[str] | None:
 
 def _pairs_to_evaluate(args: argparse.Namespace) -> tuple[list, list]:
     """The split's pairs and the first ``--max-pairs`` of them, the ones evaluated (never none)."""
+    from procap.core.errors import ProCapError
     from procap.data import load_split
-    from procap.errors import ProCapError
 
     split_pairs = load_split(args.dataset, args.data, args.split)
     pairs = split_pairs[: args.max_pairs] if args.max_pairs else split_pairs
@@ -165,7 +165,7 @@ def _generator(args: argparse.Namespace, model, vocab, device):
     memory missing those parts) or a Captioner over ``model``."""
     import torch
 
-    from procap.errors import ProCapError
+    from procap.core.errors import ProCapError
     from procap.model.decoding import decoding_strategy
 
     if args.ablate:

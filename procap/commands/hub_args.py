@@ -27,6 +27,6 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checkpoint_file(args: argparse.Namespace, what: str = "--ckpt") -> Path:
     """The local ``.safetensors`` file behind ``args.ckpt``, downloaded with the Hub flags when it is ``hf://``."""
-    from procap.hub_files import resolve_checkpoint
+    from procap.core.hub_files import resolve_checkpoint
 
     return resolve_checkpoint(args.ckpt, what, token=args.hf_token, force_download=args.force_download)

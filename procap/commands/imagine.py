@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 
 HELP = "Decode the procedure a checkpoint's encoder imagines between two images into a before | frames | after strip."
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--out {out} must end in one of {', '.join(IMAGE_SUFFIXES)}")
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
-    from procap import validate
+    from procap.core import validate
 
     checkpoint = checkpoint_file(args, "checkpoint file")
     for image in (args.before, args.after):
@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     device_name = validate.device(args.device) if args.device else "cpu"
     import torch
 
-    from procap.checkpoint import load_checkpoint
+    from procap.core.files import atomic_write
     from procap.data.images import load_image
-    from procap.files import atomic_write
+    from procap.loading.checkpoint import load_checkpoint
     from procap.viz.figures import check_imaginable, imagine
 
     device = torch.device(device_name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from procap.config import PRESETS, get_preset
-from procap.errors import ProCapError
+from procap.core.config import PRESETS, get_preset
+from procap.core.errors import ProCapError
 
 HELP = "Show a model preset's configuration and parameter counts."
 

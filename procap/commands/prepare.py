@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from procap.config import FRAME_SIMILARITIES, GENERATED_FRAME_COUNTS
+from procap.core.config import FRAME_SIMILARITIES, GENERATED_FRAME_COUNTS
 from procap.data.datasets import DATASETS, SPLITS
 
 HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ codes in HDF5."
@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Ranges, paths and flag combinations, before anything is loaded or written."""
-    from procap import validate
-    from procap.errors import ProCapError
+    from procap.core import validate
+    from procap.core.errors import ProCapError
 
     validate.number(args.workers, "--workers", minimum=1, maximum=validate.MAX_WORKERS)
     validate.number(args.limit, "--limit", minimum=1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from procap.config import GENERATED_FRAME_COUNTS, KEYFRAME_SAMPLING
+from procap.core.config import GENERATED_FRAME_COUNTS, KEYFRAME_SAMPLING
+from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS
-from procap.errors import ProCapError
 
 HELP = "Draw a training pair's explicit procedure: interpolated frames, confidence bars, sampled keyframes outlined."
 
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Paths, ranges and flag combinations, before anything is loaded or written."""
-    from procap import validate
     from procap.commands.imagine import IMAGE_SUFFIXES
+    from procap.core import validate
 
     validate.input_dir(args.data, "--data")
     out = Path(args.out)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from procap.commands.imagine import image_format
-    from procap.files import atomic_write
+    from procap.core.files import atomic_write
     from procap.viz.figures import explicit_procedure, flat_scores_note
 
     pair, split = find_pair(args.dataset, args.data, args.pair)

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procap import validate
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
-from procap.config import COMPUTE_DTYPES
+from procap.core import validate
+from procap.core.config import COMPUTE_DTYPES
 
 # Each profiled batch adds its events to the trace held in memory and written as one JSON file.
 MAX_PROFILED_STEPS = 1000
@@ -84,7 +84,7 @@ def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
 
 def _export_trace(prof, out_dir: Path) -> Path:
     """Write the Chrome trace through a temporary file in ``out_dir`` and move it into place."""
-    from procap.files import atomic_write
+    from procap.core.files import atomic_write
 
     return atomic_write(out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json", prof.export_chrome_trace)
 
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.max_len, "--max-len", minimum=2)
     validate.device(args.device)
     checkpoint = checkpoint_file(args)
-    from procap.batch_memory import check_checkpoint_batch
+    from procap.train.batch_memory import check_checkpoint_batch
 
     check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")
     if not args.no_trace:

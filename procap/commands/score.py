@@ -12,8 +12,8 @@ import argparse
 import json
 import logging
 
+from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS, SPLITS
-from procap.errors import ProCapError
 from procap.eval.metrics import METRICS_SPELLING_HELP
 
 logger = logging.getLogger(__name__)
@@ -84,10 +84,10 @@ def _check_ids(predictions: dict[str, str], references: dict[str, list[str]], pr
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap import validate
+    from procap.core import validate
+    from procap.core.files import atomic_write_json
+    from procap.core.json_files import read_json
     from procap.eval.metrics import check_type_names, format_table, metric_names, paper_scale, read_predictions, score
-    from procap.files import atomic_write_json
-    from procap.json_files import read_json
 
     try:
         metrics = metric_names(args.metrics)

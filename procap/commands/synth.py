@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from procap.config import VIEWPOINTS
-from procap.errors import ProCapError
+from procap.core.config import VIEWPOINTS
+from procap.core.errors import ProCapError
 
 HELP = "Generate the synthetic CLEVR-like change-captioning benchmark (CLEVR-Change layout)."
 
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap import validate
+    from procap.core import validate
     from procap.data.synthetic import MAX_SCENES, MAX_SIZE, generate
 
     validate.number(args.scenes, "--scenes", minimum=1, maximum=MAX_SCENES)

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap import validate
+    from procap.core import validate
     from procap.data import Vocabulary, load_split
     from procap.data.vocab import SPECIALS, tokenize
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if len(vocab) == len(SPECIALS):  # every caption would encode as [UNK]: a model could learn no word
         from collections import Counter
 
-        from procap.errors import ProCapError
+        from procap.core.errors import ProCapError
 
         counts = Counter(w for c in captions for w in tokenize(c) if w not in SPECIALS)
         most = f"the most frequent word occurs {counts.most_common(1)[0][1]} times" if counts else "it has no words"

@@ -15,7 +15,7 @@ could otherwise set attributes on our own functions or classes).
 
 Every size the archive states is bounded before memory is taken for it, so a small file cannot make the reader
 allocate much more than the file holds: the entries together may expand to at most
-:data:`procap.weights.MAX_EXPANSION` times the archive's size (``torch.save`` stores entries uncompressed; a deflated
+:data:`procap.core.weights.MAX_EXPANSION` times the archive's size (``torch.save`` stores entries uncompressed; a deflated
 zip bomb declares far more), a tensor may hold no more elements than its storage (only overlapping strides, such as
 stride 0, could), and the tensors rebuilt from the storages may take at most :data:`MAX_REBUILT_PER_STORED` times
 the bytes of the storages read (tied weights rebuild one storage twice).
@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from procap.errors import ProCapError
-from procap.weights import check_zip_expansion
+from procap.core.errors import ProCapError
+from procap.core.weights import check_zip_expansion
 
 
 class UnsafeCheckpointError(ProCapError):

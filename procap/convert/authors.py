@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from procap.config import ProCapConfig, VQGANConfig
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, load_archive
 from procap.convert.clip import CLIP_BLOCK_KEYS, clip_heads, encoder_layer_tensors
+from procap.core.config import ProCapConfig, VQGANConfig
+from procap.core.errors import ProCapError
+from procap.core.weights import check_shapes, load_weights
 from procap.data import Vocabulary
-from procap.errors import ProCapError
 from procap.model.procap import ProCap
-from procap.weights import check_shapes, load_weights
 
 IG = "intermediate_generator."
 VAE = IG + "vae.model."

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from procap.convert.archive import TORCHSCRIPT_GLOBALS, ScriptModule, load_archive
-from procap.errors import ProCapError
-from procap.weights import read_tensors
+from procap.core.errors import ProCapError
+from procap.core.weights import read_tensors
 
 CLIP_HEAD_DIM = 64
 
@@ -218,7 +218,7 @@ def clip_config_overrides(clip: ClipBlocks, config: Any = None) -> dict[str, Any
 
     Args:
         clip: the blocks.
-        config: the :class:`procap.config.ProCapConfig` to be overridden; when given, its encoder sizes are
+        config: the :class:`procap.core.config.ProCapConfig` to be overridden; when given, its encoder sizes are
             checked against the blocks first (:func:`check_fits`).
     """
     if config is not None:

@@ -12,9 +12,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from procap.core.errors import ProCapError
 from procap.data.loaders import load_clevr_change, load_image_editing_request, load_levir_cc, load_spot_the_diff
 from procap.data.records import ChangePair
-from procap.errors import ProCapError
 
 SPLITS = ("train", "val", "test")
 _CLEVR_ID = re.compile(r"^CLEVR_(semantic|nonsemantic)_(\d+)\.png$")
@@ -33,7 +33,7 @@ class DatasetSpec:
         encoder_lr: the paper's stage-2 encoder learning rate.
         change_types: the change types its pairs carry (empty when the benchmark has none).
         nested_scores: its similarity score file nests entries under ``<group prefix>_sim_matrixes``.
-        paper_preset: the model preset trained on it in the paper (``procap.config.PRESETS``); training from
+        paper_preset: the model preset trained on it in the paper (``procap.core.config.PRESETS``); training from
             scratch without ``--preset`` uses it.
         source_image_size: ``(width, height)`` of its images as published, when they all share one (None when
             they vary); ``procap convert --dataset`` records it for the out-of-domain check

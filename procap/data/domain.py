@@ -22,7 +22,7 @@ images' size nor whether they were synthetic, nothing is said. Otherwise an imag
 
 The check sees sizes and EXIF only: a photograph already resized to the training size, with its EXIF stripped,
 passes unnoticed. Identical before and after images are legal input and never warned about. The warning is an
-:class:`~procap.errors.OutOfDomainWarning`; :class:`procap.fast.Captioner` gives it once.
+:class:`~procap.core.errors.OutOfDomainWarning`; :class:`procap.fast.Captioner` gives it once.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS
 from procap.data.images import open_image
-from procap.errors import ProCapError
 
 TRAINED_ON = "trained_on"  # the key of the record in a checkpoint's ``extra`` metadata
 SIZE_FACTOR = 2.0  # a side this many times larger or smaller than the training images' is far from them

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from procap.errors import ProCapError
-from procap.validate import input_file
+from procap.core.errors import ProCapError
+from procap.core.validate import input_file
 
 # Pillow guards against decompression bombs (about 89.5 M pixels, ~9459 x 9459 by default); this variable overrides it.
 MAX_PIXELS_ENV = "PROCAP_MAX_IMAGE_PIXELS"

@@ -17,10 +17,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from procap.core.errors import ProCapError
+from procap.core.json_files import read_json
+from procap.core.validate import input_dir
 from procap.data.records import ChangePair
-from procap.errors import ProCapError
-from procap.json_files import read_json
-from procap.validate import input_dir
 
 
 def _require_dir(path: Path, what: str) -> Path:

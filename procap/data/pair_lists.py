@@ -15,9 +15,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from procap import validate
-from procap.errors import ProCapError
-from procap.json_files import parse_json, read_bytes
+from procap.core import validate
+from procap.core.errors import ProCapError
+from procap.core.json_files import parse_json, read_bytes
 
 LIST_FORMATS = (".csv", ".jsonl")
 SIDES = ("before", "after")

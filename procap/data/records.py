@@ -1,4 +1,4 @@
-"""The common record every loader returns (data files are read by :func:`procap.json_files.read_json`)."""
+"""The common record every loader returns (data files are read by :func:`procap.core.json_files.read_json`)."""
 
 from __future__ import annotations
 

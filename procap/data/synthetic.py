@@ -44,13 +44,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from procap import validate
-from procap.config import VIEWPOINTS
+from procap.core import validate
+from procap.core.config import VIEWPOINTS
+from procap.core.errors import ProCapError
+from procap.core.files import RunFolderLock, atomic_write_json, make_parents, remove_empty, signals_deferred, writing
+from procap.core.json_files import read_json
 from procap.data.datasets import DATASETS
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES, DrawItem, View, render_items
-from procap.errors import ProCapError
-from procap.files import RunFolderLock, atomic_write_json, make_parents, remove_empty, signals_deferred, writing
-from procap.json_files import read_json
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from procap.errors import ProCapError
-from procap.files import atomic_write_json
-from procap.json_files import read_json
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_json
+from procap.core.json_files import read_json
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
 PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procap.core.json_files import read_json
 from procap.data.render import COLORS, MATERIALS, SHAPES, SIZES
-from procap.json_files import read_json
 
 CHANGE_TYPES = ("color", "material", "add", "drop", "move")
 NO_CHANGE = "no_change"

@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from procap.core.errors import ProCapError
+from procap.core.extras import require
+from procap.core.files import atomic_write_json
+from procap.core.json_files import read_json
 from procap.data.vocab import tokenize
-from procap.errors import ProCapError
-from procap.extras import require
-from procap.files import atomic_write_json
-from procap.json_files import read_json
 
 # The one metric-name table: display name -> (pycocoevalcap scorer, its result key). Any common spelling of a name
 # (BLEU-4, bleu, Bleu_4, BLEU-1, ROUGE-L, rouge_l, CIDEr, CIDEr-D, cider, METEOR, SPICE, ...) resolves through

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.eval.correctness import PairTruth, parse_caption
 
 # figure -> (which pairs count, whether a prediction is right about that pair)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from procap.core.files import atomic_write_json, commit_unit
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy
 from procap.eval.metrics import (
@@ -20,7 +21,6 @@ from procap.eval.metrics import (
     score,
     write_results,
 )
-from procap.files import atomic_write_json, commit_unit
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -146,7 +146,7 @@ def write_evaluation(
     out: Path, predictions: dict[str, str], report: dict[str, Any], pairs: Sequence[Any] | None = None
 ) -> None:
     """Write ``results.json``, ``metrics.json`` and, given ``pairs``, their ``references.json`` under ``out`` as one
-    unit (:func:`procap.files.commit_unit`): a full disk at the second file left new predictions beside the old
+    unit (:func:`procap.core.files.commit_unit`): a full disk at the second file left new predictions beside the old
     scores, and a kill between them does no longer either. ``metrics.json``, which scores the others, goes last."""
 
     def write(staging: Path) -> None:

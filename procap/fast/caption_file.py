@@ -7,10 +7,10 @@ paths, absolute, are the pair's id: resuming skips every pair already in the fil
 
 Three rules keep the file one run's work:
 
-- **One writer.** The file is locked for the run (:class:`procap.files.OutputLock`, ``.<name>.lock`` beside it):
+- **One writer.** The file is locked for the run (:class:`procap.core.files.OutputLock`, ``.<name>.lock`` beside it):
   two runs on one file wrote up to 192 of 200 pairs twice, both with exit 0.
 - **Replaced whole.** ``overwrite`` writes the new file in a staging folder beside the old one and moves it into
-  place when complete (:func:`procap.files.commit_staged`): it truncated the old file at its first batch, and a
+  place when complete (:func:`procap.core.files.commit_staged`): it truncated the old file at its first batch, and a
   run killed then left 4 of 200 rows. What a killed replacement leaves is deleted by the next run on the file.
 - **One checkpoint and one decoding.** The checkpoint (its size and SHA-256) and the decoding settings the rows
   were captioned with are kept in ``.<name>.settings.json`` beside the file (neither JSON Lines nor CSV has room
@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tqdm import tqdm
 
-from procap import validate
-from procap.data.pair_lists import pair_key
-from procap.errors import ProCapError
-from procap.files import (
+from procap.core import validate
+from procap.core.errors import ProCapError
+from procap.core.files import (
     UNIT_STAGING,
     OutputError,
     OutputLock,
@@ -50,7 +49,8 @@ from procap.files import (
     remove_empty,
     writing,
 )
-from procap.json_files import parse_json, read_bytes, read_json
+from procap.core.json_files import parse_json, read_bytes, read_json
+from procap.data.pair_lists import pair_key
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from procap import validate
-from procap.attention import BACKENDS
-from procap.checkpoint import check_can_caption, load_checkpoint
+from procap.core import validate
+from procap.core.errors import OutOfDomainWarning, ProCapError, shown
 from procap.data.domain import batch_facts, domain_problem, read_domain
-from procap.errors import OutOfDomainWarning, ProCapError, shown
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
 from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
-from procap.hub import load_pretrained
+from procap.kernels.attention import BACKENDS
+from procap.loading.checkpoint import check_can_caption, load_checkpoint
+from procap.loading.hub import load_pretrained
 from procap.model.decoding import DecodingStrategy, decoding_strategy
 
 if TYPE_CHECKING:
@@ -79,13 +79,13 @@ def _checked_device(device: torch.device | str | None) -> torch.device:
 
 def _check_batch_sizes(batch_sizes: Any, config: Any, device: torch.device) -> None:
     """Positive integers, and none larger than the command line's ``--batch-size`` may be on ``device``
-    (:func:`procap.batch_memory.check_batch`): on CUDA a batch is padded to its bucket, and the buffers of
+    (:func:`procap.train.batch_memory.check_batch`): on CUDA a batch is padded to its bucket, and the buffers of
     ``batch_sizes=[1, 10**8]`` were taken for two pairs."""
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
         raise ProCapError(f"batch_sizes must be a sequence of positive integers, got {shown(batch_sizes)}")
     for size in batch_sizes:
         validate.integer(size, "each of batch_sizes", minimum=1)
-    from procap.batch_memory import check_batch  # here: it imports the training modules
+    from procap.train.batch_memory import check_batch  # here: it imports the training modules
 
     check_batch(config, max(batch_sizes), "inference", device, flag="batch_sizes")
 
@@ -139,7 +139,7 @@ class Captioner:
             whole pipeline as one function per bucket, lean decoding, the channels-last fused VQGAN, device-side
             pixel statistics) with only the graph capture replaced by running the same function eagerly.
             :attr:`settings` holds what was resolved.
-        attention_backend: ``procap.attention`` backend for encoder and decoder, set on the model once here
+        attention_backend: ``procap.kernels.attention`` backend for encoder and decoder, set on the model once here
             (``auto``: the fastest available for the device and dtype).
         copy_model: deep-copy ``model`` before casting it (False for a model nobody else holds).
         cudnn_benchmark: let cuDNN time its convolution algorithms (VQGAN) while the Captioner runs on CUDA;
@@ -168,7 +168,7 @@ class Captioner:
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
     read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
     synthetic model given 640 x 480 photographs) the Captioner warns once, with an
-    :class:`~procap.errors.OutOfDomainWarning`, and captions them all the same; set ``domain = None`` to silence it.
+    :class:`~procap.core.errors.OutOfDomainWarning`, and captions them all the same; set ``domain = None`` to silence it.
 
     Example:
         >>> captioner = Captioner.from_checkpoint("runs/clevr/best.safetensors")
@@ -238,7 +238,7 @@ class Captioner:
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         **kwargs: Any,
     ) -> Captioner:
-        """Load a checkpoint written by :func:`procap.checkpoint.save_checkpoint` (no pickle) and wrap it."""
+        """Load a checkpoint written by :func:`procap.loading.checkpoint.save_checkpoint` (no pickle) and wrap it."""
         _checked_device(device)  # before the file is read
         model, vocab, metadata = load_checkpoint(path)
         check_can_caption(metadata, path)
@@ -261,7 +261,7 @@ class Captioner:
         **kwargs: Any,
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
-        (:func:`procap.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only;
+        (:func:`procap.loading.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only;
         ``token`` for a private or gated repo, ``force_download`` to fetch again what the cache holds)."""
         _checked_device(device)  # before anything is read or downloaded
         model, vocab, metadata = load_pretrained(
@@ -498,7 +498,7 @@ class Captioner:
         return [self.model.caption_text(self.vocab, row) for row in tokens]
 
     def _check_domain(self, befores: Any, afters: Any) -> None:
-        """Warn once (:class:`~procap.errors.OutOfDomainWarning`) when images are far from the training domain.
+        """Warn once (:class:`~procap.core.errors.OutOfDomainWarning`) when images are far from the training domain.
 
         The rule is :func:`procap.data.domain.domain_problem`: sizes before the resize, and a camera's EXIF given to a
         synthetic-scene model. Paths are read for their header only; after one warning nothing more is read.

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from procap.core.errors import ProCapError
 from procap.data import load_image
 from procap.data.images import require_pixels, to_tensor
-from procap.errors import ProCapError
 
 ImageLike = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from procap.attention import select_backend
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.kernels.attention import select_backend
 from procap.model.decoding import DecodingStrategy, Greedy
 
 DEVICE_TYPES = ("cpu", "cuda")  # the device types whose configuration the Captioner knows

@@ -20,7 +20,7 @@ Their greedy decoding (:func:`authors_greedy_decode`, the oracle) runs every ste
 :class:`AuthorsCaptionDecoder` is a :class:`procap.model.decoder.CachedDecoder` like the paper's decoder: the base
 owns ``setup_caches``, ``prefill``, ``decode_step`` and ``generate_cached`` over the same
 :class:`~procap.model.decoder.DecodingState` and :mod:`procap.model.kv_cache` buffers, and this decoder supplies
-``forward_step`` and its pick rule, so ``procap.fast`` captures its step in a CUDA graph unchanged. With a cache its attention goes through :func:`procap.attention.attention`
+``forward_step`` and its pick rule, so ``procap.fast`` captures its step in a CUDA graph unchanged. With a cache its attention goes through :func:`procap.kernels.attention.attention`
 (the query rescaled, since that divides by sqrt(head_dim)); without one it follows the authors' order of
 operations exactly.
 """
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from procap.attention import attention, backend_for_mask
-from procap.config import ProCapConfig
+from procap.core.config import ProCapConfig
 from procap.data.vocab import Vocabulary
+from procap.kernels.attention import attention, backend_for_mask
 from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, DecodingState
 from procap.model.kv_cache import DecoderCache, KVCache
 from procap.model.layers import AttentionProjections, merge_heads, split_heads
@@ -75,19 +75,19 @@ class AuthorsAttention(AttentionProjections):
     """Multi-head attention with bias-free projections and scores divided by sqrt(hidden).
 
     Without a cache, :meth:`forward` follows the authors' order of operations exactly (it is the oracle for
-    parity). With one (cached decoding), it runs :func:`procap.attention.attention` on the same weights.
+    parity). With one (cached decoding), it runs :func:`procap.kernels.attention.attention` on the same weights.
 
     Args:
         dim: hidden size H (also the scale: scores / sqrt(H)).
         heads: number of heads.
         dropout: dropout on the output (training only).
-        backend: :data:`procap.attention.BACKENDS` name of the cached path.
+        backend: :data:`procap.kernels.attention.BACKENDS` name of the cached path.
     """
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, backend: str = "auto") -> None:
         super().__init__(dim, heads, dropout, backend, bias=False)
         self.dim = dim
-        # procap.attention divides scores by sqrt(head_dim); scaling the query by this makes it sqrt(hidden).
+        # procap.kernels.attention divides scores by sqrt(head_dim); scaling the query by this makes it sqrt(hidden).
         self.query_scale = math.sqrt((dim // heads) / dim)
 
     def forward(

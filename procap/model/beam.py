@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from procap.config import MAX_BEAMS
-from procap.errors import ProCapError
+from procap.core.config import MAX_BEAMS
+from procap.core.errors import ProCapError
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID
 
 

@@ -1,15 +1,15 @@
 """The ProCap checkpoint file, without pickle: model weights, config and vocabulary in one safetensors file.
 
 A model checkpoint is one ``.safetensors`` file. Its header metadata (string -> string) carries everything
-needed to rebuild the model: the :class:`~procap.config.ProCapConfig` as JSON, the vocabulary as a JSON
+needed to rebuild the model: the :class:`~procap.core.config.ProCapConfig` as JSON, the vocabulary as a JSON
 word -> index map, the names of tied (shared) tensors, and free-form ``extra`` JSON (step, metrics, and ``trained_on``: the data the
 model was trained on, :mod:`procap.data.domain`; a checkpoint without it loads as one of unknown domain).
 Loading reads tensors and JSON only, so opening an untrusted checkpoint runs no code.
 
 Saving is handed the model and loading the class to build (:func:`read_checkpoint`), so nothing here names
 ``ProCap``: the model's own ``from_pretrained`` reads this file without reaching up a level.
-:mod:`procap.checkpoint` is the same format with ``ProCap`` named, for the library's callers. The file I/O under it
-(atomic writes, tied tensors, shape / kind / finiteness checks) is :mod:`procap.weights`; the resumable training
+:mod:`procap.loading.checkpoint` is the same format with ``ProCap`` named, for the library's callers. The file I/O under it
+(atomic writes, tied tensors, shape / kind / finiteness checks) is :mod:`procap.core.weights`; the resumable training
 state beside a checkpoint is :mod:`procap.train.state`.
 """
 
@@ -25,12 +25,11 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from procap import validate
-from procap.config import ProCapConfig, config_from_dict
-from procap.data import Vocabulary
-from procap.errors import ProCapError
-from procap.json_files import parse_json, read_json
-from procap.weights import (
+from procap.core import validate
+from procap.core.config import ProCapConfig, config_from_dict
+from procap.core.errors import ProCapError
+from procap.core.json_files import parse_json, read_json
+from procap.core.weights import (
     atomic_save_tensors,
     check_file_fits,
     dedupe_shared,
@@ -39,6 +38,7 @@ from procap.weights import (
     read_tensors,
     restore_aliases,
 )
+from procap.data import Vocabulary
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from procap.config import ProCapConfig
+from procap.core.config import ProCapConfig
+from procap.core.validate import same_device
 from procap.data.vocab import Vocabulary
 from procap.model import decoder_step
 from procap.model.kv_cache import DecoderCache, KVCache
 from procap.model.layers import FeedForward, MultiHeadAttention
-from procap.validate import same_device
 
 PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(8)
 NUM_SPECIALS = 8

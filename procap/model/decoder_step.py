@@ -21,7 +21,7 @@ the layers written out op by op take about 60):
 Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
 Attention with an SDPA backend calls ``torch.nn.functional.scaled_dot_product_attention`` with the additive mask
 (PyTorch's kernel choice, or the one ``sdpa_efficient`` / ``sdpa_math`` pins); any other backend goes through
-:func:`procap.attention.attention` with the equivalent bool mask, so the step serves every backend.
+:func:`procap.kernels.attention.attention` with the equivalent bool mask, so the step serves every backend.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from procap import kernels
-from procap.attention import attention, backend_for_mask, select_backend
+from procap.kernels.attention import attention, backend_for_mask, select_backend
 
 if TYPE_CHECKING:
     from procap.model.decoder import CaptionDecoder

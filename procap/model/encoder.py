@@ -10,7 +10,7 @@ assembled by :class:`procap.model.sequence.SequenceAssembly` (masking, axial pos
 ``authors`` prefix), because the mask embedding and the positional tables are model-level parameters.
 
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
-Attention is bidirectional (no mask) and goes through :func:`procap.attention.attention`.
+Attention is bidirectional (no mask) and goes through :func:`procap.kernels.attention.attention`.
 
 Inference forms (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual add
 and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's; the
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
-from procap.config import ProCapConfig
+from procap.core.config import ProCapConfig
 from procap.model.layers import FeedForward, MultiHeadAttention
 
 

@@ -1,7 +1,7 @@
 """Transformer pieces shared by the procedure encoder and the caption decoder.
 
 Attention weights are separate ``q_proj`` / ``k_proj`` / ``v_proj`` / ``out_proj`` Linear layers (taming- and
-checkpoint-compatible names). Every attention call goes through :func:`procap.attention.attention`, the single place
+checkpoint-compatible names). Every attention call goes through :func:`procap.kernels.attention.attention`, the single place
 that runs a backend; each :class:`MultiHeadAttention` holds the backend name it was built with (timm's
 ``fused_attn`` habit), changed for a whole model with ``ProCap.set_attention_backend``.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from procap.attention import BACKENDS, attention, backend_for_mask
+from procap.kernels.attention import BACKENDS, attention, backend_for_mask
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -39,7 +39,7 @@ class AttentionProjections(nn.Module):
         dim: model width D.
         heads: number of heads; D must be divisible by it.
         dropout: dropout on the output projection.
-        backend: :data:`procap.attention.BACKENDS` name; ``auto`` picks the fastest for each device and dtype.
+        backend: :data:`procap.kernels.attention.BACKENDS` name; ``auto`` picks the fastest for each device and dtype.
         bias: whether the four projections have biases.
     """
 
@@ -56,7 +56,7 @@ class AttentionProjections(nn.Module):
         self.set_backend(backend)
 
     def set_backend(self, backend: str) -> None:
-        """Use ``backend`` (one of :data:`procap.attention.BACKENDS`) for every later call."""
+        """Use ``backend`` (one of :data:`procap.kernels.attention.BACKENDS`) for every later call."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
         self.backend = backend

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from procap.config import MaskingConfig
+from procap.core.config import MaskingConfig
 from procap.kernels.masking import MaskParams
 
 

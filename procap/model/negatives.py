@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from procap.config import NEGATIVE_WARPS
+from procap.core.config import NEGATIVE_WARPS
 
 BATCH_FRAME_SWAP, FRAME_SHUFFLE, COLOR_SHIFT, AFFINE = range(len(NEGATIVE_WARPS))
 MAX_ANGLE, MAX_TRANSLATE, MAX_SCALE = 30.0, 0.1, 0.1  # the affine warp's ranges (degrees, fraction, fraction)

@@ -8,7 +8,7 @@ and for people, and loading checks that ``config.json`` agrees with the weights.
 
 :class:`~procap.model.procap.ProCap` inherits :class:`PretrainedMixin`. Nothing here names ``ProCap``: writing is
 handed the model, reading the class to build (the ``cls`` of ``from_pretrained``), and files travel through
-:mod:`procap.hub_files` (level 0), so the model reaches all of it downwards. :func:`procap.hub.load_pretrained` is
+:mod:`procap.core.hub_files` (level 0), so the model reaches all of it downwards. :func:`procap.loading.hub.load_pretrained` is
 :func:`read_pretrained` with ``ProCap`` named.
 """
 
@@ -22,14 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from procap import validate
-from procap.config import ProCapConfig, nest_departures
-from procap.data import DATASETS, Vocabulary
-from procap.data.domain import describe_domain, read_domain
-from procap.errors import ProCapError
-from procap.extras import DISTRIBUTION
-from procap.files import UNIT_COMMITTED, atomic_write_json, atomic_write_text, beside, commit_unit
-from procap.hub_files import (
+from procap.core import validate
+from procap.core.config import ProCapConfig, nest_departures
+from procap.core.errors import ProCapError
+from procap.core.extras import DISTRIBUTION
+from procap.core.files import UNIT_COMMITTED, atomic_write_json, atomic_write_text, beside, commit_unit
+from procap.core.hub_files import (
     CARD_NAME,
     CONFIG_NAME,
     VOCAB_NAME,
@@ -38,7 +36,9 @@ from procap.hub_files import (
     push_folder,
     resolve_checkpoint,
 )
-from procap.json_files import read_json
+from procap.core.json_files import read_json
+from procap.data import DATASETS, Vocabulary
+from procap.data.domain import describe_domain, read_domain
 from procap.model.checkpoint_file import ModelT, read_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def read_pretrained(
 
     The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
     the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else. ``token``
-    and ``force_download`` go to the Hub download (:func:`procap.hub_files.download`).
+    and ``force_download`` go to the Hub download (:func:`procap.core.hub_files.download`).
     """
     weights = resolve_checkpoint(
         name_or_path,
@@ -333,7 +333,7 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
 
 
 class PretrainedMixin(nn.Module):
-    """Hub-style saving and loading of a torch module built from a :class:`~procap.config.ProCapConfig` (its
+    """Hub-style saving and loading of a torch module built from a :class:`~procap.core.config.ProCapConfig` (its
     ``config``); the files and their rules are this module's."""
 
     def save_pretrained(self, directory: str | Path, vocab: Vocabulary | None = None, **card: Any) -> Path:

@@ -34,10 +34,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from procap import validate
-from procap.config import ProCapConfig
+from procap.core import validate
+from procap.core.config import ProCapConfig
+from procap.core.errors import ProCapError
 from procap.data.vocab import Vocabulary
-from procap.errors import ProCapError
 from procap.kernels.masking import MaskParams
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
 from procap.model.checkpoint_file import check_stage_can_caption
@@ -67,7 +67,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
 
     Args:
         config: the architecture.
-        attention_backend: :data:`procap.attention.BACKENDS` name used by the encoder and the decoder
+        attention_backend: :data:`procap.kernels.attention.BACKENDS` name used by the encoder and the decoder
             (default ``auto``: the fastest available per device and dtype); see :meth:`set_attention_backend`.
     """
 

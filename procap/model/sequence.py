@@ -25,14 +25,14 @@ import torch
 from torch import nn
 
 from procap import kernels
-from procap.config import Departures, ProCapConfig
-from procap.errors import ProCapError
+from procap.core.config import Departures, ProCapConfig
+from procap.core.errors import ProCapError
+from procap.core.validate import same_device
 from procap.kernels.masking import MaskParams, axial_positions, mask_from_params
 from procap.model.encoder import ProcedureEncoder, authors_prefix_mask, space_to_depth
 from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
 from procap.model.vqgan import VQGAN
-from procap.validate import same_device
 
 
 class SequenceAssembly(nn.Module):

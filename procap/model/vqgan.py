@@ -29,14 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
-from procap.config import VQGANConfig, config_from_dict
-from procap.errors import ProCapError
-from procap.json_files import parse_json
-from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
-from procap.model.vqgan_fused import FusedVQGANEncoder
-from procap.model.vqgan_memo import FeatureMemo
-from procap.validate import input_file
-from procap.weights import (
+from procap.core.config import VQGANConfig, config_from_dict
+from procap.core.errors import ProCapError
+from procap.core.json_files import parse_json
+from procap.core.validate import input_file
+from procap.core.weights import (
     check_dtypes,
     check_file_fits,
     check_zip_expansion,
@@ -45,6 +42,9 @@ from procap.weights import (
     read_header,
     save_module,
 )
+from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
+from procap.model.vqgan_fused import FusedVQGANEncoder
+from procap.model.vqgan_memo import FeatureMemo
 
 VQGAN_FORMAT = "procap-vqgan"  # the "format" metadata of files written by VQGAN.save
 
@@ -312,7 +312,7 @@ class VQGAN(nn.Module):
     def read_config(cls, path: str | Path) -> VQGANConfig:
         """The :class:`VQGANConfig` of a :meth:`save` file, checked, without reading its weights.
 
-        The configuration is checked against sane bounds (``procap.config.check_config``) and the stored tensor
+        The configuration is checked against sane bounds (``procap.core.config.check_config``) and the stored tensor
         shapes against a model built on the meta device, so a crafted file fails before anything is allocated.
 
         Raises:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
-from procap.attention import attention
+from procap.kernels.attention import attention
 
 
 def group_norm(channels: int) -> nn.GroupNorm:

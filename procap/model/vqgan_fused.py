@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
-from procap.attention import attention
+from procap.kernels.attention import attention
 from procap.model.vqgan_blocks import AttnBlock, ResnetBlock
 
 if TYPE_CHECKING:  # the VQGAN builds this module; importing it here at run time would make a loop

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from procap.config import KEYFRAME_SAMPLING
+from procap.core.config import KEYFRAME_SAMPLING
+from procap.core.errors import ProCapError
+from procap.core.files import OutputError, atomic_write_json, os_error_in, require_space, writing
+from procap.core.json_files import read_json
+from procap.core.validate import environment_integer
 from procap.data.datasets import cache_key, score_subkey
-from procap.errors import ProCapError
-from procap.files import OutputError, atomic_write_json, os_error_in, require_space, writing
-from procap.json_files import read_json
 from procap.procedure.sampling import CONFIDENCE_SCALES, confidence_weights, sample_keyframes
 from procap.procedure.similarity import ScoreFileSimilarity
-from procap.validate import environment_integer
 
 MANIFEST = "procap_cache.json"
 SCORES_JSON = "scores.json"

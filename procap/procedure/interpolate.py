@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from procap.config import GENERATED_FRAME_COUNTS
+from procap.core.config import GENERATED_FRAME_COUNTS
 
 
 @runtime_checkable

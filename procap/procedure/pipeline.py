@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from procap.config import FRAME_SIMILARITIES
+from procap.core.config import FRAME_SIMILARITIES
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_json, sha256_of
 from procap.data import load_image, load_split
 from procap.data.datasets import score_subkey
 from procap.data.images import open_image
-from procap.errors import ProCapError
-from procap.files import atomic_write_json, sha256_of
 from procap.model.vqgan import VQGAN
 from procap.procedure import similarity as sim
 from procap.procedure.cache import (

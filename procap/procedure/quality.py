@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from procap.core.json_files import read_json
 from procap.data.synthetic import render_intermediate
-from procap.json_files import read_json
 from procap.procedure.interpolate import CrossFade, FlowInterpolator, Interpolator, generate_procedure
 
 

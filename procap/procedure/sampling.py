@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from procap.config import KEYFRAME_SAMPLING
+from procap.core.config import KEYFRAME_SAMPLING
 
 CONFIDENCE_SCALES = ("standardize", "paper")
 

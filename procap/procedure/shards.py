@@ -18,8 +18,8 @@ from typing import Any
 
 import h5py
 
-from procap.errors import ProCapError
-from procap.files import atomic_write_json
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_json
 from procap.procedure.cache import MANIFEST, CacheWriter, authors_key, read_attribute, read_manifest
 
 SHARDS_DIR = "shards"

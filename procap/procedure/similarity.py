@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from procap.errors import ProCapError
-from procap.json_files import read_json
+from procap.core.errors import ProCapError
+from procap.core.json_files import read_json
 
 
 @runtime_checkable

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from procap.errors import ProCapError
-from procap.files import sha256_of
-from procap.json_files import parse_json
+from procap.core.errors import ProCapError
+from procap.core.files import sha256_of
+from procap.core.json_files import parse_json
 
 
 def fingerprint(path: str | os.PathLike) -> list[Any]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from procap.config import UNTRAINED_VQGAN, get_preset
+from procap.core.config import UNTRAINED_VQGAN, get_preset
+from procap.core.errors import ProCapError
 from procap.data import Vocabulary, get_dataset, load_split
 from procap.data.domain import TRAINED_ON, training_domain
-from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.vqgan_train import load_vqgan_into

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from procap import validate
-from procap.config import GENERATED_FRAME_COUNTS, LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap.core import validate
+from procap.core.config import GENERATED_FRAME_COUNTS, LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
-from procap.errors import ProCapError
 from procap.eval.metrics import metric_names
 
 if TYPE_CHECKING:
@@ -42,12 +42,12 @@ MAX_STEPS = 10_000_000
 MAX_EPOCHS = 100_000
 MAX_GRAD_ACCUM = 1024
 
-# The range of every integer option (keyword arguments of procap.validate.number), checked by TrainConfig for the
+# The range of every integer option (keyword arguments of procap.core.validate.number), checked by TrainConfig for the
 # Python API and by the command line under the flags' names (procap.commands.cli_args.FLAG_BOUNDS adds the floats).
 INTEGER_BOUNDS: dict[str, dict[str, int]] = {
     "steps": {"minimum": 1, "maximum": MAX_STEPS},
     "epochs": {"minimum": 1, "maximum": MAX_EPOCHS},
-    "batch_size": {"minimum": 1},  # its ceiling is the device's memory: procap.batch_memory
+    "batch_size": {"minimum": 1},  # its ceiling is the device's memory: procap.train.batch_memory
     "grad_accum": {"minimum": 1, "maximum": MAX_GRAD_ACCUM},
     "max_pairs": {"minimum": 1},  # cut to the pairs there are
     "warmup_steps": {"minimum": 0, "maximum": MAX_STEPS},
@@ -187,7 +187,7 @@ class TrainConfig:
 
     def optional_packages(self) -> dict[str, str]:
         """The packages of optional extras this run will import, each with what needs it (checked up front with
-        :func:`procap.extras.require_all`: a run without them would stop at its first validation)."""
+        :func:`procap.core.extras.require_all`: a run without them would stop at its first validation)."""
         needs = {}
         if self.stage == "train":
             needs["pycocoevalcap"] = "the validation scores"

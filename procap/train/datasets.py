@@ -23,10 +23,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
+from procap.core.errors import ProCapError
 from procap.data.images import ImageCache, to_tensor
 from procap.data.synthetic import render_intermediate
 from procap.data.synthetic import scene_of as synthetic_scene_of
-from procap.errors import ProCapError
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary

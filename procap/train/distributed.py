@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.core.validate import environment_integer
 from procap.train.state import has_resumable
-from procap.validate import environment_integer
 
 # Offset between the RNG seeds of consecutive ranks: rank 0 keeps the single-process seed.
 RANK_SEED_STRIDE = 1_000_003

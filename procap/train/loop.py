@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from procap.errors import ProCapError
-from procap.files import (
+from procap.core.errors import ProCapError
+from procap.core.files import (
     OutputError,
     RunFolderLock,
     atomic_write_text,
@@ -38,8 +38,8 @@ from procap.files import (
     remove_empty,
     writing,
 )
-from procap.json_files import parse_json, read_bytes
-from procap.logs import TO_STDOUT
+from procap.core.json_files import parse_json, read_bytes
+from procap.core.logs import TO_STDOUT
 from procap.train import distributed
 from procap.train.config import MAX_STEPS, TrainConfig
 from procap.train.datasets import EpochBatchSampler

@@ -4,9 +4,9 @@ Every run writes ``run.json`` into its folder, naming the command that trains it
 ``train``) and its state (``running`` until the last checkpoint is written, then ``finished``). A new run may use a
 folder that holds no run; ``--resume`` continues a run of its own command; ``--overwrite`` replaces a run, by
 training in a folder beside it and swapping the two only when the new run has finished, so an interrupted or
-failed replacement leaves the old run as it was. The swap is :func:`procap.files.swap_folder`: two renames with
+failed replacement leaves the old run as it was. The swap is :func:`procap.core.files.swap_folder`: two renames with
 Ctrl-C deferred between them; a process killed outright between them leaves the old run beside the folder, and the
-next run into the folder puts it back (:func:`procap.files.recover_swap`, a logged warning), as it deletes the
+next run into the folder puts it back (:func:`procap.core.files.recover_swap`, a logged warning), as it deletes the
 folders of replacements killed before they finished. Anything else is refused with one sentence before any work: a
 finished run replaced its ``best.safetensors`` and ``log.jsonl`` with exit 0, and a stage-2 run pointed at its
 stage-1 folder overwrote stage 1's state.
@@ -25,13 +25,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from procap.config import UNTRAINED_VQGAN
-from procap.errors import ProCapError
-from procap.files import atomic_write_json, beside, input_overlap, recover_swap, refuse_inputs, swap_folder
-from procap.json_files import read_json
+from procap.core.config import UNTRAINED_VQGAN
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_json, beside, input_overlap, recover_swap, refuse_inputs, swap_folder
+from procap.core.json_files import read_json
+from procap.core.validate import output_apart
 from procap.train.config import TrainConfig
 from procap.train.state import state_paths
-from procap.validate import output_apart
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Guards of a training run: one writer per run folder, and Ctrl-C / SIGTERM turned into a clean save.
 
-:class:`procap.files.RunFolderLock` holds an exclusive ``flock`` on the run folder itself while a run writes into
+:class:`procap.core.files.RunFolderLock` holds an exclusive ``flock`` on the run folder itself while a run writes into
 it, so a second ``procap train --out`` on the same folder stops with one sentence instead of interleaving its log and
 checkpoints with the first. The kernel drops the lock when the process dies, so a killed run leaves no stale
-lock behind. It lives with the other output guards in :mod:`procap.files`, which every layer may import
+lock behind. It lives with the other output guards in :mod:`procap.core.files`, which every layer may import
 (``procap synth`` locks its benchmark folder with it).
 
 :class:`StopRequests` catches SIGINT and SIGTERM and only records them; the training loop finishes the step in

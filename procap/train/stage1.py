@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
-from procap.config import get_preset
 from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks, parse_init_encoder
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
+from procap.core.extras import require_all
+from procap.core.weights import load_weights, read_tensors, restore_aliases
 from procap.data.images import ImageCache
-from procap.errors import ProCapError
-from procap.extras import require_all
 from procap.kernels.masking import MaskParams, mask_from_params
+from procap.loading.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.model.procap import without_procedure_queries
 from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model, with_domain
@@ -27,7 +28,6 @@ from procap.train.config import TrainConfig
 from procap.train.datasets import ProcedureDataset, make_procedure_source
 from procap.train.loop import Trainer
 from procap.train.schedules import stage1_optimizer
-from procap.weights import load_weights, read_tensors, restore_aliases
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from procap.checkpoint import save_checkpoint
+from procap.core.errors import ProCapError
+from procap.core.extras import require_all
 from procap.data.images import ImageCache
-from procap.errors import ProCapError
 from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
-from procap.extras import require_all
+from procap.loading.checkpoint import save_checkpoint
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs, with_domain

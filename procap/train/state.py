@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from procap.checkpoint import FORMAT
-from procap.errors import ProCapError
-from procap.files import UNIT_COMMITTED, atomic_write_json, beside, commit_unit, recover_unit, sha256_of
-from procap.json_files import parse_json, read_json
-from procap.weights import atomic_save_tensors, read_header, read_tensors
+from procap.core.errors import ProCapError
+from procap.core.files import UNIT_COMMITTED, atomic_write_json, beside, commit_unit, recover_unit, sha256_of
+from procap.core.json_files import parse_json, read_json
+from procap.core.weights import atomic_save_tensors, read_header, read_tensors
+from procap.loading.checkpoint import FORMAT
 
 
 def state_paths(checkpoint: Path | str) -> tuple[Path, Path]:

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from procap.assets import DEMO_TOKENIZER, demo_tokenizer_path
+from procap.core.errors import ProCapError
+from procap.core.json_files import read_json
 from procap.data import load_split
 from procap.data.images import load_image
 from procap.data.synthetic import changed_object
-from procap.errors import ProCapError
-from procap.json_files import read_json
 from procap.model.vqgan import VQGAN
 
 PROBE_ATTRIBUTES = ("color", "shape", "material", "size")

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from procap.extras import require
+from procap.core.extras import require
 
 
 def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -12,18 +12,18 @@ from typing import Any
 
 import torch
 
-from procap.config import get_preset
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
+from procap.core.extras import require_all
+from procap.core.weights import load_module_state, load_weights
 from procap.data import load_split
 from procap.data.images import ImageCache
-from procap.errors import ProCapError
-from procap.extras import require_all
 from procap.model.vqgan import VQGAN
 from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageDataset
 from procap.train.loop import Trainer
 from procap.train.schedules import StepSchedule, warmup_lr
-from procap.weights import load_module_state, load_weights
 
 
 def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.fast.inputs import check_pixels, to_image_tensor
 from procap.model.encoder import depth_to_space
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from procap import batch_memory
-from procap.cli import build_parser, main
-from procap.config import get_preset
-from procap.extras import is_installed
+from procap.commands.cli import build_parser, main
+from procap.core.config import get_preset
+from procap.core.extras import is_installed
+from procap.train import batch_memory
 
 FIRST_SECOND = 1.0
 
@@ -20,7 +20,7 @@ FIRST_SECOND = 1.0
 @pytest.fixture
 def no_training(monkeypatch):
     """Every training and demo entry point fails the test if it is reached."""
-    from procap.commands import demo_pipeline
+    from procap.experiments import demo as demo_pipeline
     from procap.train import stage1, stage2, vqgan_train
 
     def reached(*args, **kwargs):

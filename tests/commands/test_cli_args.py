@@ -8,8 +8,8 @@ import json
 import pytest
 
 from procap.commands.cli_args import add_common_arguments, config_from_args, read_config_file
+from procap.core.errors import ProCapError
 from procap.data import DATASETS
-from procap.errors import ProCapError
 
 
 def _parse(stage: str, *argv: str) -> argparse.Namespace:

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procap.commands.demo_pipeline import INTERACTION, MODELS, format_paired, paired_from_folder, run_folder
 from procap.data.datasets import load_split
 from procap.data.synthetic import generate
 from procap.eval.metrics import write_results
+from procap.experiments.demo import INTERACTION, MODELS, format_paired, paired_from_folder, run_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 

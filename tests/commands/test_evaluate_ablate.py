@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from procap.checkpoint import save_checkpoint
-from procap.cli import main
+from procap.commands.cli import main
 from procap.data import load_split
 from procap.data.synthetic import generate
+from procap.loading.checkpoint import save_checkpoint
 from procap.model.procap import ProCap
 from procap.train.common import build_vocab
 from tests.support import small_config, small_vqgan_config

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from procap.cli import main
-from procap.errors import ProCapError
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
 from procap.eval.metrics import metric_names, paper_scale
 
 # (how a user writes the list: one string or the words of an nargs="+" option, the names it means)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from procap.cli import main
+from procap.commands.cli import main
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
-from procap.cli import build_parser
+from procap.commands.cli import build_parser
 from procap.commands.cli_args import add_common_arguments, config_from_args
-from procap.config import UNTRAINED_VQGAN
-from procap.errors import ProCapError
+from procap.core.config import UNTRAINED_VQGAN
+from procap.core.errors import ProCapError
 
 
 def _help(command: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from procap.cli import main
+from procap.commands.cli import main
 from procap.data import DATASETS, Vocabulary
 
 

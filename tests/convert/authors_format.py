@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from procap.config import VQGANConfig
+from procap.core.config import VQGANConfig
 from procap.model.vqgan import VQGAN
 
 IG = "intermediate_generator."

@@ -9,9 +9,9 @@ import zipfile
 import pytest
 import torch
 
-from procap.cli import main
+from procap.commands.cli import main
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, UnsafeCheckpointError, load_archive
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB, PeakMemory
 
 

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from procap.checkpoint import load_checkpoint, save_checkpoint
 from procap.convert import convert_authors_checkpoint
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.loading.checkpoint import load_checkpoint, save_checkpoint
 
 from .authors_format import (
     DEC,

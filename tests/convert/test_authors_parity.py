@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from procap.cli import main
+from procap.commands.cli import main
 from tests.support import (
     AUTHORS_CHECKPOINT,
     AUTHORS_VOCAB,

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from procap.cli import main
-from procap.config import get_preset
+from procap.commands.cli import main
 from procap.convert.clip import clip_config_overrides, init_encoder_from_clip, load_clip_blocks
-from procap.errors import ProCapError
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
 from procap.model.procap import ProCap
 
 WIDTH, BLOCKS = 128, 3  # the tiny preset's encoder width; one block more than it uses
@@ -177,8 +177,8 @@ def test_mismatched_checkpoints_are_refused(tmp_path):
 
 
 def test_pretrain_cli_starts_from_clip(clip, clip_files, tmp_path, capsys):
-    from procap.checkpoint import load_checkpoint
     from procap.data.synthetic import generate
+    from procap.loading.checkpoint import load_checkpoint
 
     generate(tmp_path / "data", 4, size=64, seed=1, progress=False)
     out = tmp_path / "run"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from procap.checkpoint import read_checkpoint_metadata
-from procap.cli import main
+from procap.commands.cli import main
 from procap.data.domain import TRAINED_ON, read_domain
+from procap.loading.checkpoint import read_checkpoint_metadata
 from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB
 
 

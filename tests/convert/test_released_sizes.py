@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from procap.convert.authors import AuthorsCheckpoint, authors_config, convert_state_dict
+from procap.core.weights import load_weights
 from procap.model.procap import ProCap, count_parameters
-from procap.weights import load_weights
 
 DATA = Path(__file__).parent / "data"
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from procap.core.errors import ProCapError
 from procap.data import load_image, load_split
 from procap.data.images import MAX_PIXELS_ENV
 from procap.data.synthetic import generate
-from procap.errors import ProCapError
 from tests.support import make_edit, make_spot
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from procap.config import PRESETS
+from procap.core.config import PRESETS
+from procap.core.errors import ProCapError
 from procap.data import DATASETS, get_dataset, load_split
 from procap.data.datasets import cache_key, score_subkey
-from procap.errors import ProCapError
 
 
 def test_every_spec_is_complete():

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from procap.config import get_preset
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
 from procap.data import DATASETS, load_split
-from procap.errors import ProCapError
 from procap.train.common import build_vocab
 from tests.support import write_image
 

@@ -4,9 +4,9 @@ from collections import Counter
 import pytest
 import torch
 
+from procap.core.errors import ProCapError
 from procap.data import ChangePair, load_image, load_split
 from procap.data.synthetic import generate
-from procap.errors import ProCapError
 from tests.support import make_edit, make_spot, write_image
 
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from procap.config import VIEWPOINTS
+from procap.core.config import VIEWPOINTS
+from procap.core.errors import ProCapError
 from procap.data.synthetic import generate, make_scene, render_intermediate, render_state
-from procap.errors import ProCapError
 
 
 def _read(path):
@@ -301,8 +301,8 @@ def test_the_staging_folder_of_a_killed_synth_is_deleted_by_the_next(tmp_path, c
 
 
 def test_a_second_synth_into_one_folder_is_refused(tmp_path, capsys):
-    from procap.cli import main
-    from procap.files import RunFolderLock
+    from procap.commands.cli import main
+    from procap.core.files import RunFolderLock
 
     root = tmp_path / "bench"
     root.mkdir()

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from procap.core.errors import ProCapError
 from procap.data import SPECIALS, Vocabulary, tokenize
-from procap.errors import ProCapError
 
 
 def test_tokenize_is_ptb_style():

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.eval import metrics
 
 REFS = {

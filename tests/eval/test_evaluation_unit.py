@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 from support import small_config, write_image
 
+from procap.core.files import OutputError
 from procap.data.images import ImageCache
 from procap.data.vocab import Vocabulary
 from procap.eval import split
-from procap.files import OutputError
 from procap.model.procap import ProCap
 
 

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.eval.correctness import NO_CHANGE, PairTruth
 from procap.eval.paired import pair_hits, paired_contrast, paired_difference, seed_interval, student_t_quantile
 

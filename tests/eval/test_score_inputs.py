@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procap.cli import main
-from procap.errors import ProCapError
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
 from procap.eval import metrics
 
 REFS = {"a": ["the red cube moved away"], "b": ["the small blue sphere has disappeared now"]}

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory, trained, vocab):
     """The trained tiny model (tests/conftest.py) saved as a checkpoint file."""
-    from procap.checkpoint import save_checkpoint
+    from procap.loading.checkpoint import save_checkpoint
 
     path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
     save_checkpoint(path, trained[0], vocab)

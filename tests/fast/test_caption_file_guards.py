@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from procap.cli import main
+from procap.commands.cli import main
+from procap.core.files import OutputLock
 from procap.fast.caption_file import CaptionFile
-from procap.files import OutputLock
 from tests.fast.test_caption_many import _caption, folders  # noqa: F401 (the fixture is used by name)
 from tests.support import subprocess_env
 
@@ -28,7 +28,7 @@ KILLED = 86
 # the child: `procap caption ARGV` stopped outright once its first batch is appended
 _KILLED_AFTER_FIRST_BATCH = """
 import os, sys
-from procap.cli import main
+from procap.commands.cli import main
 from procap.fast import caption_file
 
 append = caption_file.CaptionFile.append

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.cli import main
+from procap.commands.cli import main
 from procap.fast import Captioner
 
 PAIRS = 5
@@ -201,7 +201,7 @@ def test_only_the_core_install_is_needed(checkpoint, folders, tmp_path):
     import subprocess
     import sys
 
-    from procap.extras import EXTRA_OF_MODULE
+    from procap.core.extras import EXTRA_OF_MODULE
 
     before_dir, after_dir = folders
     out = tmp_path / "captions.jsonl"
@@ -211,7 +211,7 @@ def test_only_the_core_install_is_needed(checkpoint, folders, tmp_path):
         "import sys\n"
         f"for name in {sorted(EXTRA_OF_MODULE)!r}:\n"
         "    sys.modules[name] = None  # importing it raises ModuleNotFoundError, as without the extra\n"
-        "from procap.cli import main\n"
+        "from procap.commands.cli import main\n"
         f"sys.exit(main({argv!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -249,8 +249,8 @@ def test_a_failed_append_takes_its_cut_line_back(tmp_path, monkeypatch):
     """The disk fills while a batch is written: the file keeps its whole lines only, and the error names it."""
     import errno
 
+    from procap.core.files import OutputError
     from procap.fast import caption_file
-    from procap.files import OutputError
 
     out = tmp_path / "captions.jsonl"
     output = caption_file.CaptionFile(out)

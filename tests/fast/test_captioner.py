@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
 from tests.support import IdVocab, requires_cuda

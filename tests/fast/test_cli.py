@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.cli import main
+from procap.commands.cli import main
 
 
 @pytest.fixture()

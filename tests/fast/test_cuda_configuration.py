@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.graphs import EagerStep
 from procap.fast.settings import resolve_settings

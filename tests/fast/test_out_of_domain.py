@@ -10,12 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.checkpoint import save_checkpoint
-from procap.cli import main
+from procap.commands.cli import main
+from procap.core.errors import OutOfDomainWarning, ProCapError, ProCapWarning
 from procap.data import Vocabulary
 from procap.data.domain import TRAINED_ON, domain_problem, domain_record, image_facts
-from procap.errors import OutOfDomainWarning, ProCapError, ProCapWarning
 from procap.fast import Captioner
+from procap.loading.checkpoint import save_checkpoint
 from procap.model.procap import ProCap
 from tests.support import small_config, small_vqgan_config
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import check_pixels, to_image_tensor
 from tests.support import IdVocab

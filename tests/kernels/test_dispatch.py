@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from procap import kernels
-from procap.config import MaskingConfig
+from procap.core.config import MaskingConfig
 from procap.kernels import _ext
 from procap.model.masking import sample_mask_params
 from tests.support import impl_params

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from procap import kernels
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.kernels.groupnorm import group_norm_fwd, group_norm_ref
 from procap.model.vqgan import VQGAN
 from tests.support import DTYPES, impl_device, max_abs_err

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from procap import kernels
-from procap.config import MaskingConfig
+from procap.core.config import MaskingConfig
 from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, masking_ref
 from procap.model.masking import sample_mask_params
 from tests.support import DTYPES, impl_device, impl_params, max_abs_err

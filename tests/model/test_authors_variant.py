@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from procap.config import ProCapConfig
-from procap.errors import ProCapError
+from procap.core.config import ProCapConfig
+from procap.core.errors import ProCapError
 from procap.model.authors_decoder import (
     AuthorsAttention,
     AuthorsLayerNorm,

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.procap import ProCap
@@ -129,7 +129,7 @@ def test_strategies_are_one_object_each():
 
 def test_the_beam_count_is_bounded_before_any_work():
     """100000 beams grew to 22.9 GB before the kernel killed the process: the range is checked first."""
-    from procap.config import MAX_BEAMS
+    from procap.core.config import MAX_BEAMS
     from procap.model.decoding import BeamSearch, decoding_strategy
 
     assert decoding_strategy(MAX_BEAMS) == BeamSearch(MAX_BEAMS)

@@ -13,9 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from procap import kernels
-from procap.attention import available_backends
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.kernels import dispatch
+from procap.kernels.attention import available_backends
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, CaptionDecoder, greedy_decode, suppress_specials
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.kernels.masking import mask_from_params
 from procap.model.encoder import ImageEncoder, space_to_depth
 from procap.model.procap import ProCap
@@ -180,7 +180,7 @@ def test_tiny_carries_the_front_end_and_old_files_keep_theirs():
     for name in ("image_encoder", "learned_localisation"):
         del old["departures"][name]
     old["departures"]["pixel_cnn"] = 32
-    from procap.config import ProCapConfig
+    from procap.core.config import ProCapConfig
 
     read = ProCapConfig.from_dict(old).departures
     assert read.image_encoder == 0 and not read.learned_localisation

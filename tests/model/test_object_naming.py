@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.config import PRESETS, Departures, get_preset
+from procap.core.config import PRESETS, Departures, get_preset
 from procap.model.encoder import (
     PixelCNN,
     WindowGlimpse,
@@ -59,7 +59,7 @@ def test_paper_presets_keep_the_paper_model():
 
 
 def test_checkpoints_from_before_the_leak_fix_keep_their_difference_embedding():
-    from procap.config import ProCapConfig, config_from_dict
+    from procap.core.config import ProCapConfig, config_from_dict
 
     tiny = get_preset("tiny")
     assert tiny.departures.difference_embedding and tiny.departures.difference_visible_ends  # on in the preset
@@ -70,7 +70,7 @@ def test_checkpoints_from_before_the_leak_fix_keep_their_difference_embedding():
 
 
 def test_departures_are_one_group_written_grouped_and_read_in_either_form():
-    from procap.config import ProCapConfig, config_from_dict
+    from procap.core.config import ProCapConfig, config_from_dict
 
     tiny = get_preset("tiny")
     written = tiny.to_dict()

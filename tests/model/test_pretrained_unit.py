@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from procap.core.errors import ProCapError
+from procap.core.files import UNIT_COMMITTED, beside
 from procap.data import Vocabulary
-from procap.errors import ProCapError
-from procap.files import UNIT_COMMITTED, beside
 from procap.model.procap import ProCap
 from tests.support import small_config, subprocess_env
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.config import MaskingConfig, get_preset
-from procap.errors import ProCapError
+from procap.core.config import MaskingConfig, get_preset
+from procap.core.errors import ProCapError
 from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH, MaskParams, axial_positions
 from procap.model.decoder import EOS_ID, PAD_ID, SUPPRESSED_IDS, suppress_specials
 from procap.model.losses import caption_loss, msm_loss
@@ -297,7 +297,7 @@ def test_a_masked_end_is_unreadable_only_with_the_difference_on_visible_ends(con
 
 
 def test_width_scaled_init_is_the_paper_init_at_paper_width():
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from procap.model.procap import init_stds
 
     assert init_stds(get_preset("clevr")) == (0.02, 0.02)

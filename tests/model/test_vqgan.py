@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from procap.config import VQGANConfig, get_preset
-from procap.errors import ProCapError
+from procap.core.config import VQGANConfig, get_preset
+from procap.core.errors import ProCapError
 from procap.kernels.vq import vq_nearest_ref
 from procap.model.vqgan import VQGAN, VectorQuantizer, attention_levels
 from tests.support import small_vqgan_config

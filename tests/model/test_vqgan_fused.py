@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from procap import kernels
-from procap.config import VQGANConfig
+from procap.core.config import VQGANConfig
 from procap.model.vqgan import VQGAN
 from procap.model.vqgan_fused import FusedVQGANEncoder, downsample_weight_4x4
 from tests.support import impl_device, requires_triton

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.procedure.cache import CachedProcedures, CacheWriter, ProcedureCache, authors_key
 
 

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.procedure import cache as cache_module
 from procap.procedure.cache import CachedProcedures, CacheWriter, ProcedureCache
 from tests.support import PeakMemory

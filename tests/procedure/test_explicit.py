@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.procedure.explicit import explicit_captions, explicit_frames
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.similarity import VQGANSimilarity

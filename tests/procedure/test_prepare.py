@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.procedure.cache import CachedProcedures
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.pipeline import prepare
@@ -185,7 +185,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, clevr_pairs):
 
 
 def test_cli_reports_bad_workers(tmp_path, capsys):
-    from procap.cli import main
+    from procap.commands.cli import main
 
     (tmp_path / "data").mkdir()
     argv = ["--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "0"]
@@ -195,7 +195,7 @@ def test_cli_reports_bad_workers(tmp_path, capsys):
 
 def test_cli_on_a_synthetic_benchmark(tmp_path, capsys):
     """`procap synth` output through load_split into `procap prepare`, then read back for stage 1."""
-    from procap.cli import main
+    from procap.commands.cli import main
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.train.vqgan_train import save_vqgan
@@ -267,7 +267,7 @@ def test_a_full_disk_stops_prepare_with_one_sentence_before_hdf5_fails(tmp_path,
     the finished pairs stay and a rerun completes the cache."""
     import shutil
 
-    from procap.files import OutputError
+    from procap.core.files import OutputError
 
     opts = prepare_options(tmp_path, clevr_pairs)
     real_usage = shutil.disk_usage

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.pipeline import prepare
 from procap.procedure.shards import merge_shards, parse_shard, shard_dir

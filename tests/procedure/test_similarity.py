@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.procedure.similarity import DINOv2Similarity, ScoreFileSimilarity, VQGANSimilarity
 from tests.support import tiny_vqgan
 

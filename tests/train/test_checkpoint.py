@@ -12,9 +12,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
-from procap.config import ProCapConfig
-from procap.errors import ProCapError
+from procap.core.config import ProCapConfig
+from procap.core.errors import ProCapError
+from procap.loading.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.train.state import (
     capture_rng_state,
     load_training_state,

@@ -190,7 +190,7 @@ def test_training_state_keeps_every_ranks_rng(tmp_path, model):
     assert torch.equal(torch.rand(3), expected_rank1)
     load_training_state(tmp_path / "last.safetensors", optimizer, rank=0)
     assert torch.equal(torch.get_rng_state(), rank0[0]["rng/torch"])
-    from procap.errors import ProCapError
+    from procap.core.errors import ProCapError
 
     with pytest.raises(ProCapError, match="saved by 2 process"):
         load_training_state(tmp_path / "last.safetensors", optimizer, rank=2)

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from procap.logs import LOGGER_NAME, console_logging
+from procap.core.logs import LOGGER_NAME, console_logging
 from procap.train.config import TrainConfig
 
 # More than the training pairs of the 12-scene fixture: the loop cuts the batch to the data and warns.

@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from procap.checkpoint import load_checkpoint, read_checkpoint_metadata
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.loading.checkpoint import load_checkpoint, read_checkpoint_metadata
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.datasets import PairDataset
@@ -182,8 +182,8 @@ def test_correctness_selection_needs_truths(tmp_path, train_pairs, vocab):
 
 
 def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, capsys):
-    from procap.checkpoint import save_checkpoint
-    from procap.cli import main
+    from procap.commands.cli import main
+    from procap.loading.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
     code = main(
@@ -215,7 +215,7 @@ def test_evaluate_command_writes_results(tmp_path, model, vocab, clevr_root, cap
 
 
 def test_cli_errors_are_one_sentence(tmp_path, capsys):
-    from procap.cli import main
+    from procap.commands.cli import main
 
     assert main(["evaluate", "--ckpt", str(tmp_path / "nope.safetensors"), "--data", str(tmp_path)]) == 2
     assert "nope.safetensors" in capsys.readouterr().err
@@ -225,7 +225,7 @@ def test_cli_errors_are_one_sentence(tmp_path, capsys):
 
 def test_vqgan_training_lowers_reconstruction_loss(tmp_path, train_pairs, monkeypatch):
     import procap.train.vqgan_train as vt
-    from procap.config import get_preset
+    from procap.core.config import get_preset
     from tests.support import small_training_config as small
 
     monkeypatch.setattr(vt, "get_preset", lambda name: small(30) if name == "tiny" else get_preset(name))
@@ -263,8 +263,8 @@ def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, trai
 
 def test_evaluate_fast_and_beams_match_the_oracle_on_the_cpu(tmp_path, model, vocab, clevr_root):
     """`--fast` (the Captioner, fp32 on the CPU) writes the captions of `--exact`; `--beams` those of generate."""
-    from procap.checkpoint import save_checkpoint
-    from procap.cli import main
+    from procap.commands.cli import main
+    from procap.loading.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "m.safetensors", model, vocab)
     base = ["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--metrics", "BLEU-4", "--max-pairs", "6"]

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from procap.cli import main
+from procap.commands.cli import main
 from procap.commands.cli_args import add_common_arguments, config_from_args
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog, validation_line

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.run_guard import TrainingInterrupted
@@ -101,7 +101,7 @@ def test_an_interrupted_overwrite_leaves_the_old_run(stage1_run, train_pairs, vo
 
 
 def test_a_replacement_refused_at_its_start_leaves_nothing_beside_the_run(stage1_run, train_pairs, vocab):
-    from procap.files import RunFolderLock
+    from procap.core.files import RunFolderLock
     from procap.train.stage1 import pretrain
 
     before = _contents(stage1_run)
@@ -208,7 +208,7 @@ def _interrupt_rename(monkeypatch, module, number: int, error: type[BaseExceptio
     ids=["before the first rename", "between the renames", "second rename fails"],
 )
 def test_an_interrupted_folder_swap_leaves_the_old_folder(tmp_path, monkeypatch, number, error):
-    from procap import files
+    from procap.core import files
 
     old, new = tmp_path / "run", tmp_path / ".run.replacing-1"
     for folder, text in ((old, "old"), (new, "new")):
@@ -225,7 +225,7 @@ def test_an_interrupted_folder_swap_leaves_the_old_folder(tmp_path, monkeypatch,
 
 
 def test_a_ctrl_c_during_the_swap_is_delivered_after_it(tmp_path):
-    from procap import files
+    from procap.core import files
 
     old, new = tmp_path / "run", tmp_path / "new"
     old.mkdir()
@@ -257,7 +257,7 @@ def test_a_ctrl_c_during_the_swap_is_delivered_after_it(tmp_path):
 
 
 def test_an_overwrite_interrupted_in_its_swap_keeps_the_old_run(stage1_run, train_pairs, vocab, monkeypatch):
-    from procap import files
+    from procap.core import files
     from procap.train.stage1 import pretrain
 
     before = _tree(stage1_run)
@@ -269,7 +269,7 @@ def test_an_overwrite_interrupted_in_its_swap_keeps_the_old_run(stage1_run, trai
 
 
 def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run, train_pairs, vocab, caplog):
-    from procap.files import beside
+    from procap.core.files import beside
     from procap.train.run_folder import check_run_folder
     from procap.train.stage1 import pretrain
 
@@ -286,7 +286,7 @@ def test_a_run_killed_between_the_renames_is_put_back_by_the_next_run(stage1_run
 
 
 def test_the_old_copy_a_finished_swap_left_is_deleted(tmp_path):
-    from procap.files import beside, recover_swap
+    from procap.core.files import beside, recover_swap
 
     final = tmp_path / "run"
     final.mkdir()
@@ -296,7 +296,7 @@ def test_the_old_copy_a_finished_swap_left_is_deleted(tmp_path):
 
 
 def test_names_beside_a_long_folder_name_fit_and_differ(tmp_path):
-    from procap.files import beside, name_limit
+    from procap.core.files import beside, name_limit
 
     long_a, long_b = tmp_path / ("a" * 250), tmp_path / ("a" * 249 + "b")
     for path in (beside(long_a, "replaced"), beside(long_a, "replacing-")):

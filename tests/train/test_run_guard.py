@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from procap.checkpoint import read_checkpoint_metadata
-from procap.errors import ProCapError
-from procap.files import RunFolderLock
+from procap.core.errors import ProCapError
+from procap.core.files import RunFolderLock
+from procap.loading.checkpoint import read_checkpoint_metadata
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog
@@ -110,7 +110,7 @@ def test_sigterm_saves_the_step_and_resume_matches(tmp_path, small_model, train_
 
 
 def test_ctrl_c_through_the_cli_saves_and_exits_130(tmp_path, small_model, clevr_root, monkeypatch, capsys):
-    from procap.cli import main
+    from procap.commands.cli import main
 
     original = ProCap.stage1_loss
     calls = {"n": 0}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from procap.checkpoint import load_checkpoint
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
+from procap.loading.checkpoint import load_checkpoint
 from procap.model.procap import ProCap, without_procedure_queries
 from procap.train.config import TrainConfig
 from tests.support import small_training_config

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from procap.config import get_preset
+from procap.core.config import get_preset
 from procap.data import load_split
 from procap.data.synthetic import generate
 from procap.model.vqgan import VQGAN

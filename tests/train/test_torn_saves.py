@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 from procap.train import stage1
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog

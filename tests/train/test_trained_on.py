@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from procap.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.data.domain import TRAINED_ON, read_domain, training_domain
+from procap.loading.checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
 from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from tests.support import small_training_config

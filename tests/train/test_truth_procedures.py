@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from procap.core.errors import ProCapError
 from procap.data import load_split
 from procap.data.images import ImageCache
 from procap.data.synthetic import generate, render_intermediate
-from procap.errors import ProCapError
 from procap.model.procap import ProCap
 from procap.train.datasets import TruthProcedures, make_procedure_source
 from tests.support import small_training_config
@@ -70,7 +70,7 @@ def test_truth_refuses_what_is_not_a_synthetic_benchmark(tmp_path, jittered_root
 
 
 def test_pretrain_on_truth_procedures(tmp_path, jittered_root, monkeypatch):
-    from procap.cli import main
+    from procap.commands.cli import main
     from procap.train import stage1
 
     # the 16 px test model whatever the preset (the preset is still recorded)

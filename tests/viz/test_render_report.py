@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from procap.viz.report import build_report
+from procap.experiments.report import build_report
 from tests.report_checks import make_fake_demo
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "render_report.sh"

@@ -1,4 +1,4 @@
-"""procap.viz.report on a small fake demo folder (no training): a self-contained, complete report.html."""
+"""procap.experiments.report on a small fake demo folder (no training): a self-contained, complete report.html."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.checkpoint import load_checkpoint, save_checkpoint
-from procap.config import get_preset
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
 from procap.data.vocab import Vocabulary
-from procap.errors import ProCapError
+from procap.experiments.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
+from procap.loading.checkpoint import load_checkpoint, save_checkpoint
 from procap.model.procap import ProCap
 from procap.procedure import confidence_weights, sample_keyframes
 from procap.viz.figures import MIN_TILE, imagine, strip_size
-from procap.viz.report import REPORT_NAME, build_report, curves_figure, curves_png, example_rows
 from tests.report_checks import FAKE_TYPES, LABELS, check_report_html, make_fake_demo
 
 

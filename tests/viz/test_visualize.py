@@ -7,11 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.checkpoint import load_checkpoint, save_checkpoint
-from procap.cli import main
-from procap.config import get_preset
+from procap.commands.cli import main
+from procap.core.config import get_preset
+from procap.core.errors import ProCapError
 from procap.data.vocab import Vocabulary
-from procap.errors import ProCapError
+from procap.loading.checkpoint import load_checkpoint, save_checkpoint
 from procap.model.encoder import depth_to_space
 from procap.model.procap import ProCap
 from procap.viz.figures import (

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from procap.cli import main
-from procap.errors import ProCapError
+from procap.commands.cli import main
+from procap.core.errors import ProCapError
 from procap.procedure import CacheWriter, ProcedureCache, authors_key, confidence_weights, sample_keyframes
 from procap.viz.figures import (
     BAR_COLOUR,

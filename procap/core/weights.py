@@ -9,7 +9,7 @@ and finiteness before ``load_state_dict``; :func:`save_module` / :func:`load_mod
 :func:`check_file_fits` serve any module with JSON metadata (the VQGAN's files).
 
 The ProCap checkpoint (config + vocabulary in the metadata) is :mod:`procap.model.checkpoint_file`, with the model
-(:mod:`procap.checkpoint` names ``ProCap`` for it, a level above); the resumable training state is
+(:mod:`procap.loading.checkpoint` names ``ProCap`` for it, a level above); the resumable training state is
 :mod:`procap.train.state`.
 """
 
@@ -25,10 +25,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from procap.errors import ProCapError
-from procap.files import atomic_write
-from procap.json_files import parse_json
-from procap.validate import input_file
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write
+from procap.core.json_files import parse_json
+from procap.core.validate import input_file
 
 # Floating-point formats a stored weight may have: the model casts them to its own dtype on load.
 LOADABLE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

@@ -1,6 +1,6 @@
 """Checks of user input made before any work starts: files to read, outputs to write, devices and numbers.
 
-Every check raises :class:`~procap.errors.ProCapError` with one sentence that names the file or the argument,
+Every check raises :class:`~procap.core.errors.ProCapError` with one sentence that names the file or the argument,
 so a command fails in the first second, before it has written anything, instead of with a traceback (or a
 half-written output) after a long computation.
 """
@@ -11,8 +11,8 @@ import math
 import os
 from pathlib import Path
 
-from procap.errors import ProCapError, shown
-from procap.files import input_overlap
+from procap.core.errors import ProCapError, shown
+from procap.core.files import input_overlap
 
 # Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
 MAX_SEED = 2**32 - 1

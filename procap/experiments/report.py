@@ -28,14 +28,14 @@ from typing import Any
 
 from PIL import Image
 
-from procap.checkpoint import load_checkpoint
+from procap.core.errors import ProCapError
+from procap.core.files import atomic_write_text
+from procap.core.json_files import parse_json, read_bytes
+from procap.core.json_files import read_json as read_json_file
 from procap.data import load_split
 from procap.data.images import open_image
-from procap.errors import ProCapError
 from procap.eval.correctness import FAILURE_COLUMNS
-from procap.files import atomic_write_text
-from procap.json_files import parse_json, read_bytes
-from procap.json_files import read_json as read_json_file
+from procap.loading.checkpoint import load_checkpoint
 from procap.viz.figures import (
     check_imaginable,
     explicit_procedure,
@@ -46,7 +46,7 @@ from procap.viz.figures import (
 )
 
 REPORT_NAME = "report.html"
-RUNS = (  # folder under the demo output, label in metrics.json (procap/commands/demo_pipeline.py MODELS)
+RUNS = (  # folder under the demo output, label in metrics.json (procap/experiments/demo.py MODELS)
     ("procap", "ProCap (k=2)"),
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
     ("stage1_static", "stage 1, static pair (k=0)"),

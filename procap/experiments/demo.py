@@ -15,7 +15,7 @@ two) and 128.5 (both). Budgets are equal in optimisation steps: the two models w
 steps as extra stage-2 steps. Each model is evaluated on the test split with BLEU-4 / METEOR / ROUGE-L / CIDEr and with caption
 correctness (:mod:`procap.eval.correctness`: change detected, type, object, new value, distinct captions); with
 several seeds ``metrics.json`` holds each seed's figures and their mean and standard deviation. Last,
-:func:`procap.viz.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
+:func:`procap.experiments.report.build_report` writes ``report.html``: tables, training curves and examples with the imagined
 procedure, in one self-contained file.
 
 The benchmark, the VQGAN and the procedures are built once (from ``--seed``); the seeds vary model
@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self
 
-from procap import validate
-from procap.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
+from procap.core import validate
+from procap.core.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
+from procap.core.errors import ProCapError
+from procap.core.json_files import parse_json, read_json
+from procap.core.logs import LOGGER_NAME, TO_STDOUT, start_console_logging
 from procap.data.images import ImageCache
-from procap.errors import ProCapError
-from procap.json_files import parse_json, read_json
-from procap.logs import LOGGER_NAME, start_console_logging
 from procap.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ MAX_SEEDS = 64
 IMAGE_SIZE = 64
 # The demo's table keeps the four columns its README results quote; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
-MODELS = (  # (run folder, label); the report names the same runs (procap.viz.report.RUNS)
+MODELS = (  # (run folder, label); the report names the same runs (procap.experiments.report.RUNS)
     ("procap", "ProCap (k=2)"),
     ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
     ("stage1_static", "stage 1, static pair (k=0)"),
@@ -77,6 +77,8 @@ ACCURACY_KEYS = (
     "move_as_add_drop",
     "unparsed_changes",
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class DemoBudget:
     # fine-tuning keeps what stage 1 learned (stage2_lr is 20x the paper's 5e-5, for many times stage 1's steps).
     # The runs from a random encoder train it at stage2_lr.
     stage2_encoder_lr: float | None = None
-    # The benchmark's view change within a pair when the caller names none (procap.config.VIEWPOINTS)
+    # The benchmark's view change within a pair when the caller names none (procap.core.config.VIEWPOINTS)
     viewpoint: str = "none"
     # What picks each stage-2 run's best checkpoint (TrainConfig.select_metric): the captions' correctness on the
     # validation pairs, the figures the demo reports; CIDEr on 100 pairs picked checkpoints 23 points of object
@@ -159,7 +161,7 @@ class Clock:
         self._t = time.perf_counter()
         self._name = name
         if self.verbose:
-            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", flush=True)
+            logger.info("[%6.1fs] %s", time.perf_counter() - self.start, message, extra=TO_STDOUT)
 
     def done(self) -> float:
         seconds = time.perf_counter() - self._t
@@ -300,7 +302,7 @@ def _stage2_configs(budget: DemoBudget, folder: Path, vq_path: str, common: dict
 
 def install_embedded_tokenizer(folder: Path) -> Path:
     """Copy the embedded tokenizer to ``<folder>/vqgan.safetensors``, where a trained one would be written."""
-    from procap.files import atomic_write
+    from procap.core.files import atomic_write
     from procap.train.tokenizer import embedded_tokenizer_path
 
     data = embedded_tokenizer_path().read_bytes()
@@ -318,10 +320,10 @@ def describe_keyframes(source: str, pairs: list) -> dict[str, Any]:
     stats = {scale: keyframe_statistics(source, pairs, 2, scale) for scale in ("paper", "standardize")}
     for scale, row in stats.items():
         positions = ", ".join(f"{t} {p:.2f}" for t, p in row["mean_position"].items())
-        print(
+        logger.info(
             f"         keyframes ({scale} confidence): {row['distinct']} distinct sets over {row['pairs']} pairs, "
             f"earliest frames {100 * row['earliest']:.0f} %; mean frame by type: {positions}",
-            flush=True,
+            extra=TO_STDOUT,
         )
     return stats
 
@@ -369,8 +371,8 @@ def evaluate_run(
     truths: dict,
     progress: bool = True,
 ) -> dict[str, Any]:
-    from procap.checkpoint import load_checkpoint
     from procap.eval.split import evaluate_model
+    from procap.loading.checkpoint import load_checkpoint
 
     model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
     extra = {
@@ -442,8 +444,8 @@ def _check_settings(run: Path, saved: dict[str, Any], config: TrainConfig) -> No
 def _check_departures(run: Path) -> None:
     """Refuse a finished run whose model departs from the paper otherwise than today's preset: the settings name
     the preset, and a preset's departures change between releases (the learned front end of issue 54)."""
-    from procap.checkpoint import read_checkpoint_metadata
-    from procap.config import ProCapConfig, get_preset
+    from procap.core.config import ProCapConfig, get_preset
+    from procap.loading.checkpoint import read_checkpoint_metadata
 
     checkpoint = run / "best.safetensors"
     if not checkpoint.is_file():
@@ -628,7 +630,7 @@ def write_samples(samples: list, reports: dict[str, dict], cache: ImageCache, ou
     """samples.json and a before|after PNG per example under ``out/samples``."""
     from PIL import Image
 
-    from procap.files import atomic_write_json
+    from procap.core.files import atomic_write_json
 
     folder = out / "samples"
     folder.mkdir(parents=True, exist_ok=True)
@@ -766,10 +768,13 @@ class SideBySideMonitor:
             self._clear()
 
     def say(self, text: str, stream: Any = None) -> None:
-        """Print one line, stamped with the demo's clock, above the status line."""
+        """Log one line, stamped with the demo's clock, above the status line."""
         with self.lock:
             self._clear()
-            print(f"[{self.clock.total:6.1f}s] {text}", file=stream or sys.stdout, flush=True)
+            if stream is sys.stderr:  # a worker's stderr: its warnings, shown even with --quiet
+                logger.warning("[%6.1fs] %s", self.clock.total, text)
+            else:
+                logger.info("[%6.1fs] %s", self.clock.total, text, extra=TO_STDOUT)
             self._draw()
 
     def finished(self, name: str) -> None:
@@ -933,15 +938,15 @@ def run_demo(
         train_tokenizer: fit a new VQGAN for ``budget.vqgan_steps`` steps instead of using the embedded one
             (:func:`procap.train.tokenizer.embedded_tokenizer_path`).
         jobs: training runs of a seed side by side, each in its own process (default :func:`default_jobs`).
-        procedures: stage-1 frames, one of :data:`procap.config.DEMO_PROCEDURES` (:func:`build_procedures`).
-        viewpoint: the benchmark's view change within a pair (:data:`procap.config.VIEWPOINTS`,
+        procedures: stage-1 frames, one of :data:`procap.core.config.DEMO_PROCEDURES` (:func:`build_procedures`).
+        viewpoint: the benchmark's view change within a pair (:data:`procap.core.config.VIEWPOINTS`,
             :mod:`procap.data.synthetic`); None: the budget's (``distractor`` for the full demo, ``none`` for the
             quick one).
         resume: read back every seed of ``out`` whose four models were evaluated (:func:`finished_reports`) and
             train only the others: an interrupted demo goes on from its last finished seed.
     """
+    from procap.core.files import atomic_write_json
     from procap.eval.split import default_metrics
-    from procap.files import atomic_write_json
     from procap.train.tokenizer import embedded_tokenizer_path
 
     out, budget = Path(out), budget or (QUICK if quick else FULL)
@@ -953,10 +958,10 @@ def run_demo(
     splits, test, truths, vocab = _load_benchmark(data, budget, seed, progress, viewpoint, clock)
     cache = ImageCache(IMAGE_SIZE)
     configs = stage_configs(budget, out, data, seed, device, progress, workers, out)
-    print(
+    logger.info(
         f"         pairs: {len(splits['train'])} train / {len(splits['val'])} val / {len(test)} test, "
         f"vocabulary {len(vocab)} words",
-        flush=True,
+        extra=TO_STDOUT,
     )
 
     _prepare_tokenizer(train_tokenizer, configs["vqgan"], splits["train"], budget, clock)
@@ -1019,9 +1024,9 @@ def run_demo(
         "note": note,
     }
     atomic_write_json(out / "metrics.json", summary, indent=1)
-    print_summary(results, metrics, samples, summary, note)
+    logger.info(summary_text(results, metrics, samples, summary, note), extra=TO_STDOUT)
     clock.phase("report", "report.html: metrics, curves, examples with imagined procedures")
-    from procap.viz.report import build_report
+    from procap.experiments.report import build_report
 
     build_report(out)
     clock.done()
@@ -1095,26 +1100,23 @@ def _prepare_tokenizer(
     clock.done()
 
 
-def print_summary(results: dict, metrics, samples: list, summary: dict, note: str | None) -> None:
-    print()
-    print(format_table(results, metrics))
-    print()
-    print(format_failures(results))
+def summary_text(results: dict, metrics, samples: list, summary: dict, note: str | None) -> str:
+    """What the demo reports at its end: the table, the failure kinds, the paired comparisons, examples, timings."""
+    parts = ["", format_table(results, metrics), "", format_failures(results)]
     if summary.get("paired"):
-        print()
-        print(format_paired(summary["paired"]))
+        parts += ["", format_paired(summary["paired"])]
     if note:
-        print(note)
-    print("\nexamples (test split, first seed):")
+        parts.append(note)
+    parts.append("\nexamples (test split, first seed):")
     for row in samples:
-        print(f"  {row['id']} [{row['change_type']}]")
-        for label in results:
-            print(f"    {label:<27} {row[label]}")
-        print(f"    {'reference':<27} {row['references'][0]}")
-    print(
+        parts.append(f"  {row['id']} [{row['change_type']}]")
+        parts += [f"    {label:<27} {row[label]}" for label in results]
+        parts.append(f"    {'reference':<27} {row['references'][0]}")
+    parts.append(
         f"\ntotal {summary['total_s']:.0f} s, {describe_parallelism(summary)}; phases: "
         + ", ".join(f"{k} {v:.0f}s" for k, v in summary["phases_s"].items())
     )
+    return "\n".join(parts)
 
 
 def describe_parallelism(summary: dict) -> str:

@@ -3,7 +3,7 @@
 Python's ``json`` keeps the last of two values given under one key, and PyYAML does the same, so a config naming
 ``steps`` twice, a caption file naming an image twice or checkpoint metadata naming ``stage`` twice would be read
 with one of the values silently dropped. Every reader here refuses such an object with one sentence naming the
-source and the key; a malformed text is one sentence too. Writes go through :mod:`procap.files`.
+source and the key; a malformed text is one sentence too. Writes go through :mod:`procap.core.files`.
 
 Sizes are bounded before memory is taken: a file over :data:`MAX_TEXT_BYTES` is refused from its size, before a
 byte is read (Python's parser takes several times a file's size in objects), and nesting deeper than the parser's
@@ -18,8 +18,8 @@ import os
 from collections.abc import Hashable
 from typing import Any
 
-from procap.errors import ProCapError, shown
-from procap.validate import input_file
+from procap.core.errors import ProCapError, shown
+from procap.core.validate import input_file
 
 # The largest JSON / YAML / JSON-lines file the package reads: well above the largest real one (the authors' score
 # files and the datasets' caption files are tens of MB), and far below what parsing it would take (about ten times
@@ -152,7 +152,7 @@ def parse_yaml(text: str, source: str) -> Any:
         ProCapError: PyYAML is missing (the ``[train]`` extra names it), the text is not YAML, or its aliases
             expand it beyond :data:`MAX_ALIAS_VALUES` (:func:`_refuse_alias_bombs`).
     """
-    from procap.extras import require
+    from procap.core.extras import require
 
     yaml = require("yaml", f"reading {source}")
 

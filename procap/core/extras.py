@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import Mapping
 from types import ModuleType
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 
 DISTRIBUTION = "procap-torch"  # the name on PyPI ("procap" there is an unrelated package); `import procap` is kept
 

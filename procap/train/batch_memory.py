@@ -35,10 +35,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from procap import validate
-from procap.checkpoint import read_checkpoint_metadata
-from procap.config import ProCapConfig, config_from_dict, get_preset
-from procap.errors import ProCapError
+from procap.core import validate
+from procap.core.config import ProCapConfig, config_from_dict, get_preset
+from procap.core.errors import ProCapError
+from procap.loading.checkpoint import read_checkpoint_metadata
 from procap.train.common import load_pairs
 from procap.train.distributed import env_context
 
@@ -89,7 +89,7 @@ def batch_bytes(config: Any, batch: int, stage: str = "inference", activation_by
     """Lower bound of the memory one batch of ``batch`` items takes (see the module docstring).
 
     Args:
-        config: a :class:`procap.config.ProCapConfig`.
+        config: a :class:`procap.core.config.ProCapConfig`.
         batch: items per batch (pairs; images for the VQGAN stage).
         stage: ``"inference"`` (caption, evaluate, profile), ``"vqgan"``, ``"pretrain"`` or ``"train"``.
         activation_bytes: bytes of one activation value: 2 (bf16) unless the run computes in float32 (4).
@@ -186,7 +186,7 @@ def clamp_note(flag_value: int, items: int, what: str, command: str, default: in
 
 
 def checkpoint_config(path: str | os.PathLike) -> Any:
-    """The :class:`procap.config.ProCapConfig` in a checkpoint's header, without reading its weights.
+    """The :class:`procap.core.config.ProCapConfig` in a checkpoint's header, without reading its weights.
 
     None when the file or its stored config is unreadable: loading the checkpoint reports that, naming the file
     or the field.

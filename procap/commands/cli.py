@@ -20,11 +20,11 @@ from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from procap._version import __version__
-from procap.errors import ProCapError, ProCapWarning
-from procap.extras import DISTRIBUTION, missing_extra_message
-from procap.files import OutputError, os_error_in, protect_inputs
-from procap.logs import console_logging
-from procap.validate import output_apart
+from procap.core.errors import ProCapError, ProCapWarning
+from procap.core.extras import DISTRIBUTION, missing_extra_message
+from procap.core.files import OutputError, os_error_in, protect_inputs
+from procap.core.logs import console_logging
+from procap.core.validate import output_apart
 
 # name -> module under procap.commands; the order is the order shown by --help.
 COMMANDS: dict[str, str] = {
@@ -135,7 +135,7 @@ def _os_failure(exc: Exception, args: argparse.Namespace) -> str:
 
 @contextlib.contextmanager
 def one_line_warnings() -> Iterator[None]:
-    """Show each :class:`~procap.errors.ProCapWarning` as one line on stderr, ``procap: warning: <message>``, instead
+    """Show each :class:`~procap.core.errors.ProCapWarning` as one line on stderr, ``procap: warning: <message>``, instead
     of Python's two (file, line and source); every other warning goes where it went before."""
     previous = warnings.showwarning
 
@@ -160,7 +160,7 @@ def one_line_warnings() -> Iterator[None]:
 
 
 def log_level(args: argparse.Namespace) -> int:
-    """The ``procap`` logger's level for ``--quiet`` / ``--verbose`` / neither (:mod:`procap.logs`)."""
+    """The ``procap`` logger's level for ``--quiet`` / ``--verbose`` / neither (:mod:`procap.core.logs`)."""
     if args.quiet:
         return logging.WARNING
     return logging.DEBUG if args.verbose else logging.INFO

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from procap.errors import ProCapError
+from procap.core.errors import ProCapError
 
 if TYPE_CHECKING:
     from typing_extensions import Self

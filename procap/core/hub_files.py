@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from procap import validate
-from procap.errors import ProCapError
-from procap.extras import DISTRIBUTION, require
+from procap.core import validate
+from procap.core.errors import ProCapError
+from procap.core.extras import DISTRIBUTION, require
 
 HF_PREFIX = "hf://"
 MIN_HUB_VERSION = (0, 25)  # pyproject's [hub] extra says the same
