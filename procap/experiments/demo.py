@@ -399,9 +399,23 @@ def evaluate_run(
 
 # What a finished seed's runs must share with this demo for ``--resume`` to read them back instead of training.
 RESUME_SETTINGS = (
-    "preset", "dataset", "steps", "batch_size", "lr", "encoder_lr", "decoder_lr", "warmup_frac", "decay", "seed",
-    "num_keyframes", "val_every", "val_pairs", "select_metric", "device", "procedures",
-)  # fmt: skip
+    "preset",
+    "dataset",
+    "steps",
+    "batch_size",
+    "lr",
+    "encoder_lr",
+    "decoder_lr",
+    "warmup_frac",
+    "decay",
+    "seed",
+    "num_keyframes",
+    "val_every",
+    "val_pairs",
+    "select_metric",
+    "device",
+    "procedures",
+)
 
 
 def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str, dict[str, Any]] | None:
@@ -946,91 +960,185 @@ def run_demo(
             train only the others: an interrupted demo goes on from its last finished seed.
     """
     from procap.core.files import atomic_write_json
-    from procap.eval.split import default_metrics
-    from procap.train.tokenizer import embedded_tokenizer_path
 
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     viewpoint = budget.viewpoint if viewpoint is None else viewpoint
     jobs = _checked_jobs(seed, seeds, procedures, viewpoint, jobs, device)
-    clock, data = Clock(), Path(out) / "data"
-    if resume:
-        _check_resumed_benchmark(data, viewpoint)
-    splits, test, truths, vocab = _load_benchmark(data, budget, seed, progress, viewpoint, clock)
-    cache = ImageCache(IMAGE_SIZE)
-    configs = stage_configs(budget, out, data, seed, device, progress, workers, out)
-    logger.info(
-        f"         pairs: {len(splits['train'])} train / {len(splits['val'])} val / {len(test)} test, "
-        f"vocabulary {len(vocab)} words",
-        extra=TO_STDOUT,
-    )
-
-    _prepare_tokenizer(train_tokenizer, configs["vqgan"], splits["train"], budget, clock)
-    clock.phase("procedures", f"stage-1 procedures: {procedures}")
-    # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
-    stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
-    source = build_procedures(
-        procedures,
-        data,
-        out,
-        stage1_pairs,
-        configs["stage1"].vqgan,
-        progress,
-        workers=max(1, min(2, torch.get_num_threads())),
-    )
-    keyframes = describe_keyframes(source, stage1_pairs)
-    clock.done()
-
-    metrics, note = default_metrics(DEMO_METRICS)
+    study = _Study(out, seed, budget, device, progress, workers, procedures, jobs, resume, viewpoint)
+    _prepare(study, train_tokenizer)
     per_model: dict[str, list[dict]] = {name: [] for name, _ in MODELS}
     for run_seed in range(seed, seed + seeds):
-        folder = run_folder(out, run_seed, seed)
-        configs = stage_configs(budget, out, data, run_seed, device, progress, workers, folder)
-        configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=source)
-        reports = finished_reports(folder, configs) if resume else None
-        if reports is not None:
-            clock.phase("resume", f"seed {run_seed}: finished before, its evaluation read back from {folder}")
-        else:
-            best = train_seed(run_seed, configs, splits, vocab, cache, clock, budget, procedures, jobs)
-            clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(test)} test pairs")
-            reports = {
-                name: evaluate_run(name, best[name], test, metrics, cache, device, folder, truths, progress)
-                for name, _ in MODELS
-            }
+        reports = _seed_reports(study, run_seed)
         for name, _ in MODELS:
             per_model[name].append({**reports[name], "seed": run_seed})
-        clock.done()
+    summary, samples = _summarise(study, per_model, quick, seeds, train_tokenizer)
+    atomic_write_json(out / "metrics.json", summary, indent=1)
+    logger.info(summary_text(summary["results"], study.metrics, samples, summary, study.note), extra=TO_STDOUT)
+    _write_report(out, study.clock)
+    return summary
 
-    results = {label: aggregate(per_model[name], metrics) for name, label in MODELS}
-    paired = paired_comparisons({name: [r["predictions"] for r in per_model[name]] for name, _ in MODELS}, truths)
+
+@dataclass
+class _Study:
+    """What every seed of one demo shares: where it writes, its settings, the benchmark, stage 1's frames, the
+    metrics and the clock (the last groups are filled in by :func:`_prepare`)."""
+
+    out: Path
+    base_seed: int
+    budget: DemoBudget
+    device: str
+    progress: bool
+    workers: int
+    procedures: str
+    jobs: int
+    resume: bool
+    viewpoint: str
+    clock: Clock = dataclasses.field(default_factory=Clock)
+    cache: ImageCache = dataclasses.field(default_factory=lambda: ImageCache(IMAGE_SIZE))
+    splits: dict[str, list] = dataclasses.field(default_factory=dict)
+    test: list = dataclasses.field(default_factory=list)
+    truths: Any = None
+    vocab: Vocabulary | None = None
+    source: str = ""  # stage 1's frames: a procedure cache or a named source
+    keyframes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: Any = None
+    note: str | None = None
+
+    @property
+    def data(self) -> Path:
+        return self.out / "data"
+
+
+def _prepare(study: _Study, train_tokenizer: bool) -> None:
+    """The phases before training: the benchmark, the tokenizer, stage 1's frames, the metrics to report."""
+    from procap.eval.split import default_metrics
+
+    if study.resume:
+        _check_resumed_benchmark(study.data, study.viewpoint)
+    benchmark = _load_benchmark(study.data, study.budget, study.base_seed, study.progress, study.viewpoint, study.clock)
+    study.splits, study.test, study.truths, study.vocab = benchmark
+    train = study.splits["train"]
+    logger.info(
+        f"         pairs: {len(train)} train / {len(study.splits['val'])} val / {len(study.test)} test, "
+        f"vocabulary {len(study.vocab)} words",
+        extra=TO_STDOUT,
+    )
+    configs = stage_configs(
+        study.budget, study.out, study.data, study.base_seed, study.device, study.progress, study.workers, study.out
+    )
+    _prepare_tokenizer(train_tokenizer, configs["vqgan"], train, study.budget, study.clock)
+    study.source, study.keyframes = _stage1_procedures(
+        study.procedures, study.data, study.out, train, study.budget, configs, study.progress, study.clock
+    )
+    study.metrics, study.note = default_metrics(DEMO_METRICS)
+
+
+def _summarise(
+    study: _Study, per_model: dict[str, list[dict]], quick: bool, seeds: int, train_tokenizer: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``metrics.json``'s content (figures per model over seeds, paired comparisons, settings, timings) and the
+    example captions written beside it."""
+    results = {label: aggregate(per_model[name], study.metrics) for name, label in MODELS}
     first_reports = {label: per_model[name][0] for name, label in MODELS}
-    samples = write_samples(pick_samples(test, 6), first_reports, cache, out)
+    samples = write_samples(pick_samples(study.test, 6), first_reports, study.cache, study.out)
+    predictions = {name: [report["predictions"] for report in per_model[name]] for name, _ in MODELS}
     summary = {
         "quick": quick,
-        "seed": seed,
-        "seeds": list(range(seed, seed + seeds)),
-        "procedures": procedures,
-        "viewpoint": viewpoint,
-        "tokenizer": "trained" if train_tokenizer else f"embedded ({embedded_tokenizer_path().name})",
-        "keyframes": keyframes,
-        "budget": dataclasses.asdict(budget),
-        "device": device,
+        "seed": study.base_seed,
+        "seeds": list(range(study.base_seed, study.base_seed + seeds)),
+        "procedures": study.procedures,
+        "viewpoint": study.viewpoint,
+        "tokenizer": _tokenizer_name(train_tokenizer),
+        "keyframes": study.keyframes,
+        "budget": dataclasses.asdict(study.budget),
+        "device": study.device,
         "threads": torch.get_num_threads(),
-        "jobs": jobs,
-        "pairs": {"train": len(splits["train"]), "val": len(splits["val"]), "test": len(test)},
+        "jobs": study.jobs,
+        "pairs": {"train": len(study.splits["train"]), "val": len(study.splits["val"]), "test": len(study.test)},
         "results": results,
-        "paired": paired,
-        "phases_s": clock.phases,
-        "total_s": round(clock.total, 1),
-        "note": note,
+        "paired": paired_comparisons(predictions, study.truths),
+        "phases_s": study.clock.phases,
+        "total_s": round(study.clock.total, 1),
+        "note": study.note,
     }
-    atomic_write_json(out / "metrics.json", summary, indent=1)
-    logger.info(summary_text(results, metrics, samples, summary, note), extra=TO_STDOUT)
-    clock.phase("report", "report.html: metrics, curves, examples with imagined procedures")
+    return summary, samples
+
+
+def _tokenizer_name(train_tokenizer: bool) -> str:
+    from procap.train.tokenizer import embedded_tokenizer_path
+
+    return "trained" if train_tokenizer else f"embedded ({embedded_tokenizer_path().name})"
+
+
+def _stage1_procedures(
+    procedures: str,
+    data: Path,
+    out: Path,
+    train_pairs: list,
+    budget: DemoBudget,
+    configs: dict[str, TrainConfig],
+    progress: bool,
+    clock: Clock,
+) -> tuple[str, dict[str, Any]]:
+    """The ``procedures`` phase: stage 1's frames for the training pairs it uses, and their keyframe statistics."""
+    clock.phase("procedures", f"stage-1 procedures: {procedures}")
+    # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
+    stage1_pairs = train_pairs[: budget.stage1_pairs] if budget.stage1_pairs else train_pairs
+    workers = max(1, min(2, torch.get_num_threads()))
+    source = build_procedures(procedures, data, out, stage1_pairs, configs["stage1"].vqgan, progress, workers=workers)
+    keyframes = describe_keyframes(source, stage1_pairs)
+    clock.done()
+    return source, keyframes
+
+
+def _seed_reports(study: _Study, run_seed: int) -> dict[str, dict[str, Any]]:
+    """One seed's four models, trained and evaluated on the test pairs, or (``resume``) read back when finished."""
+    folder = run_folder(study.out, run_seed, study.base_seed)
+    configs = stage_configs(
+        study.budget, study.out, study.data, run_seed, study.device, study.progress, study.workers, folder
+    )
+    configs["stage1"] = dataclasses.replace(configs["stage1"], procedures=study.source)
+    reports = finished_reports(folder, configs) if study.resume else None
+    if reports is not None:
+        study.clock.phase("resume", f"seed {run_seed}: finished before, its evaluation read back from {folder}")
+    else:
+        best = train_seed(
+            run_seed,
+            configs,
+            study.splits,
+            study.vocab,
+            study.cache,
+            study.clock,
+            study.budget,
+            study.procedures,
+            study.jobs,
+        )
+        study.clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(study.test)} test pairs")
+        reports = {
+            name: evaluate_run(
+                name,
+                best[name],
+                study.test,
+                study.metrics,
+                study.cache,
+                study.device,
+                folder,
+                study.truths,
+                study.progress,
+            )
+            for name, _ in MODELS
+        }
+    study.clock.done()
+    return reports
+
+
+def _write_report(out: Path, clock: Clock) -> None:
+    """The ``report`` phase: ``report.html`` beside ``metrics.json``."""
     from procap.experiments.report import build_report
 
+    clock.phase("report", "report.html: metrics, curves, examples with imagined procedures")
     build_report(out)
     clock.done()
-    return summary
 
 
 def _check_resumed_benchmark(data: Path, viewpoint: str) -> None:
