@@ -146,7 +146,7 @@ EOF
   local tests="${GPU_CHECK_TESTS:-}"
   if [ -z "$tests" ]; then
     if [ "$DRY_RUN" = 1 ]; then tests="tests/kernels/test_dispatch.py tests/fast/test_nvtx.py"
-    else tests="tests/kernels tests/fast tests/test_attention.py tests/model"; fi
+    else tests="tests/kernels tests/fast tests/commands/test_caption_and_profile.py tests/test_attention.py tests/model"; fi
   fi
   # shellcheck disable=SC2046,SC2086  # the test paths and the xdist arguments are words
   run_bounded setup tests "$PYTHON" -m pytest $tests -q -x -p no:cacheprovider $(xdist_args) \
@@ -239,7 +239,7 @@ print(d, 'with its jars' if glob.glob(d + '/tokenizer/*.jar') else 'without its 
   local tests="${GPU_CHECK_SUITE_TESTS:-}" workers=""
   if [ -z "$tests" ]; then
     tests="tests"  # the dry run: two small files, one of them scoring captions through pycocoevalcap
-    [ "$DRY_RUN" = 0 ] || tests="tests/test_choices.py tests/eval/test_evaluate.py::test_perfect_predictions_beat_wrong_ones"
+    [ "$DRY_RUN" = 0 ] || tests="tests/commands/test_choices.py tests/eval/test_evaluate.py::test_perfect_predictions_beat_wrong_ones"
   fi
   local checkpoint=tests/convert/data/clevr_like/model.chkpt
   # the machine's copy of 2026-11-26 lacked the authors' checkpoint, which most of tests/convert reads

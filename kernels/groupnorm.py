@@ -20,7 +20,7 @@ with the statistics of group ``g`` over all H*W positions and the group's C/G ch
 3. ``_group_norm_apply_kernel``, grid (B, row tiles, channel tiles): ``y = act((s - mean) * scale + bias)``
    (subtracting the mean first keeps a near-constant group exact, unlike ``s * scale + (bias - mean * scale)``).
 
-``in_bias`` is the bias of the convolution that produced x, run without it (``procap.fast.vqgan_encoder``): ATen
+``in_bias`` is the bias of the convolution that produced x, run without it (``procap.model.vqgan_fused``): ATen
 would add it in a separate, non-vectorised pass. When the sum is not needed afterwards it is never stored: the apply
 kernel adds the bias again as it reads x. Each add is rounded to the storage dtype as the reference's eager add is,
 so a written sum equals the reference's bit for bit.

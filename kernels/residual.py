@@ -3,7 +3,7 @@
 A cuDNN convolution with a bias runs the convolution without it and then a separate broadcast ``add_`` of the
 (1, C, 1, 1) bias; that operand has zero strides, so ATen takes its non-vectorised elementwise kernel (on the H100
 profile 36 such passes cost about 9 ms per batch-32 VQGAN forward, docs/gpu.md). The fast VQGAN encoder
-(``procap.fast.vqgan``) runs its convolutions bias-free and adds each bias where the tensor is read anyway; where
+(``procap.model.vqgan_fused``) runs its convolutions bias-free and adds each bias where the tensor is read anyway; where
 nothing reads it (a residual block's output, the encoder's last convolution) this op adds bias and shortcut in the
 pass that the residual add needed anyway: read two tensors, write one.
 

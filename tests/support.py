@@ -165,6 +165,44 @@ def small_training_config(vocab_size: int, **overrides):
     return small_config(**{"vocab_size": vocab_size, "max_caption_len": 12, **overrides})
 
 
+def micro_model(vocab_size: int):
+    """An untrained one-layer, 16-wide ProCap on 16 px images (the ``tiny`` preset's departures kept), for the
+    command tests that need a checkpoint and no captions worth reading."""
+    from procap.model.procap import ProCap
+
+    vqgan = small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
+    config = get_preset(
+        "tiny",
+        vqgan=vqgan,
+        image_size=16,
+        vocab_size=vocab_size,
+        max_caption_len=8,
+        num_keyframes=1,
+        enc_dim=16,
+        enc_heads=2,
+        enc_mlp=32,
+        enc_layers=1,
+        dec_dim=16,
+        dec_heads=2,
+        dec_ffn=32,
+        dec_layers=1,
+        dropout=0.0,
+    )
+    return ProCap(config)
+
+
+# -- `procap caption` over image folders (tests/commands: test_caption_many.py, test_caption_file_guards.py) -----------
+
+CAPTION_PAIRS = 5  # pairs in the ``folders`` fixture of tests/commands/conftest.py
+
+
+def run_caption(checkpoint: Path, *argv: str) -> int:
+    """``procap caption --ckpt CHECKPOINT --device cpu --batch-size 2 ARGV``: its exit status."""
+    from procap.commands.cli import main
+
+    return main(["caption", "--ckpt", str(checkpoint), "--device", "cpu", "--batch-size", "2", *argv])
+
+
 def tiny_vqgan():
     """An untrained f16 VQGAN on 32 px images (2 x 2 latents), for similarity scores and procedure caches."""
     from procap.model.vqgan import VQGAN

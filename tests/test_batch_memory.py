@@ -15,18 +15,17 @@ from procap.train import batch_memory
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory) -> dict[str, Path]:
     """A 20-scene synthetic benchmark at 16 px and a one-layer checkpoint trained on nothing."""
-    from test_cli_bad_inputs import _small_model
-
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.loading.checkpoint import save_checkpoint
     from procap.train.common import build_vocab
+    from tests.support import micro_model
 
     root = tmp_path_factory.mktemp("batch_memory")
     data = root / "data"
     generate(data, 20, size=16, seed=3, progress=False)
     vocab = build_vocab(load_split("clevr-change", data, "train"), "clevr-change")
-    ckpt = save_checkpoint(root / "model.safetensors", _small_model(len(vocab)), vocab)
+    ckpt = save_checkpoint(root / "model.safetensors", micro_model(len(vocab)), vocab)
     return {
         "data": data,
         "ckpt": ckpt,

@@ -393,3 +393,125 @@ def test_the_loop_check_sees_function_local_imports_and_not_type_checking_blocks
     assert import_cycles(import_graph({**sources, "procap.model.b": runs_anyway})) == [
         ["procap.model.a", "procap.model.b", "procap.model.a"]
     ]
+
+
+# -- the module table of docs/architecture.md ("## Modules"): one row per module, under its level -------------------
+
+MODULES_SECTION = "## Modules"
+LEVEL_HEADING = re.compile(r"### Level (\d+)\b")
+
+
+def module_rows(text: str) -> list[tuple[str, int | None]]:
+    """``(first cell, level)`` of every table row of the "Modules" section: the level of the ``### Level N`` heading
+    above the row, None under any other heading (the files beside the package)."""
+    rows: list[tuple[str, int | None]] = []
+    inside, level = False, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            inside, level = line.strip() == MODULES_SECTION, None
+        elif inside and line.startswith("### "):
+            heading = LEVEL_HEADING.match(line)
+            level = int(heading.group(1)) if heading else None
+        elif inside and line.startswith("|") and not re.match(r"\|\s*(---|module|path)\s*\|", line):
+            rows.append((line.split("|")[1].strip(), level))
+    return rows
+
+
+def hands_names_on_only(source: str) -> bool:
+    """True for a module holding only its docstring, imports, ``__all__`` and ``if TYPE_CHECKING:`` imports: an
+    ``__init__.py`` the table leaves to the modules it imports from."""
+    for node in ast.parse(source).body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        names_all = bool(targets) and all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
+        typing_only = isinstance(node, ast.If) and _is_type_checking(node.test) and not node.orelse
+        if not (docstring or names_all or typing_only or isinstance(node, (ast.Import, ast.ImportFrom))):
+            return False
+    return True
+
+
+def documented_modules(files: Mapping[str, Path], root: Path = ROOT) -> dict[str, str]:
+    """``{path as the table writes it: module}`` for every module the table must name: all but the ``__init__.py``
+    files that only hand names on."""
+    return {
+        path.relative_to(root).as_posix(): module
+        for module, path in files.items()
+        if path.name != "__init__.py" or not hands_names_on_only(path.read_text(encoding="utf-8"))
+    }
+
+
+def module_table_problems(text: str, files: Mapping[str, Path], table: dict[str, int], root: Path = ROOT) -> list[str]:
+    """One line per way the module table of ``text`` and the package ``files`` disagree."""
+    rows = module_rows(text)
+    wanted = documented_modules(files, root)
+    problems = []
+    counts: dict[str, int] = {}
+    for cell, _ in rows:
+        counts[cell] = counts.get(cell, 0) + 1
+    for cell, level in rows:
+        path = re.fullmatch(r"`([^`\s]+)`", cell)
+        if not path:
+            problems.append(f"row {cell!r}: the first column is one path in backquotes")
+            continue
+        path = path.group(1)
+        if counts[cell] > 1:
+            problems.append(f"{path}: {counts[cell]} rows")
+            counts[cell] = 1  # said once
+        if not (root / path).exists():
+            problems.append(f"{path}: no such file")
+        elif path.startswith("procap/") and path not in wanted:
+            kind = "an __init__.py that only hands names on" if path.endswith("__init__.py") else "no module"
+            problems.append(f"{path}: {kind}, so no row")
+        elif path in wanted and level != level_of(wanted[path], table):
+            problems.append(f"{path}: under level {level}, but its folder is level {level_of(wanted[path], table)}")
+        elif not path.startswith("procap/") and level is not None:
+            problems.append(f"{path}: outside the package, so not under a level")
+    listed = {cell.strip("`") for cell, _ in rows}
+    problems += [f"{path}: no row" for path in sorted(set(wanted) - listed)]
+    return problems
+
+
+def test_the_module_table_names_every_module_once_under_its_level(table):
+    problems = module_table_problems(ARCHITECTURE.read_text(encoding="utf-8"), package_files(), table)
+    assert not problems, "docs/architecture.md's module table:\n" + "\n".join(problems)
+
+
+def test_the_module_table_check_catches_a_missing_a_doubled_and_a_bogus_row(table):
+    """Each change planted into a copy of the document's text is reported, and only it."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    files = package_files()
+    beam = next(line for line in text.splitlines() if line.startswith("| `procap/model/beam.py` |"))
+    vocab = next(line for line in text.splitlines() if line.startswith("| `procap/data/vocab.py` |"))
+
+    def planted(old: str, new: str) -> list[str]:
+        assert text.count(old) == 1
+        return module_table_problems(text.replace(old, new), files, table)
+
+    assert planted(beam, beam + "\n| `procap/fast/lean_decode.py` | gone |") == [
+        "procap/fast/lean_decode.py: no such file"
+    ]
+    assert planted(beam, beam + "\n" + beam) == ["procap/model/beam.py: 2 rows"]
+    assert planted(beam + "\n", "") == ["procap/model/beam.py: no row"]
+    assert planted(vocab, vocab + "\n" + beam) == [
+        "procap/model/beam.py: 2 rows",
+        "procap/model/beam.py: under level 2, but its folder is level 3",
+    ]
+    assert planted(beam, beam + "\n| `procap/kernels/__init__.py` | names |") == [
+        "procap/kernels/__init__.py: an __init__.py that only hands names on, so no row"
+    ]
+    assert planted(beam, beam + "\n| `procap/model` | the folder |") == ["procap/model: no module, so no row"]
+    assert planted(beam, beam + "\n| `hubconf.py` | again |") == [
+        "hubconf.py: 2 rows",
+        "hubconf.py: outside the package, so not under a level",
+    ]
+
+
+def test_an_init_that_defines_something_needs_a_row():
+    assert hands_names_on_only('"""Doc."""\nfrom procap.x import y\n\n__all__ = ["y"]\n')
+    assert hands_names_on_only("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from procap.x import y\n")
+    assert hands_names_on_only("")
+    assert not hands_names_on_only("from procap.x import y\n\nZ = 1\n")
+    assert not hands_names_on_only("def __getattr__(name):\n    raise AttributeError(name)\n")
+    assert not hands_names_on_only("if TYPE_CHECKING:\n    pass\nelse:\n    import torch\n")

@@ -2,7 +2,7 @@
 Python caller as one :class:`ProCapError` sentence naming what was wrong, as the CLI prints it (issue 39, class C).
 
 One table; each case is a call and the word its sentence must name. The same inputs through the command line are
-in ``tests/test_cli_bad_inputs.py``.
+in ``tests/commands/test_cli_bad_inputs.py``.
 """
 
 from __future__ import annotations

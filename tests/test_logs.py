@@ -110,18 +110,17 @@ def test_quiet_and_verbose_together_are_a_usage_error(capsys):
 @pytest.fixture(scope="module")
 def caption_inputs(tmp_path_factory) -> argparse.Namespace:
     """A one-pair benchmark at 16 px and an untrained one-layer checkpoint."""
-    from test_cli_bad_inputs import _small_model
-
     from procap.data import load_split
     from procap.data.synthetic import generate
     from procap.loading.checkpoint import save_checkpoint
     from procap.train.common import build_vocab
+    from tests.support import micro_model
 
     root = tmp_path_factory.mktemp("logs")
     generate(root / "data", 4, size=16, seed=3, progress=False)
     vocab = build_vocab(load_split("clevr-change", root / "data", "train"), "clevr-change")
     return argparse.Namespace(
-        ckpt=save_checkpoint(root / "model.safetensors", _small_model(len(vocab)), vocab),
+        ckpt=save_checkpoint(root / "model.safetensors", micro_model(len(vocab)), vocab),
         before=root / "data" / "images" / "CLEVR_default_000000.png",
         after=root / "data" / "sc_images" / "CLEVR_semantic_000000.png",
     )

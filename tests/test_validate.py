@@ -158,15 +158,15 @@ def test_cpu_with_an_index_is_the_cpu(tmp_path, capsys):
     ValueError traceback from the fast decoder."""
     import torch
     from PIL import Image
-    from test_cli_bad_inputs import _small_model
 
     from procap.commands.cli import main
     from procap.data.vocab import Vocabulary
     from procap.loading.checkpoint import save_checkpoint
+    from tests.support import micro_model
 
     assert validate.device("cpu:0") == torch.device("cpu") == validate.canonical_device("cpu:0")
     vocab = Vocabulary(["the", "cube", "moved"])
-    ckpt = save_checkpoint(tmp_path / "m.safetensors", _small_model(len(vocab)), vocab)
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", micro_model(len(vocab)), vocab)
     for name, color in (("b.png", (0, 0, 0)), ("a.png", (255, 0, 0))):
         Image.new("RGB", (16, 16), color).save(tmp_path / name)
     argv = ["caption", "--ckpt", str(ckpt), str(tmp_path / "b.png"), str(tmp_path / "a.png")]

@@ -47,7 +47,7 @@ def _missing(monkeypatch, *modules: str) -> None:
 
 def _fails_at_once(argv: list[str], capsys) -> str:
     build_parser()  # the commands' modules imported first: only the command's own run is timed
-    import torch  # noqa: F401  (the parser no longer brings it, tests/test_cli_startup.py; it is no check's cost)
+    import torch  # noqa: F401  (the parser no longer brings it, tests/commands/test_cli_startup.py; it is no check's cost)
 
     start = time.perf_counter()
     code = main(argv)

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from procap.commands.cli import COMMANDS, build_parser, main
+from tests.support import micro_model
 
 KINDS = (
     "missing",
@@ -438,32 +439,6 @@ def _partial_cache(root: Path) -> None:
     writer.close()
 
 
-def _small_model(vocab_size: int):
-    from procap.core.config import get_preset
-    from procap.model.procap import ProCap
-    from tests.support import small_vqgan_config
-
-    vqgan = small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
-    config = get_preset(
-        "tiny",
-        vqgan=vqgan,
-        image_size=16,
-        vocab_size=vocab_size,
-        max_caption_len=8,
-        num_keyframes=1,
-        enc_dim=16,
-        enc_heads=2,
-        enc_mlp=32,
-        enc_layers=1,
-        dec_dim=16,
-        dec_heads=2,
-        dec_ffn=32,
-        dec_layers=1,
-        dropout=0.0,
-    )
-    return ProCap(config)
-
-
 def _rewrite_metadata(src: Path, dst: Path, **changes: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -525,7 +500,7 @@ def _models(ws: Path, data: Path) -> dict[str, Path]:
     from procap.train.vqgan_train import save_vqgan
 
     vocab = build_vocab(load_split("clevr-change", data, "train"), "clevr-change")
-    model = _small_model(len(vocab))
+    model = micro_model(len(vocab))
     ckpt = save_checkpoint(ws / "model.safetensors", model, vocab)
     vqgan = save_vqgan(ws / "vqgan.safetensors", model.vqgan)
     config = json.loads(_metadata(ckpt)["config"])
@@ -770,6 +745,6 @@ def test_the_table_holds_no_duplicate_cases():
 
 def test_the_docs_table_lists_every_category():
     """docs/errors.md mirrors this table: one row per category."""
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| ")}
     assert set(KINDS) <= rows, set(KINDS) - rows

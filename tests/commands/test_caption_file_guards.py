@@ -19,8 +19,7 @@ from safetensors.torch import load_file, save_file
 from procap.commands.cli import main
 from procap.core.files import OutputLock
 from procap.fast.caption_file import CaptionFile
-from tests.fast.test_caption_many import _caption, folders  # noqa: F401 (the fixture is used by name)
-from tests.support import subprocess_env
+from tests.support import run_caption, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLED = 86
@@ -42,7 +41,7 @@ main(sys.argv[1:])
 """.replace("KILLED", str(KILLED))
 
 
-def _source(folders) -> list[str]:  # noqa: F811 (the fixture's value)
+def _source(folders) -> list[str]:
     before_dir, after_dir = folders
     return ["--before-dir", str(before_dir), "--after-dir", str(after_dir)]
 
@@ -51,9 +50,9 @@ def _hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_an_overwrite_killed_after_its_first_batch_leaves_the_old_file_whole(checkpoint, folders, tmp_path, capsys):  # noqa: F811
+def test_an_overwrite_killed_after_its_first_batch_leaves_the_old_file_whole(checkpoint, folders, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
-    assert _caption(checkpoint, *_source(folders), "--out", str(out)) == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out)) == 0
     old = out.read_bytes()
     argv = ["caption", "--ckpt", str(checkpoint), "--device", "cpu", "--batch-size", "2", *_source(folders)]
     killed = subprocess.run(
@@ -70,27 +69,27 @@ def test_an_overwrite_killed_after_its_first_batch_leaves_the_old_file_whole(che
     assert ".captions.jsonl.saving" in _hidden(tmp_path)  # what the kill left: the unfinished replacement
 
     capsys.readouterr()
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume") == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume") == 0
     assert "deleted an unfinished save" in capsys.readouterr().err
     assert out.read_bytes() == old and _hidden(tmp_path) == [".captions.jsonl.settings.json"]
 
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--overwrite", "--max-len", "4") == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--overwrite", "--max-len", "4") == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5
     assert json.loads((tmp_path / ".captions.jsonl.settings.json").read_text())["decoding"]["--max-len"] == 4
     assert _hidden(tmp_path) == [".captions.jsonl.settings.json"]
 
 
-def test_a_second_writer_is_refused_naming_the_first(checkpoint, folders, tmp_path, capsys):  # noqa: F811
+def test_a_second_writer_is_refused_naming_the_first(checkpoint, folders, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
     with CaptionFile(out):  # a run writing the file (the lock is per open file, so this process counts as another)
         for extra in ([], ["--overwrite"], ["--resume"]):
-            assert _caption(checkpoint, *_source(folders), "--out", str(out), *extra) == 2
+            assert run_caption(checkpoint, *_source(folders), "--out", str(out), *extra) == 2
             err = capsys.readouterr().err
             assert err.startswith(f"procap: error: --out {out} is being written by procap (pid {os.getpid()}:")
             assert err.count("\n") == 1 and not out.exists()
     assert _hidden(tmp_path) == []  # the lock file goes with its holder
-    assert _caption(checkpoint, *_source(folders), "--out", str(out)) == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out)) == 0
 
 
 def test_the_lock_file_of_a_killed_writer_is_taken_over(tmp_path):
@@ -102,10 +101,10 @@ def test_the_lock_file_of_a_killed_writer_is_taken_over(tmp_path):
     assert not lock.exists()
 
 
-def _partial(checkpoint, folders, tmp_path, *settings: str) -> Path:  # noqa: F811
+def _partial(checkpoint, folders, tmp_path, *settings: str) -> Path:
     """A caption file cut after its first two rows, as a stopped run leaves it."""
     out = tmp_path / "captions.jsonl"
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), *settings) == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), *settings) == 0
     out.write_bytes(b"".join(out.read_bytes().splitlines(keepends=True)[:2]))
     return out
 
@@ -118,23 +117,23 @@ def _partial(checkpoint, folders, tmp_path, *settings: str) -> Path:  # noqa: F8
         (["--beams", "2"], ["--beams", "2", "--length-penalty", "0.5"], "--length-penalty 1.0, not 0.5"),
     ],
 )
-def test_resume_with_other_decoding_settings_is_refused(checkpoint, folders, tmp_path, capsys, first, resumed, named):  # noqa: F811
+def test_resume_with_other_decoding_settings_is_refused(checkpoint, folders, tmp_path, capsys, first, resumed, named):
     out = _partial(checkpoint, folders, tmp_path, *first)
     kept = out.read_bytes()
     capsys.readouterr()
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume", *resumed) == 2
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume", *resumed) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"procap: error: --resume: {out} was captioned with {named}") and err.count("\n") == 1
     assert out.read_bytes() == kept
 
 
-def test_resume_with_the_same_settings_given_explicitly_goes_on(checkpoint, folders, tmp_path, capsys):  # noqa: F811
+def test_resume_with_the_same_settings_given_explicitly_goes_on(checkpoint, folders, tmp_path, capsys):
     out = _partial(checkpoint, folders, tmp_path)
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume", "--max-len", "16") == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume", "--max-len", "16") == 0
     assert len(out.read_text().splitlines()) == 5
 
 
-def test_resume_with_another_checkpoint_is_refused(checkpoint, folders, tmp_path, capsys):  # noqa: F811
+def test_resume_with_another_checkpoint_is_refused(checkpoint, folders, tmp_path, capsys):
     out = _partial(checkpoint, folders, tmp_path)
     kept = out.read_bytes()
     other = tmp_path / "retrained.safetensors"
@@ -155,11 +154,11 @@ def test_resume_with_another_checkpoint_is_refused(checkpoint, folders, tmp_path
     assert f"not {other.resolve()}" in err and err.count("\n") == 1 and out.read_bytes() == kept
 
 
-def test_a_file_without_recorded_settings_is_resumed_with_a_note(checkpoint, folders, tmp_path, capsys):  # noqa: F811
+def test_a_file_without_recorded_settings_is_resumed_with_a_note(checkpoint, folders, tmp_path, capsys):
     out = _partial(checkpoint, folders, tmp_path)
     (tmp_path / ".captions.jsonl.settings.json").unlink()  # written by an older procap
     capsys.readouterr()
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume") == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume") == 0
     assert "records no checkpoint or decoding settings" in capsys.readouterr().err
     assert len(out.read_text().splitlines()) == 5
     assert (tmp_path / ".captions.jsonl.settings.json").is_file()  # from now on it does

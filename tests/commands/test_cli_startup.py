@@ -14,7 +14,7 @@ import pytest
 from procap.commands.cli import COMMANDS
 from tests.support import subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "cv2", "h5py")
 
 PROBE = """

@@ -7,25 +7,9 @@ import json
 import os
 
 import pytest
-import torch
-from PIL import Image
 
-from procap.commands.cli import main
 from procap.fast import Captioner
-
-PAIRS = 5
-
-
-@pytest.fixture()
-def folders(tmp_path, pairs):
-    """``PAIRS`` pairs as ``before/NAME.png`` and ``after/NAME.png`` under ``tmp_path``; returns the two folders."""
-    before_dir, after_dir = tmp_path / "before", tmp_path / "after"
-    for folder, batch in zip((before_dir, after_dir), pairs):
-        folder.mkdir()
-        for index in range(PAIRS):
-            array = (batch[index].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
-            Image.fromarray(array).save(folder / f"pair{index}.png")
-    return before_dir, after_dir
+from tests.support import CAPTION_PAIRS, run_caption
 
 
 @pytest.fixture()
@@ -42,10 +26,6 @@ def calls(monkeypatch):
     return seen
 
 
-def _caption(checkpoint, *argv: str) -> int:
-    return main(["caption", "--ckpt", str(checkpoint), "--device", "cpu", "--batch-size", "2", *argv])
-
-
 def _rows(path) -> list[dict]:
     if path.suffix == ".csv":
         with open(path, newline="") as handle:
@@ -56,7 +36,7 @@ def _rows(path) -> list[dict]:
 def _expected(checkpoint, before_dir, after_dir) -> list[dict]:
     """What a plain Captioner says of every pair, in name order, with the absolute paths as the pair id."""
     captioner = Captioner.from_checkpoint(checkpoint, device="cpu")
-    names = [f"pair{index}.png" for index in range(PAIRS)]
+    names = [f"pair{index}.png" for index in range(CAPTION_PAIRS)]
     befores, afters = [str(before_dir / n) for n in names], [str(after_dir / n) for n in names]
     return [{"before": b, "after": a, "caption": c} for b, a, c in zip(befores, afters, captioner(befores, afters))]
 
@@ -67,13 +47,13 @@ def test_a_list_is_captioned_into_a_file(checkpoint, folders, tmp_path, suffix, 
     # paths relative to the list's own folder: the command runs from elsewhere
     listing = tmp_path / "lists" / f"pairs{suffix}"
     listing.parent.mkdir()
-    entries = [(f"../before/pair{i}.png", f"../after/pair{i}.png") for i in range(PAIRS)]
+    entries = [(f"../before/pair{i}.png", f"../after/pair{i}.png") for i in range(CAPTION_PAIRS)]
     if suffix == ".csv":
         listing.write_text("after,before\n" + "".join(f"{a},{b}\n" for b, a in entries))
     else:
         listing.write_text("".join(json.dumps({"before": b, "after": a}) + "\n" for b, a in entries))
     out = tmp_path / "out" / f"captions{suffix}"
-    assert _caption(checkpoint, "--pairs", str(listing), "--out", str(out)) == 0
+    assert run_caption(checkpoint, "--pairs", str(listing), "--out", str(out)) == 0
     assert [len(batch) for batch in calls] == [2, 2, 1]
     assert _rows(out) == _expected(checkpoint, before_dir.resolve(), after_dir.resolve())
 
@@ -82,7 +62,9 @@ def test_folders_are_paired_by_name(checkpoint, folders, tmp_path, capsys):
     before_dir, after_dir = folders
     (before_dir / "notes.txt").write_text("not an image: ignored")
     out = tmp_path / "captions.jsonl"
-    assert _caption(checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out)) == 0
+    assert (
+        run_caption(checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out)) == 0
+    )
     assert _rows(out) == _expected(checkpoint, before_dir, after_dir)
     assert "5 captions written" in capsys.readouterr().err
 
@@ -91,7 +73,9 @@ def test_an_unmatched_name_is_one_sentence(checkpoint, folders, tmp_path, capsys
     before_dir, after_dir = folders
     (after_dir / "pair3.png").rename(after_dir / "extra.png")
     out = tmp_path / "captions.jsonl"
-    assert _caption(checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out)) == 2
+    assert (
+        run_caption(checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out)) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("procap: error:") and err.count("\n") == 1
     assert "only in --before-dir" in err and "pair3.png" in err and "only in --after-dir" in err and "extra.png" in err
@@ -103,7 +87,7 @@ def test_resume_captions_only_the_rest_and_ends_as_a_full_run(checkpoint, folder
     before_dir, after_dir = folders
     source = ["--before-dir", str(before_dir), "--after-dir", str(after_dir)]
     full = tmp_path / f"full{suffix}"
-    assert _caption(checkpoint, *source, "--out", str(full)) == 0
+    assert run_caption(checkpoint, *source, "--out", str(full)) == 0
     calls.clear()
 
     # a run stopped after two pairs, in the middle of writing the third line
@@ -111,12 +95,12 @@ def test_resume_captions_only_the_rest_and_ends_as_a_full_run(checkpoint, folder
     whole = 3 if suffix == ".csv" else 2  # the CSV header is a line too
     partial = tmp_path / f"partial{suffix}"
     partial.write_bytes(b"".join(lines[:whole]) + lines[whole][:10])
-    assert _caption(checkpoint, *source, "--out", str(partial), "--resume") == 0
+    assert run_caption(checkpoint, *source, "--out", str(partial), "--resume") == 0
     assert calls == [["pair2.png", "pair3.png"], ["pair4.png"]]
     assert partial.read_bytes() == full.read_bytes()
 
     calls.clear()  # all there: nothing to caption
-    assert _caption(checkpoint, *source, "--out", str(partial), "--resume") == 0
+    assert run_caption(checkpoint, *source, "--out", str(partial), "--resume") == 0
     assert calls == [] and partial.read_bytes() == full.read_bytes()
 
 
@@ -125,15 +109,15 @@ def test_an_existing_output_needs_resume_or_overwrite(checkpoint, folders, tmp_p
     source = ["--before-dir", str(before_dir), "--after-dir", str(after_dir)]
     out = tmp_path / "captions.jsonl"
     out.write_text("earlier work\n")
-    assert _caption(checkpoint, *source, "--out", str(out)) == 2
+    assert run_caption(checkpoint, *source, "--out", str(out)) == 2
     err = capsys.readouterr().err
     assert err.startswith("procap: error:") and "--resume" in err and "--overwrite" in err
     assert out.read_text() == "earlier work\n" and calls == []
 
-    assert _caption(checkpoint, *source, "--out", str(out), "--resume") == 2  # not a caption file: kept as it is
+    assert run_caption(checkpoint, *source, "--out", str(out), "--resume") == 2  # not a caption file: kept as it is
     assert "not a caption file" in capsys.readouterr().err and out.read_text() == "earlier work\n"
 
-    assert _caption(checkpoint, *source, "--out", str(out), "--overwrite") == 0
+    assert run_caption(checkpoint, *source, "--out", str(out), "--overwrite") == 0
     assert _rows(out) == _expected(checkpoint, before_dir, after_dir)
 
 
@@ -143,7 +127,9 @@ def test_progress_bar_on_stderr_unless_turned_off(checkpoint, folders, tmp_path,
     flags = [progress] if progress else []
     out = tmp_path / "captions.csv"
     assert (
-        _caption(checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out), *flags)
+        run_caption(
+            checkpoint, "--before-dir", str(before_dir), "--after-dir", str(after_dir), "--out", str(out), *flags
+        )
         == 0
     )
     err = capsys.readouterr().err
@@ -163,7 +149,7 @@ def test_a_bad_list_is_one_sentence_and_writes_nothing(checkpoint, folders, tmp_
     listing = tmp_path / "pairs.csv"
     listing.write_text(content)
     out = tmp_path / "captions.jsonl"
-    assert _caption(checkpoint, "--pairs", str(listing), "--out", str(out)) == 2
+    assert run_caption(checkpoint, "--pairs", str(listing), "--out", str(out)) == 2
     err = capsys.readouterr().err
     assert err.startswith("procap: error:") and str(listing) in err and message in err
     assert not out.exists()
@@ -191,7 +177,7 @@ def test_bad_arguments_are_one_sentence(checkpoint, folders, tmp_path, capsys, a
         "before": before_dir,
         "tmp": tmp_path,
     }
-    assert _caption(checkpoint, *[part.format(**names) for part in argv]) == 2
+    assert run_caption(checkpoint, *[part.format(**names) for part in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("procap: error:") and message in err
 
