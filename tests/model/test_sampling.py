@@ -22,13 +22,16 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=str)
-def test_cached_sampling_equals_the_oracle(options):
-    decoder = spread_decoder(vocab=30, max_len=8)
+@pytest.mark.parametrize("vocab", [12, 30])  # 12: four words and EOS, so captions end early
+def test_cached_sampling_equals_the_oracle(options, vocab):
+    decoder = spread_decoder(vocab=vocab, max_len=8)
     memory = memory_for(decoder, 6)
     oracle = sample_decode(decoder, memory, 8, **options)
     assert torch.equal(sample_decode_cached(decoder, memory, 8, **options), oracle)
     # Output format of greedy decoding: EOS included when produced, PAD after it, no suppressed id.
     assert not decoder.suppressed[oracle[oracle != PAD_ID]].any()
+    ended = [row.index(EOS_ID) for row in oracle.tolist() if EOS_ID in row[:-1]]
+    assert ended or vocab == 30
     for row in oracle.tolist():
         if EOS_ID in row:
             assert all(token == PAD_ID for token in row[row.index(EOS_ID) + 1 :])
