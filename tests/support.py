@@ -17,7 +17,7 @@ from PIL import Image
 
 from procap.core.config import VQGANConfig, get_preset
 from procap.kernels import _ext
-from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID
+from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID, CaptionDecoder
 
 # The one CUDA skip marker. A string condition is evaluated lazily, so collection never initialises CUDA.
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
@@ -154,6 +154,23 @@ def random_captions(batch: int, length: int, vocab: int, generator: torch.Genera
         words[b, end] = EOS_ID
         words[b, end + 1 :] = PAD_ID
     return words
+
+
+def spread_decoder(vocab: int = 12, max_len: int = 4, seed: int = 3) -> CaptionDecoder:
+    """A random decoder whose next-token distributions are far from uniform and change with the prefix
+    (a default init gives near-flat logits, where every search agrees): the beam and sampling tests' decoder."""
+    torch.manual_seed(seed)
+    decoder = CaptionDecoder(small_config(vocab_size=vocab, max_caption_len=max_len)).eval()
+    with torch.no_grad():
+        for parameter in decoder.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.6)
+    return decoder
+
+
+def memory_for(decoder: CaptionDecoder, batch: int, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, decoder.memory_len, decoder.embed.weight.shape[1], generator=generator)
 
 
 def small_training_config(vocab_size: int, **overrides):

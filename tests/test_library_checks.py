@@ -105,6 +105,14 @@ CASES = [
         lambda t: t["model"].generate(torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16), max_len="5"),
         "max_len",
     ),
+    Bad("unknown strategy", lambda t: _captioner(t, strategy="nucleus"), "strategy"),
+    Bad("option of another strategy", lambda t: _captioner(t, strategy="greedy", strategy_options={"seed": 1}), "seed"),
+    Bad(
+        "sampling option out of range",
+        lambda t: _captioner(t, strategy="sample", strategy_options={"top_p": 2}),
+        "top_p",
+    ),
+    Bad("beams beside sampling", lambda t: _captioner(t, strategy="sample", num_beams=2), "num_beams"),
     Bad("string batch size", lambda t: _captioner(t, batch_sizes=["8"]), "batch_sizes"),
     Bad("batch sizes as a number", lambda t: _captioner(t, batch_sizes=8), "batch_sizes"),
     # the bound of the command line's --batch-size: on CUDA each bucket's buffers are taken whole

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
 from procap.core import validate
-from procap.core.config import COMPUTE_DTYPES, MAX_BEAMS
+from procap.core.config import COMPUTE_DTYPES
 from procap.core.errors import ProCapError
+from procap.model.decoding import SHORT_FORM, STRATEGIES, option_fields, resolve_strategy  # torch-free
 
 if TYPE_CHECKING:
     from procap.fast.caption_file import CaptionFile
+    from procap.model.decoding import DecodingStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -70,21 +72,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="caption length including BOS (default: the checkpoint's max_caption_len)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
-    add_beam_arguments(parser)
+    add_decoding_arguments(parser)
     add_hub_arguments(parser)
 
 
-def add_beam_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--beams`` and ``--length-penalty`` (shared with ``procap evaluate``)."""
-    parser.add_argument(
-        "--beams", type=int, default=1, help=f"beam search with N beams, 1 to {MAX_BEAMS} (default 1: greedy)"
+def decoding_flags() -> dict[str, str]:
+    """Every registered strategy's options by name, each to its flag (``{"num_beams": "--beams", ...}``)."""
+    flags = {"strategy": "--strategy"}
+    for strategy in STRATEGIES.values():
+        flags |= {name: field.metadata["flag"] for name, field in option_fields(strategy).items()}
+    return flags
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--strategy`` and the options of every strategy of :data:`procap.model.decoding.STRATEGIES`, each from its
+    declaration there (shared with ``procap evaluate``); none has a default here, so that what was given is known."""
+    group = parser.add_argument_group("decoding")
+    group.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        help="how each token is chosen: greedy (the default), beam (beam search) or sample (sampling, reproducible "
+        "by --seed); --beams N alone is beam search",
     )
-    parser.add_argument(
-        "--length-penalty",
-        type=float,
-        default=1.0,
-        help="beam search ranks captions by log-probability / length ** this (default 1.0)",
-    )
+    added = set()
+    for strategy in STRATEGIES.values():
+        for field in option_fields(strategy).values():
+            flag = field.metadata["flag"]
+            if flag not in added:
+                added.add(flag)
+                group.add_argument(flag, type=field.metadata["kind"], help=field.metadata["help"])
+
+
+def strategy_from_args(args: argparse.Namespace) -> DecodingStrategy:
+    """The strategy ``--strategy`` and its options ask for (``--beams N`` alone: beam search), checked once.
+
+    Raises:
+        ProCapError: an option of another strategy, or a value out of range, naming its flag.
+    """
+    flags = decoding_flags()
+    given = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in flags.items() if name != "strategy"}
+    given = {name: value for name, value in given.items() if value is not None}
+    short = {name: given.pop(name) for name in list(given) if name in option_fields(SHORT_FORM)}
+    return resolve_strategy(args.strategy, given, **short, spelled=flags)
 
 
 def pairs_from_paths(paths: list[str]) -> list[tuple[Path, Path]]:
@@ -123,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_len, "--max-len", minimum=2)
-    validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
+    strategy = strategy_from_args(args)
     if (args.resume or args.overwrite) and args.out is None:
         raise ProCapError(f"{'--resume' if args.resume else '--overwrite'} applies to an --out file; give one.")
     if args.out is not None and args.json:
@@ -134,22 +163,22 @@ def run(args: argparse.Namespace) -> int:
 
         output = CaptionFile(args.out, resume=args.resume, overwrite=args.overwrite)
     with output or contextlib.nullcontext():
-        return _caption(args, pairs, output)
+        return _caption(args, pairs, output, strategy)
 
 
-def decoding_settings(args: argparse.Namespace, checkpoint: Path) -> dict[str, Any]:
+def decoding_settings(args: argparse.Namespace, checkpoint: Path, strategy: DecodingStrategy) -> dict[str, Any]:
     """The options that change a caption, keyed by flag, as ``--out``'s settings record them: ``--max-len`` as the
-    captioner will use it (the checkpoint's own when not given), ``--length-penalty`` only where beams rank by it."""
+    captioner will use it (the checkpoint's own when not given), ``--strategy`` and every option of that strategy
+    (the defaults of those not given; ``--beams 1`` is greedy, which has none)."""
     from procap.train.batch_memory import checkpoint_config
 
     max_len = args.max_len
     if max_len is None:
         config = checkpoint_config(checkpoint)
         max_len = config.max_caption_len if config is not None else None
-    settings = {"--max-len": max_len, "--beams": args.beams}
-    if args.beams > 1:
-        settings["--length-penalty"] = args.length_penalty
-    return settings
+    flags = decoding_flags()
+    options = {flags[name]: value for name, value in strategy.options().items()}
+    return {"--max-len": max_len, "--strategy": strategy.name, **options}
 
 
 def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
@@ -160,14 +189,16 @@ def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
     return {"file": str(checkpoint.resolve()), "bytes": checkpoint.stat().st_size, "sha256": sha256_of(checkpoint)}
 
 
-def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: CaptionFile | None) -> int:
+def _caption(
+    args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: CaptionFile | None, strategy: DecodingStrategy
+) -> int:
     from procap.data.pair_lists import pair_key
 
     done = [pair for pair in pairs if output is not None and pair_key(*pair) in output.done]
     todo = [pair for pair in pairs if output is None or pair_key(*pair) not in output.done]
     checkpoint = checkpoint_file(args)
     if output is not None:
-        output.check_settings(checkpoint_identity(checkpoint), decoding_settings(args, checkpoint))
+        output.check_settings(checkpoint_identity(checkpoint), decoding_settings(args, checkpoint, strategy))
         if output.note:
             logger.info("procap: note: %s.", output.note)
     if not todo:
@@ -180,7 +211,6 @@ def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: C
     batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(todo), device, "pairs given", "caption")
     from procap.fast import Captioner
     from procap.fast.caption_file import caption_batches
-    from procap.model.decoding import decoding_strategy
 
     captioner = Captioner.from_checkpoint(
         checkpoint,
@@ -188,7 +218,7 @@ def _caption(args: argparse.Namespace, pairs: list[tuple[Path, Path]], output: C
         dtype=args.dtype,
         max_len=args.max_len,
         batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
-        strategy=decoding_strategy(args.beams, args.length_penalty),
+        strategy=strategy,
     )
     # one batch needs no bar; the bar counts the pairs a resumed file already holds
     progress = args.progress and len(todo) > batch_size

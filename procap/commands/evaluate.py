@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from procap.commands.hub_args import add_hub_arguments, checkpoint_file
-from procap.core.config import ABLATABLE_PARTS, MAX_BEAMS
+from procap.core.config import ABLATABLE_PARTS
 from procap.eval.metrics import METRICS_SPELLING_HELP
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from procap.commands.caption import add_beam_arguments
+    from procap.commands.caption import add_decoding_arguments
     from procap.data.datasets import DATASETS, DEFAULT_DATASET, SPLITS
 
     parser.add_argument(
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "captions equal the oracle's)",
     )
     parser.set_defaults(fast=False)
-    add_beam_arguments(parser)
+    add_decoding_arguments(parser)
     parser.add_argument(
         "--ablate",
         nargs="+",
@@ -72,14 +72,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from procap.commands.caption import strategy_from_args
     from procap.core import validate
+    from procap.core.errors import ProCapError
     from procap.eval.split import evaluate_model
     from procap.loading.checkpoint import check_can_caption, load_checkpoint
+    from procap.model.decoding import strategy_record
 
     metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
-    validate.number(args.beams, "--beams", minimum=1, maximum=MAX_BEAMS)
+    strategy = strategy_from_args(args)
+    if args.ablate and (args.fast or strategy.name != "greedy"):
+        raise ProCapError(
+            "--ablate runs with the oracle's greedy decoding: leave out --fast and --beams or --strategy."
+        )
     device = validate.device(args.device)
     from procap.core.hub_files import parse_hub_path
 
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         from procap.eval.correctness import scene_truths
 
         truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
-    generate = _generator(args, model, vocab, device)
+    generate = _generator(args, model, vocab, device, strategy)
     report = evaluate_model(
         model,
         vocab,
@@ -117,11 +124,12 @@ def run(args: argparse.Namespace) -> int:
             "dataset": args.dataset,
             "split": args.split,
             "split_pairs": len(split_pairs),  # with "pairs": the part of the split the scores cover
-            "decoding": {"path": "fast" if args.fast else "exact", "beams": args.beams},
+            "decoding": {"path": "fast" if args.fast else "exact", **strategy_record(strategy)},
             "ablated": list(args.ablate or []),
         },
         truths=truths,
         generate=generate,
+        strategy=strategy,
         references=True,
     )
     print(format_report(report))
@@ -160,17 +168,15 @@ def _pairs_to_evaluate(args: argparse.Namespace) -> tuple[list, list]:
     return split_pairs, pairs
 
 
-def _generator(args: argparse.Namespace, model, vocab, device):
-    """``(before, after) -> tokens`` of the chosen path: the oracle ``model.generate`` (with ``--ablate``, on a
-    memory missing those parts) or a Captioner over ``model``."""
+def _generator(args: argparse.Namespace, model, vocab, device, strategy):
+    """``(before, after) -> tokens`` of the chosen path: None for the oracle ``model.generate`` under ``strategy``
+    (:func:`procap.eval.split.caption_pairs` calls it), the oracle on a memory missing the parts ``--ablate`` names,
+    or a Captioner over ``model``."""
     import torch
 
     from procap.core.errors import ProCapError
-    from procap.model.decoding import decoding_strategy
 
     if args.ablate:
-        if args.fast or args.beams != 1:
-            raise ProCapError("--ablate runs with the oracle's greedy decoding: leave out --fast and --beams.")
         parts = tuple(args.ablate)
         if "change" in parts and not model.departures.change_token:
             raise ProCapError("--ablate change: this checkpoint's model has no change token.")
@@ -186,8 +192,7 @@ def _generator(args: argparse.Namespace, model, vocab, device):
 
         return ablated
     if not args.fast:
-        strategy = decoding_strategy(args.beams, args.length_penalty)
-        return lambda before, after: model.generate(before, after, strategy=strategy)
+        return None
     from procap.fast import Captioner
 
     captioner = Captioner(
@@ -197,7 +202,7 @@ def _generator(args: argparse.Namespace, model, vocab, device):
         max_len=None,  # the oracle's length: the model's max_caption_len
         batch_sizes=(args.batch_size,),
         copy_model=False,
-        strategy=decoding_strategy(args.beams, args.length_penalty),
+        strategy=strategy,
     )
     return captioner.generate
 

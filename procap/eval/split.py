@@ -24,6 +24,7 @@ from procap.eval.metrics import (
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
+    from procap.model.decoding import DecodingStrategy
     from procap.model.procap import ProCap
 
 ALL_METRICS = METRICS  # the names of procap.eval.metrics.METRIC_TABLE
@@ -42,13 +43,15 @@ def caption_pairs(
     remember: bool = False,
     generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     progress: bool = True,
+    strategy: str | DecodingStrategy | None = None,
 ) -> tuple[dict[str, str], dict[str, float]]:
-    """Greedy captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
+    """Captions for ``pairs`` (id -> text) and timing (``captions_per_s``, ``tokens_per_s``).
 
     Tokens are counted honestly, up to and including EOS. ``max_len`` caps the decoding length (default the
-    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation). ``generate``
-    replaces ``model.generate`` (``(before, after) -> tokens``: a ``procap.fast.Captioner``, beam search...).
-    ``progress`` shows a bar over the batches (never for a single batch).
+    model's). ``remember`` stores the images' features in a cached tokenizer (repeated validation). ``strategy``
+    is how ``model.generate`` decodes (a :mod:`procap.model.decoding` strategy or its name; default greedy);
+    ``generate`` replaces ``model.generate`` (``(before, after) -> tokens``: a ``procap.fast.Captioner``, which
+    holds its own strategy). ``progress`` shows a bar over the batches (never for a single batch).
     """
     from tqdm.auto import tqdm
 
@@ -67,7 +70,10 @@ def caption_pairs(
             model.vqgan.remember(torch.cat([before, after]), codes=False)
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            ids = model.generate(before, after, max_len=max_len) if generate is None else generate(before, after)
+            if generate is None:
+                ids = model.generate(before, after, max_len=max_len, strategy=strategy)
+            else:
+                ids = generate(before, after)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
@@ -173,13 +179,15 @@ def evaluate_model(
     generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     progress: bool = True,
     references: bool = False,
+    strategy: str | DecodingStrategy | None = None,
 ) -> dict[str, Any]:
-    """Caption ``pairs`` (greedily with ``model.generate``, or with ``generate``) and score them; writes
-    ``results.json`` and ``metrics.json`` under ``out`` (:func:`write_evaluation`).
+    """Caption ``pairs`` (with ``model.generate`` under ``strategy``, greedy by default, or with ``generate``) and
+    score them; writes ``results.json`` and ``metrics.json`` under ``out`` (:func:`write_evaluation`).
 
     Args:
         references: also write the pairs' reference captions to ``references.json`` under ``out``.
-        generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, beam search).
+        generate: ``(before, after) -> tokens`` replacing ``model.generate`` (the fast path, an ablation).
+        strategy: how ``model.generate`` decodes (:func:`caption_pairs`).
         progress: a bar over the captioning batches (:func:`caption_pairs`).
         truths: optional ground truth per pair id (:func:`procap.eval.correctness.scene_truths`); when given, the
             report adds ``"accuracy"`` (change / type / object / new value / distinct, see
@@ -193,7 +201,15 @@ def evaluate_model(
     if metrics is None:
         metrics, note = default_metrics()
     predictions, speed = caption_pairs(
-        model, vocab, pairs, batch_size=batch_size, cache=cache, device=device, generate=generate, progress=progress
+        model,
+        vocab,
+        pairs,
+        batch_size=batch_size,
+        cache=cache,
+        device=device,
+        generate=generate,
+        progress=progress,
+        strategy=strategy,
     )
     report: dict[str, Any] = {**(extra or {}), "pairs": len(pairs)}
     if all(p.change_type is not None for p in pairs):

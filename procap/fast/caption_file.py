@@ -140,7 +140,8 @@ class CaptionFile:
         Args:
             checkpoint: ``{"file", "bytes", "sha256"}`` of the weights; the hash decides, so the same weights
                 under another path pass.
-            decoding: the settings that change a caption, keyed by their flags (``{"--max-len": 20, ...}``).
+            decoding: the settings that change a caption, keyed by their flags (``{"--max-len": 20, "--strategy":
+                "sample", "--seed": 1, ...}``), compared in this order: the first that differs is named.
 
         Raises:
             ProCapError: the resumed file records another checkpoint or another value of a decoding setting.
@@ -157,7 +158,8 @@ class CaptionFile:
                     "or another --out."
                 )
             decoded = recorded.get("decoding") if isinstance(recorded.get("decoding"), dict) else {}
-            for flag in sorted(set(decoded) | set(decoding)):
+            # in the order given (the strategy before its options), then what only the file records
+            for flag in [*decoding, *(flag for flag in decoded if flag not in decoding)]:
                 if decoded.get(flag) != decoding.get(flag):
                     was, now = (_setting(values.get(flag)) for values in (decoded, decoding))
                     raise ProCapError(

@@ -17,9 +17,11 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 
 Every choice that differs between the CPU and CUDA is resolved in one place (:mod:`procap.fast.settings`) from the
 device type the defaults are taken for: ``configure_as="cuda"`` builds and runs the GPU's configuration on a CPU,
-each graph's function run eagerly in place of its capture, which is how CI tests the GPU's code paths. Beam search
-(``num_beams > 1``, or a :mod:`procap.model.decoding` strategy) always decodes with beams: the eager cached beam
-search, on every device and configuration.
+each graph's function run eagerly in place of its capture, which is how CI tests the GPU's code paths. Any other
+:mod:`procap.model.decoding` strategy than greedy (beam search: ``num_beams > 1`` or ``strategy="beam"``; sampling:
+``strategy="sample"``) always decodes by its rule: its eager cached form, on every device and configuration. Sampling
+is not captured in a CUDA graph: a graph replaying a random draw needs its generator registered with the graph, so
+that each replay moves the generator on, and the step runs eagerly as the beams' does.
 
 Opt-in: ``torch_compile`` compiles the VQGAN encoder and the procedure encoder with ``torch.compile`` (Inductor
 then fuses the VQGAN's GroupNorm + SiLU itself: ``procap.kernels.group_norm`` traces its reference under
@@ -35,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +53,7 @@ from procap.fast.settings import Settings, configured_type, default_dtype, resol
 from procap.kernels.attention import BACKENDS
 from procap.loading.checkpoint import check_can_caption, load_checkpoint
 from procap.loading.hub import load_pretrained
-from procap.model.decoding import DecodingStrategy, decoding_strategy
+from procap.model.decoding import DecodingStrategy, resolve_strategy
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -114,7 +116,8 @@ def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device, configur
 
 
 class Captioner:
-    """Fast change captioning (greedy, or beam search with ``num_beams``).
+    """Fast change captioning (greedy; beam search with ``num_beams``; any strategy of
+    :data:`procap.model.decoding.STRATEGIES` by name).
 
     Args:
         model: a trained :class:`procap.model.procap.ProCap` (copied; the original is left as it is).
@@ -148,13 +151,15 @@ class Captioner:
         torch_compile: compile the VQGAN encoder and the procedure encoder with ``torch.compile`` (never required):
             True, or a dict of ``torch.compile`` keyword arguments (e.g. ``{"mode": "max-autotune-no-cudagraphs"}``;
             ``dynamic`` defaults to False: one graph per bucket shape). The first call per bucket compiles.
-        num_beams: 1 decodes greedily (CUDA graphs on GPU); more runs beam search on every device and in every
-            configuration (:func:`procap.model.beam.beam_search_cached`: the beams of every pair are rows of one
-            batch in the static KV cache, eager: graphs and ``capture_memory`` default to off and refuse to be
-            turned on), equal to ``ProCap.generate(num_beams=...)`` in fp32.
+        num_beams: the short form of beam search: 1 decodes greedily (CUDA graphs on GPU); more runs beam search
+            on every device and in every configuration (:func:`procap.model.beam.beam_search_cached`: the beams of
+            every pair are rows of one batch in the static KV cache, eager: graphs and ``capture_memory`` default
+            to off and refuse to be turned on), equal to ``ProCap.generate(num_beams=...)`` in fp32.
         length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
-        strategy: a :mod:`procap.model.decoding` strategy instead of ``num_beams`` / ``length_penalty``; greedy
-            decoding is captured, any other strategy runs its cached form eagerly.
+        strategy: a name of :data:`procap.model.decoding.STRATEGIES` (``"greedy"``, ``"beam"``, ``"sample"``) or a
+            strategy object; greedy decoding is captured, any other strategy runs its cached form eagerly, equal to
+            ``ProCap.generate`` with the same strategy in fp32 (sampling: the same ``seed`` on the same device).
+        strategy_options: the named strategy's options (``{"top_p": 0.9, "seed": 1}``), checked here, once.
         fused_vqgan: run the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`:
             bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
             GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
@@ -192,15 +197,16 @@ class Captioner:
         cudnn_benchmark: bool = True,
         allow_tf32: bool | None = None,
         torch_compile: bool | dict[str, Any] = False,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        strategy: DecodingStrategy | None = None,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        strategy: str | DecodingStrategy | None = None,
+        strategy_options: Mapping[str, Any] | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
         fused_encoder: bool | dict[str, Any] = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:
-        self.strategy = strategy or decoding_strategy(num_beams, length_penalty)
+        self.strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
         self.device = _checked_device(device)
         configured_type(self.device, configure_as)  # an unknown configure_as is refused before any work
         self.configure_as = configure_as

@@ -33,8 +33,8 @@ class Settings:
         capture_memory: the whole pipeline from static input buffers (one graph with ``use_graphs``).
         channels_last: the VQGAN (and its fused encoder) in channels-last layout.
         backend: what the attention backend resolves to on the device that runs.
-        strategy: the :mod:`procap.model.decoding` strategy; one whose step is not ``captured_step`` (beam search)
-            runs its cached form eagerly.
+        strategy: the :mod:`procap.model.decoding` strategy; one whose step is not ``captured_step`` (beam search,
+            sampling) runs its cached form eagerly.
     """
 
     configured_as: str
@@ -80,9 +80,10 @@ def resolve_settings(
     """Resolve the Captioner's options (None: the default of the configured device type).
 
     The rules: graphs, bucket padding, the whole pipeline from static buffers and channels-last are the CUDA
-    configuration's defaults; a strategy other than greedy (beam search) decodes eagerly, so with it graphs and the
-    static pipeline default to off and refuse to be turned on (never a greedy caption where beams were asked for). Graphs on a
-    device without CUDA graphs need ``configure_as="cuda"``, which says that their functions run eagerly.
+    configuration's defaults; a strategy other than greedy (beam search, sampling) decodes eagerly, so with it graphs
+    and the static pipeline default to off and refuse to be turned on (never a greedy caption where beams or samples
+    were asked for). Graphs on a device without CUDA graphs need ``configure_as="cuda"``, which says that their
+    functions run eagerly.
 
     Args:
         device: where the Captioner runs.

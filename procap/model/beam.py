@@ -16,24 +16,16 @@ captions it is exhaustive search. Rows never change count, so the cached version
 caches in place (``index_select`` by the surviving beams' parent rows) and needs no host synchronisation.
 
 Two implementations share :class:`BeamState`: :func:`beam_search` (the oracle: the whole prefix through the decoder
-every step) and :func:`beam_search_cached` (the decoder's static KV caches, as ``procap.fast`` uses them).
+every step) and :func:`beam_search_cached` (the decoder's static KV caches, as ``procap.fast`` uses them). Their
+arguments are checked by :class:`procap.model.decoding.BeamSearch`, which calls them (``num_beams`` 1 to
+``MAX_BEAMS``: 100000 beams were killed by the kernel for their memory).
 """
 
 from __future__ import annotations
 
 import torch
 
-from procap.core.config import MAX_BEAMS
-from procap.core.errors import ProCapError
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID
-
-
-def check_beam_arguments(num_beams: int, length_penalty: float) -> None:
-    """One sentence for a beam count outside 1..MAX_BEAMS or a non-finite length penalty."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
-        raise ProCapError(f"num_beams must be an integer >= 1 and <= {MAX_BEAMS}, got {num_beams!r}.")
-    if not isinstance(length_penalty, (int, float)) or not torch.isfinite(torch.tensor(float(length_penalty))):
-        raise ProCapError(f"length_penalty must be a finite number, got {length_penalty!r}.")
 
 
 class BeamState:
@@ -107,7 +99,6 @@ def beam_search(
     Each step runs the PAD-filled (B * K, max_len) token buffer through ``decoder`` and reads position ``step``;
     both decoders are causal, so the padding after it changes nothing. ``decoder.suppressed`` are never produced.
     """
-    check_beam_arguments(num_beams, length_penalty)
     rows = _beam_rows(memory, num_beams)
     state = BeamState(memory.shape[0], num_beams, max_len - 1, decoder.suppressed, length_penalty, memory.device)
     ids = torch.full((rows.shape[0], max_len), PAD_ID, dtype=torch.long, device=memory.device)
@@ -129,7 +120,6 @@ def beam_search_cached(
     The cross-attention caches are filled once for the B * K rows; after each step the self-attention caches
     follow the surviving hypotheses (rows re-gathered by parent in place).
     """
-    check_beam_arguments(num_beams, length_penalty)
     rows = _beam_rows(memory, num_beams)
     decoding = decoder.setup_caches(rows.shape[0], max_len, rows.dtype, rows.device, rows.shape[1])
     decoder.prefill(rows, decoding)

@@ -29,7 +29,8 @@ only): their prefix tokens and mask quirk in the encoder (:meth:`SequenceAssembl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ from procap.kernels.masking import MaskParams
 from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
 from procap.model.checkpoint_file import check_stage_can_caption
 from procap.model.decoder import PAD_ID, CaptionDecoder
-from procap.model.decoding import DecodingStrategy, decoding_strategy
+from procap.model.decoding import DecodingStrategy, resolve_strategy
 from procap.model.encoder import ProcedureEncoder
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
@@ -229,16 +230,17 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         self,
         memory: torch.Tensor,
         max_len: int | None = None,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        strategy: DecodingStrategy | None = None,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        strategy: str | DecodingStrategy | None = None,
+        strategy_options: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
         """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
         self.check_can_caption()
+        strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
         max_len = self.config.max_caption_len if max_len is None else validate.integer(max_len, "max_len")
         if not 2 <= max_len <= self.config.max_caption_len:
             raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
-        strategy = strategy or decoding_strategy(num_beams, length_penalty)
         was_training = self.training
         self.eval()
         try:
@@ -253,28 +255,34 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         after: torch.Tensor,
         max_len: int | None = None,
         frames: torch.Tensor | None = None,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        strategy: DecodingStrategy | None = None,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        strategy: str | DecodingStrategy | None = None,
+        strategy_options: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
-        """Greedy or beam-search captions (the oracle for ``procap.fast``): eager, full prefix recomputed every step.
+        """Greedy, beam-search or sampled captions (the oracle for ``procap.fast``): eager, full prefix recomputed
+        every step.
 
         Args:
             before, after: (B, 3, S, S) in [0, 1].
             max_len: caption length including BOS (default ``config.max_caption_len``).
             frames: optional explicit procedure frames (B, T, 3, S, S).
-            num_beams: 1 decodes greedily; more runs :func:`procap.model.beam.beam_search` with that many beams.
+            num_beams: the short form of beam search: 1 decodes greedily; more runs
+                :func:`procap.model.beam.beam_search` with that many beams.
             length_penalty: beam search ranks finished captions by log-probability / length ** length_penalty.
-            strategy: a :mod:`procap.model.decoding` strategy instead of the two arguments above.
+            strategy: a name of :data:`procap.model.decoding.STRATEGIES` (``"greedy"``, ``"beam"``, ``"sample"``)
+                or a strategy object (default greedy, or beams with ``num_beams`` > 1).
+            strategy_options: the named strategy's options, e.g. ``{"temperature": 0.7, "top_p": 0.9, "seed": 1}``
+                (:func:`procap.model.decoding.resolve_strategy` checks them).
 
         Returns:
             (B, max_len - 1) int64 tokens after BOS, EOS included, PAD after EOS, [UNK] and other specials
             never produced. Runs in eval mode (dropout off) and restores the previous mode. The ``authors``
             variant follows their rule instead: every step decoded (tokens after EOS kept), only [UNK] suppressed;
-            with beams both variants stop each caption at EOS.
+            with beams or sampling both variants stop each caption at EOS.
         """
         self.check_can_caption()  # refused before the images are encoded, as are the arguments below
-        strategy = strategy or decoding_strategy(num_beams, length_penalty)
+        strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
         was_training = self.training
         self.eval()
         try:

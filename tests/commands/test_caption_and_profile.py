@@ -44,6 +44,18 @@ def test_caption_json(checkpoint, image_files, trained, vocab, capsys):
     assert out == [{"before": paths[0], "after": paths[1], "caption": _expected(trained, vocab, before, after)[0]}]
 
 
+def test_caption_samples_reproducibly_by_seed(checkpoint, image_files, trained, vocab, capsys):
+    paths, before, after = image_files
+    argv = ["caption", "--ckpt", str(checkpoint), *paths, "--device", "cpu", "--strategy", "sample", "--top-k", "5"]
+    runs = []
+    for seed in ("4", "4", "5"):
+        assert main([*argv, "--seed", seed]) == 0
+        runs.append(capsys.readouterr().out.splitlines())
+    tokens = trained[0].generate(before, after, 16, strategy="sample", strategy_options={"top_k": 5, "seed": 4})
+    assert runs[0] == runs[1] == [vocab.decode(row) for row in tokens.tolist()]
+    assert runs[2] != runs[0]
+
+
 @pytest.mark.parametrize(
     "case,message",
     [

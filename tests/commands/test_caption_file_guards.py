@@ -113,8 +113,11 @@ def _partial(checkpoint, folders, tmp_path, *settings: str) -> Path:
     ("first", "resumed", "named"),
     [
         ([], ["--max-len", "4"], "--max-len 16, not 4"),  # the checkpoint's own max_caption_len, 16, was used
-        (["--beams", "2"], [], "--beams 2, not 1"),
+        (["--beams", "2"], [], '--strategy "beam", not "greedy"'),
         (["--beams", "2"], ["--beams", "2", "--length-penalty", "0.5"], "--length-penalty 1.0, not 0.5"),
+        (["--strategy", "sample"], [], '--strategy "sample", not "greedy"'),
+        (["--strategy", "sample", "--seed", "1"], ["--strategy", "sample", "--seed", "2"], "--seed 1, not 2"),
+        (["--strategy", "sample", "--top-p", "0.9"], ["--strategy", "sample"], "--top-p 0.9, not 1.0"),
     ],
 )
 def test_resume_with_other_decoding_settings_is_refused(checkpoint, folders, tmp_path, capsys, first, resumed, named):
@@ -130,6 +133,22 @@ def test_resume_with_other_decoding_settings_is_refused(checkpoint, folders, tmp
 def test_resume_with_the_same_settings_given_explicitly_goes_on(checkpoint, folders, tmp_path, capsys):
     out = _partial(checkpoint, folders, tmp_path)
     assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume", "--max-len", "16") == 0
+    assert len(out.read_text().splitlines()) == 5
+
+
+def test_a_sampled_file_records_its_strategy_and_resumes_with_it(checkpoint, folders, tmp_path, capsys):
+    sampling = ["--strategy", "sample", "--temperature", "0.8", "--seed", "9"]
+    out = _partial(checkpoint, folders, tmp_path, *sampling)
+    recorded = json.loads((tmp_path / ".captions.jsonl.settings.json").read_text())["decoding"]
+    assert recorded == {
+        "--max-len": 16,
+        "--strategy": "sample",
+        "--temperature": 0.8,
+        "--top-k": 0,
+        "--top-p": 1.0,
+        "--seed": 9,
+    }
+    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume", *sampling, "--top-k", "0") == 0
     assert len(out.read_text().splitlines()) == 5
 
 

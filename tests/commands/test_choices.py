@@ -10,6 +10,7 @@ import torch
 from procap.commands.cli import build_parser
 from procap.core import config
 from procap.data.datasets import SPLITS
+from procap.model.decoding import STRATEGIES
 
 # (command, flag) -> the library's list of allowed values
 CHOICES = {
@@ -28,6 +29,8 @@ CHOICES = {
     ("synth", "--viewpoint"): config.VIEWPOINTS,
     ("demo", "--viewpoint"): config.VIEWPOINTS,
     ("demo", "--procedures"): config.DEMO_PROCEDURES,
+    ("caption", "--strategy"): tuple(STRATEGIES),
+    ("evaluate", "--strategy"): tuple(STRATEGIES),
 }
 
 

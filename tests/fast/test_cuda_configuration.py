@@ -4,7 +4,7 @@ On CUDA the Captioner pads batches to buckets, runs the whole pipeline from stat
 per bucket, decodes with the lean step and runs the VQGAN channels-last and fused. None of that ran in CI before,
 so a defect there (a device compared the wrong way, beam search silently greedy) surfaced only on a GPU. Here the
 same configuration runs on the CPU, each graph's function run eagerly in place of its capture, against the oracle
-``ProCap.generate``: greedy and beams, every bucket, odd batch sizes, bad pixels.
+``ProCap.generate``: greedy, beams and sampling, every bucket, odd batch sizes, bad pixels.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from procap.fast import Captioner
 from procap.fast.graphs import EagerStep
 from procap.fast.settings import resolve_settings
 from procap.model.decoder_step import FusedDecodingState
-from procap.model.decoding import BeamSearch, Greedy
+from procap.model.decoding import BeamSearch, Greedy, Sampling
 from procap.model.vqgan_fused import FusedVQGANEncoder
-from tests.support import IdVocab
+from tests.support import IdVocab, requires_cuda
 
 BUCKETS = (1, 4, 8)
 
@@ -45,6 +45,11 @@ def test_the_cuda_defaults_resolve_without_a_gpu():
     for flag in ("use_graphs", "capture_memory"):
         with pytest.raises(ProCapError, match=f"{flag}=True captures the greedy step; beam decoding runs eagerly"):
             resolve_settings(torch.device("cuda"), torch.bfloat16, strategy=BeamSearch(3), **{flag: True})
+    # So does sampling: its random draw is not captured (a graph would need the generator registered with it).
+    samples = resolve_settings(torch.device("cuda"), torch.bfloat16, strategy=Sampling(seed=1))
+    assert not samples.use_graphs and not samples.capture_memory and not samples.pad_to_bucket
+    with pytest.raises(ProCapError, match="use_graphs=True captures the greedy step; sample decoding runs eagerly"):
+        resolve_settings(torch.device("cuda"), torch.bfloat16, strategy=Sampling(), use_graphs=True)
 
 
 def test_configure_as_cuda_is_the_cuda_configuration(trained):
@@ -103,6 +108,53 @@ def test_beams_differ_from_greedy_somewhere(trained, pairs):
     greedy = _cuda_configured(model).generate(*pairs)
     beams = _cuda_configured(model, num_beams=3).generate(*pairs)
     assert not torch.equal(greedy, beams)
+
+
+def _sampled_by_the_oracle(model, before, after, strategy, chunk: int = BUCKETS[-1]) -> torch.Tensor:
+    """``ProCap.generate`` over the Captioner's chunks: each chunk draws from a generator seeded anew."""
+    rows = range(0, before.shape[0], chunk)
+    return torch.cat([model.generate(before[r : r + chunk], after[r : r + chunk], 16, strategy=strategy) for r in rows])
+
+
+@pytest.mark.parametrize("configure_as", [None, "cuda"])
+@pytest.mark.parametrize("batch", [1, 3, 9])
+def test_sampling_decodes_by_sampling_and_equals_the_oracle(trained, pairs, batch, configure_as):
+    model = trained[0]
+    captioner = _cuda_configured(
+        model, strategy="sample", strategy_options={"top_p": 0.9, "seed": 3}, configure_as=configure_as
+    )
+    assert captioner.strategy == Sampling(top_p=0.9, seed=3) and not captioner.capture_memory
+    before, after = pairs[0][:batch], pairs[1][:batch]
+    samples = captioner.generate(before, after)
+    assert torch.equal(samples, _sampled_by_the_oracle(model, before, after, captioner.strategy))
+    assert torch.equal(captioner.generate(before, after), samples)  # the same seed: the same captions
+    assert not captioner.graphs
+
+
+def test_samples_differ_from_greedy_and_between_seeds(trained, pairs):
+    # Guards the test above: on these pairs sampling leaves the greedy captions, and the seed matters.
+    model = trained[0]
+    greedy = _cuda_configured(model).generate(*pairs)
+    first = _cuda_configured(model, strategy="sample", strategy_options={"seed": 1}).generate(*pairs)
+    second = _cuda_configured(model, strategy="sample", strategy_options={"seed": 2}).generate(*pairs)
+    assert not torch.equal(greedy, first) and not torch.equal(first, second)
+    cold = _cuda_configured(model, strategy="sample", strategy_options={"top_k": 1, "seed": 1})
+    assert torch.equal(cold.generate(*pairs), greedy)
+
+
+@requires_cuda
+def test_sampling_on_a_gpu_is_reproducible_and_equals_the_oracle(trained, pairs):
+    """Only a GPU draws from a CUDA generator (its Philox stream differs from the CPU's); sampling is not captured."""
+    model = copy.deepcopy(trained[0]).cuda()
+    before, after = pairs[0].cuda(), pairs[1].cuda()
+    strategy = Sampling(temperature=0.8, top_k=6, top_p=0.95, seed=5)
+    exact = Captioner(model, IdVocab(), device="cuda", dtype="fp32", max_len=16, batch_sizes=BUCKETS, strategy=strategy)
+    samples = exact.generate(before, after)
+    assert torch.equal(samples, _sampled_by_the_oracle(model, before, after, strategy))
+    assert torch.equal(exact.generate(before, after), samples) and not exact.graphs
+    fast = Captioner(model, IdVocab(), device="cuda", max_len=16, batch_sizes=BUCKETS, strategy=strategy)
+    assert fast.dtype != torch.float32 and not fast.use_graphs
+    assert torch.equal(fast.generate(before, after), fast.generate(before, after))
 
 
 def test_bad_pixels_are_refused_and_do_not_stay_in_the_bucket(trained, pairs):

@@ -11,27 +11,10 @@ from procap.core.errors import ProCapError
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CaptionDecoder, greedy_decode
 from procap.model.procap import ProCap
-from tests.support import PeakMemory, small_config
+from tests.support import PeakMemory, memory_for, small_config, spread_decoder
 
 VOCAB = 12  # 8 specials + 4 words: 5 tokens can be produced (the words and EOS)
 MAX_LEN = 4  # BOS + 3 decoded tokens: 1 + 4 + 16 + 64 = 85 possible captions
-
-
-def spread_decoder(vocab: int = VOCAB, max_len: int = MAX_LEN, seed: int = 3) -> CaptionDecoder:
-    """A random decoder whose next-token distributions are far from uniform and change with the prefix
-    (a default init gives near-flat logits, where every search agrees)."""
-    torch.manual_seed(seed)
-    decoder = CaptionDecoder(small_config(vocab_size=vocab, max_caption_len=max_len)).eval()
-    with torch.no_grad():
-        for parameter in decoder.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.6)
-    return decoder
-
-
-def memory_for(decoder: CaptionDecoder, batch: int, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, decoder.memory_len, decoder.embed.weight.shape[1], generator=generator)
 
 
 @torch.no_grad()
@@ -119,10 +102,12 @@ def test_strategies_are_one_object_each():
     from procap.model.decoding import STRATEGIES, BeamSearch, Greedy, decoding_strategy
 
     assert decoding_strategy() == Greedy() and decoding_strategy(4, 0.5) == BeamSearch(4, 0.5)
-    assert set(STRATEGIES) == {"greedy", "beam"} and STRATEGIES["beam"] is BeamSearch
+    assert set(STRATEGIES) == {"greedy", "beam", "sample"} and STRATEGIES["beam"] is BeamSearch
     assert Greedy.captured_step and not BeamSearch.captured_step
-    with pytest.raises(ProCapError, match="num_beams must be an integer >= 1"):
+    with pytest.raises(ProCapError, match="num_beams must be at least 1, got 0"):
         BeamSearch(0)
+    with pytest.raises(ProCapError, match="num_beams must be an integer, got 2.5"):
+        BeamSearch(2.5)
     with pytest.raises(ProCapError, match="length_penalty must be a finite number"):
         decoding_strategy(2, float("nan"))
 
@@ -142,17 +127,17 @@ def test_the_beam_count_is_bounded_before_any_work():
     ):
         with (
             PeakMemory() as peak,
-            pytest.raises(ProCapError, match=f"num_beams must be an integer >= 1 and <= {MAX_BEAMS}"),
+            pytest.raises(ProCapError, match=f"num_beams must be at most {MAX_BEAMS}"),
         ):
             refused()
         assert peak.growth < 64 * 2**20
 
 
 def test_a_strategy_is_the_same_rule_in_both_forms(model):
-    from procap.model.decoding import BeamSearch, Greedy
+    from procap.model.decoding import BeamSearch, Greedy, Sampling
 
     memory = torch.randn(3, model.decoder.memory_len, model.config.dec_dim)
-    for strategy in (Greedy(), BeamSearch(3, 0.7)):
+    for strategy in (Greedy(), BeamSearch(3, 0.7), Sampling(0.8, 4, 0.9, seed=7)):
         oracle = strategy.oracle(model.decoder.eval(), memory, 6)
         assert torch.equal(strategy.cached(model.decoder, memory, 6), oracle)
         assert torch.equal(model.generate_from_memory(memory, 6, strategy=strategy), oracle)

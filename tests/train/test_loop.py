@@ -261,8 +261,9 @@ def test_a_short_run_logs_enough_points_for_a_curve(tmp_path, model, vocab, trai
         assert trainer.log_every == expected
 
 
-def test_evaluate_fast_and_beams_match_the_oracle_on_the_cpu(tmp_path, model, vocab, clevr_root):
-    """`--fast` (the Captioner, fp32 on the CPU) writes the captions of `--exact`; `--beams` those of generate."""
+def test_evaluate_fast_beams_and_samples_match_the_oracle_on_the_cpu(tmp_path, model, vocab, clevr_root):
+    """`--fast` (the Captioner, fp32 on the CPU) writes the captions of `--exact`, with `--beams` and with
+    `--strategy sample` too."""
     from procap.commands.cli import main
     from procap.loading.checkpoint import save_checkpoint
 
@@ -270,11 +271,25 @@ def test_evaluate_fast_and_beams_match_the_oracle_on_the_cpu(tmp_path, model, vo
     base = ["evaluate", "--ckpt", str(ckpt), "--data", str(clevr_root), "--metrics", "BLEU-4", "--max-pairs", "6"]
     base += ["--device", "cpu"]  # a GPU machine would default to CUDA, where --fast runs bf16
     results = {}
-    for name, flags in {"exact": ["--exact"], "fast": ["--fast"], "beams": ["--fast", "--beams", "3"]}.items():
+    sample = ["--strategy", "sample", "--top-p", "0.9", "--seed", "2"]
+    recorded = {
+        "exact": {"strategy": "greedy"},
+        "fast": {"strategy": "greedy"},
+        "beams": {"strategy": "beam", "num_beams": 3, "length_penalty": 1.0},
+        "samples": {"strategy": "sample", "temperature": 1.0, "top_k": 0, "top_p": 0.9, "seed": 2},
+    }
+    runs = {
+        "exact": ["--exact"],
+        "fast": ["--fast"],
+        "beams": ["--fast", "--beams", "3"],
+        "samples": ["--fast", *sample],
+    }
+    for name, flags in runs.items():
         assert main([*base, *flags, "--out", str(tmp_path / name)]) == 0
         results[name] = json.loads((tmp_path / name / "results.json").read_text())
         decoding = json.loads((tmp_path / name / "metrics.json").read_text())["decoding"]
-        assert decoding == {"path": "exact" if name == "exact" else "fast", "beams": 3 if name == "beams" else 1}
-    assert results["fast"] == results["exact"]
-    assert main([*base, "--exact", "--beams", "3", "--out", str(tmp_path / "exact_beams")]) == 0
-    assert json.loads((tmp_path / "exact_beams" / "results.json").read_text()) == results["beams"]
+        assert decoding == {"path": "exact" if name == "exact" else "fast", **recorded[name]}
+    assert results["fast"] == results["exact"] != results["samples"]
+    for name, flags in {"beams": ["--beams", "3"], "samples": sample}.items():
+        assert main([*base, "--exact", *flags, "--out", str(tmp_path / f"exact_{name}")]) == 0
+        assert json.loads((tmp_path / f"exact_{name}" / "results.json").read_text()) == results[name]
