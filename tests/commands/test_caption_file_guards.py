@@ -148,7 +148,7 @@ def test_a_sampled_file_records_its_strategy_and_resumes_with_it(checkpoint, fol
         "--top-p": 1.0,
         "--seed": 9,
     }
-    assert _caption(checkpoint, *_source(folders), "--out", str(out), "--resume", *sampling, "--top-k", "0") == 0
+    assert run_caption(checkpoint, *_source(folders), "--out", str(out), "--resume", *sampling, "--top-k", "0") == 0
     assert len(out.read_text().splitlines()) == 5
 
 
