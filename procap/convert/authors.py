@@ -6,7 +6,7 @@ Their stage-2 file is a ``torch.save`` dict ``{model, model_cfg, opt, epoch, opt
 ``model_cfg`` where that also has it), so any configuration of their model converts:
 
 ============================================================  =====================================================
-theirs (``intermediate_generator.`` = IG)                       procap (``config.variant == "authors"``)
+theirs (``intermediate_generator.`` = IG)                       procap (``config.authors.enabled``)
 ============================================================  =====================================================
 ``IG.vae.model.{encoder,decoder,quantize,quant_conv,...}``      ``vqgan.*`` (taming layout; ``vae.model.loss.*`` dropped)
 ``IG.conv_to_embedding.{0,1}``                                  ``encoder.visual_norm``, ``encoder.visual_proj``
@@ -37,7 +37,7 @@ import torch
 
 from procap.convert.archive import AUTHORS_GLOBALS, AttrDict, OptionsNamespace, load_archive
 from procap.convert.clip import CLIP_BLOCK_KEYS, clip_heads, encoder_layer_tensors
-from procap.core.config import ProCapConfig, VQGANConfig
+from procap.core.config import AuthorsVariant, ProCapConfig, VQGANConfig
 from procap.core.errors import ProCapError
 from procap.core.weights import check_shapes, load_weights
 from procap.data import Vocabulary
@@ -189,7 +189,7 @@ def _check_cfg(cfg: dict[str, Any], name: str, derived: int, path: Path) -> None
 
 
 def authors_config(ckpt: AuthorsCheckpoint, vocab_size: int) -> ProCapConfig:
-    """The :class:`ProCapConfig` (``variant="authors"``) of a checkpoint, every size derived from its tensors."""
+    """The :class:`ProCapConfig` (``authors.enabled``) of a checkpoint, every size derived from its tensors."""
     state, cfg, path = ckpt.state, ckpt.model_cfg, ckpt.path
     proj = _need(state, IG + "conv_to_embedding.1.weight", path, 2)  # (D, z)
     width = proj.shape[0]
@@ -253,10 +253,8 @@ def _build_config(
         enc_mlp=_need(state, BLOCKS + "0.mlp.c_fc.weight", path, 2).shape[0],
         enc_layers=_indices(state, BLOCKS, path),
         enc_activation="quick_gelu",
-        enc_final_norm=False,
         dropout=float(cfg.get("hidden_dropout_prob", 0.1)),
-        variant="authors",
-        enc_prefix_tokens=slots + 2,
+        authors=AuthorsVariant(enabled=True, prefix_tokens=slots + 2, final_norm=False),
         dec_dim=hidden,
         dec_heads=int(cfg["num_attention_heads"]),
         dec_ffn=state[DEC + "layers.0.feedforward.layer.linear1.weight"].shape[0],
@@ -352,7 +350,7 @@ def convert_state_dict(ckpt: AuthorsCheckpoint, config: ProCapConfig) -> dict[st
         raise ProCapError(
             f"authors' checkpoint {path} has keys the converter does not know: {', '.join(unknown[:3])}{more}"
         )
-    out["encoder.prefix"] = _prefix(state, config.enc_prefix_tokens - 2, path)
+    out["encoder.prefix"] = _prefix(state, config.authors.prefix_tokens - 2, path)
     d = config.enc_dim
     for name, index in (("pos_frame", 0), ("pos_row", 1), ("pos_col", 2)):
         out[name] = state[f"{IG}target_pos_emb.weights.{index}"].float().reshape(-1, d)
@@ -374,7 +372,7 @@ def convert_authors_checkpoint(path: str | Path, vocab_path: str | Path) -> tupl
         vocab_path: their ``word2idx`` JSON (``[PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK]`` at 0..7).
 
     Returns:
-        ``(model, vocab, info)``: a :class:`procap.model.procap.ProCap` (``variant="authors"``, eval mode, CPU,
+        ``(model, vocab, info)``: a :class:`procap.model.procap.ProCap` (``authors.enabled``, eval mode, CPU,
         fp32), the :class:`procap.data.Vocabulary`, and JSON-able facts (source, epoch, dataset, ignored keys).
     """
     vocab = Vocabulary.load(vocab_path)

@@ -14,8 +14,8 @@ from typing import Any
 
 MASKING_SCHEMES = ("entire", "random_patch", "in_block", "out_of_block")
 NEGATIVE_WARPS = ("batch_frame_swap", "frame_shuffle", "color_shift", "affine")
-# "procap": this library's model (the paper's description). "authors": the architecture of the authors' released
-# code and checkpoints (docs/model.md has the table of differences); built by ``procap convert --from authors``.
+# The values of the ``variant`` field of files written before the authors' variant was grouped (AuthorsVariant):
+# "procap", this library's model (the paper's description), or "authors", the authors' released architecture.
 VARIANTS = ("procap", "authors")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu")
 DIFFERENCE_MODES = ("absolute", "joint")
@@ -189,6 +189,64 @@ def nest_departures(data: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class AuthorsVariant:
+    """The architecture of the authors' released code and checkpoints (docs/model.md has the table of differences),
+    ``ProCapConfig.authors``; built by ``procap convert --from authors``. At the defaults the model is the paper's.
+
+    A stage-2 model: no stage-1 heads, the authors' decoder and decoding rule, and ``prefix_tokens`` learned vectors
+    (their 24 caption slots and 2 control tokens) before the frames in the encoder sequence, with their mask quirk.
+    Their encoder blocks are CLIP's, which is also why ``final_norm`` is off for them; CLIP's activation is
+    ``ProCapConfig.enc_activation``, not a field here, because ``pretrain --init-encoder clip:`` sets it on the
+    paper's model too.
+    """
+
+    enabled: bool = False
+    prefix_tokens: int = 0
+    final_norm: bool = True  # a LayerNorm after the last encoder block (CLIP's resblocks, the authors', have none)
+
+    def check(self) -> None:
+        """Refuse a prefix the variant cannot have: the authors' model needs its slots, the paper's has none."""
+        if self.enabled != (self.prefix_tokens >= 2):
+            raise ValueError(
+                f"authors.prefix_tokens must be {'>= 2' if self.enabled else '0'} "
+                f"{'with' if self.enabled else 'without'} authors.enabled, got {self.prefix_tokens}"
+            )
+
+
+# Older files name the authors' variant with these top-level fields (their names there -> AuthorsVariant's).
+AUTHORS_FLAT_FIELDS = {"variant": "enabled", "enc_prefix_tokens": "prefix_tokens", "enc_final_norm": "final_norm"}
+
+
+def nest_authors(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the authors' variant written at the top level (``variant``, ``enc_prefix_tokens``,
+    ``enc_final_norm``: configs saved before it was grouped) moved into its ``authors`` entry.
+
+    As in :func:`nest_departures`, a flat field overrides the same field inside ``authors`` and fields named nowhere
+    keep :class:`AuthorsVariant`'s defaults; ``variant`` is one of :data:`VARIANTS`, read as ``enabled``.
+    """
+    flat = {AUTHORS_FLAT_FIELDS[name]: value for name, value in data.items() if name in AUTHORS_FLAT_FIELDS}
+    if not flat:
+        return data
+    if "enabled" in flat:
+        if not isinstance(flat["enabled"], str) or flat["enabled"] not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {flat['enabled']!r:.40}")
+        flat["enabled"] = flat["enabled"] == "authors"
+    nested = data.get("authors", {})
+    if isinstance(nested, AuthorsVariant):
+        nested = dataclasses.asdict(nested)
+    if not isinstance(nested, dict):
+        return data  # a malformed entry: left for the type checks to name
+    rest = {name: value for name, value in data.items() if name not in AUTHORS_FLAT_FIELDS}
+    return {**rest, "authors": {**nested, **flat}}
+
+
+def nest_groups(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every grouped field its older files name at the top level moved into its group (departures,
+    the authors' variant): how a config dict read from a file or given as overrides is read."""
+    return nest_authors(nest_departures(data))
+
+
+@dataclass
 class ProCapConfig:
     """Everything that shapes the ProCap model (both stages)."""
 
@@ -206,12 +264,10 @@ class ProCapConfig:
     enc_mlp: int = 3072
     enc_layers: int = 12
     enc_activation: str = "gelu"  # MLP activation; "quick_gelu" (x * sigmoid(1.702 x)) for CLIP-initialised blocks
-    enc_final_norm: bool = True  # LayerNorm after the last block (CLIP's resblocks, hence the authors', have none)
     dropout: float = 0.1
-    # architecture variant (VARIANTS); "authors" also needs enc_prefix_tokens: their 24 caption slots + 2 control
-    # tokens that precede the frames in the stage-2 encoder sequence
-    variant: str = "procap"
-    enc_prefix_tokens: int = 0
+    # The authors' released architecture instead of the paper's (off in every preset): one group, asked one question
+    # (``authors.enabled``) wherever the model differs.
+    authors: AuthorsVariant = field(default_factory=AuthorsVariant)
     # caption decoder
     dec_dim: int = 512
     dec_heads: int = 8
@@ -235,21 +291,17 @@ class ProCapConfig:
             self.masking = MaskingConfig(**self.masking)
         if isinstance(self.departures, dict):
             self.departures = Departures(**self.departures)
+        if isinstance(self.authors, dict):
+            self.authors = AuthorsVariant(**self.authors)
         self.negative_probs = tuple(float(p) for p in self.negative_probs)
         if self.enc_dim % self.enc_heads or self.dec_dim % self.dec_heads:
             raise ValueError("enc_dim/dec_dim must be divisible by enc_heads/dec_heads")
         if self.num_keyframes < 0 or self.num_keyframes > self.num_generated_frames:
             raise ValueError(f"num_keyframes must be in [0, {self.num_generated_frames}], got {self.num_keyframes}")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.enc_activation not in ENC_ACTIVATIONS:
             raise ValueError(f"enc_activation must be one of {ENC_ACTIVATIONS}, got {self.enc_activation!r}")
         self.departures.check(self.latent_size)
-        if (self.variant == "authors") != (self.enc_prefix_tokens >= 2):
-            raise ValueError(
-                f"the {self.variant} variant takes enc_prefix_tokens "
-                f"{'>= 2' if self.variant == 'authors' else '= 0'}, got {self.enc_prefix_tokens}"
-            )
+        self.authors.check()
 
     @property
     def latent_size(self) -> int:
@@ -282,8 +334,8 @@ class ProCapConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProCapConfig:
-        """The config of ``data``, its departure flags nested or at the top level (:func:`nest_departures`)."""
-        data = nest_departures(data)
+        """The config of ``data``, its grouped fields nested or (older files) at the top level (:func:`nest_groups`)."""
+        data = nest_groups(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -407,6 +459,7 @@ _INT_BOUNDS: dict[type, dict[str, tuple[int, int]]] = {
         "window_glimpse": (0, 4096),
         "image_encoder": (0, 4096),
     },
+    AuthorsVariant: {"prefix_tokens": (0, 4096)},
 }
 _FLOAT_BOUNDS: dict[type, dict[str, tuple[float, float]]] = {
     VQGANConfig: {"dropout": (0.0, 1.0), "beta": (0.0, 1e6)},
@@ -435,6 +488,7 @@ _SUB_CONFIGS: tuple[tuple[str, type], ...] = (
     ("vqgan", VQGANConfig),
     ("masking", MaskingConfig),
     ("departures", Departures),
+    ("authors", AuthorsVariant),
 )
 
 
@@ -494,7 +548,7 @@ def _build_checked(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise TypeError(f"expected an object of {cls.__name__} fields, got {type(data).__name__}")
     if cls is ProCapConfig:
-        data = nest_departures(data)  # a file written before the departures were grouped
+        data = nest_groups(data)  # a file written before the departures or the authors' variant were grouped
     unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)}, key=str)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields: {unknown[:5]}")

@@ -1,4 +1,4 @@
-"""The authors' caption decoder and decoding rule: the ``authors`` variant of ProCap (``config.variant``).
+"""The authors' caption decoder and decoding rule: the ``authors`` variant of ProCap (``config.authors``).
 
 The authors' released code decodes with a MART-style post-LN Transformer (their ``masked_transformer.Decoder``)
 that differs from :mod:`procap.model.decoder` in almost every detail (docs/model.md has the full table):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from procap.core import validate
-from procap.core.config import ProCapConfig, nest_departures
+from procap.core.config import ProCapConfig, nest_groups
 from procap.core.errors import ProCapError
 from procap.core.extras import DISTRIBUTION
 from procap.core.files import UNIT_COMMITTED, atomic_write_json, atomic_write_text, beside, commit_unit
@@ -124,7 +124,7 @@ def _recorded_dataset(info: dict[str, Any]) -> str | None:
 
 def converted_from_authors(model: nn.Module, info: dict[str, Any]) -> bool:
     """True for weights the paper's authors trained (``procap convert --from authors``), whatever saved them since."""
-    return model.config.variant == "authors" or info.get("converted_from") == "authors"
+    return model.config.authors.enabled or info.get("converted_from") == "authors"
 
 
 def card_license(model: nn.Module, info: dict[str, Any]) -> str:
@@ -203,7 +203,7 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
     lines = [
         *front,
         "",
-        f"# ProCap change captioner ({c.name} preset, {c.variant} variant)",
+        f"# ProCap change captioner ({c.name} preset, {'authors' if c.authors.enabled else 'procap'} variant)",
         "",
         'Describes in words what changed between two images ("the small red cube moved"): the implicit',
         f"procedure captioner of *{PAPER_TITLE}* ({PAPER_VENUE}), saved with the `{DISTRIBUTION}` library",
@@ -321,8 +321,12 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
     copy = read_json(path, "model config")
     if not isinstance(copy, dict):
         raise ProCapError(f"{path} does not hold a JSON object.")
-    # a folder saved before the departures were grouped names them at the top level: compare them grouped
-    fields = nest_departures({key: value for key, value in copy.items() if key not in _CONFIG_TAGS})
+    # a folder saved before the departures or the authors' variant were grouped names them at the top level:
+    # compare them grouped
+    try:
+        fields = nest_groups({key: value for key, value in copy.items() if key not in _CONFIG_TAGS})
+    except ValueError as exc:  # an older file's variant that is none
+        raise ProCapError(f"{path}: {exc}.") from None
     # JSON turns tuples into lists: compare both as JSON text.
     if json.dumps(fields, sort_keys=True) != json.dumps(config, sort_keys=True):
         differing = sorted(key for key in set(fields) | set(config) if fields.get(key) != config.get(key))

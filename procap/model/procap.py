@@ -21,7 +21,7 @@ Stage 2 (implicit procedure captioning) feeds ``{e_bef, e_m x k*n, e_aft}`` + ax
 encoder (no caption, no heads), maps every output through ``memory_mlp`` (Linear, ReLU, Linear, LayerNorm) and
 decodes the caption with cross-attention to that memory.
 
-``config.variant == "authors"`` builds the architecture of the authors' released checkpoints instead (stage 2
+``config.authors.enabled`` builds the architecture of the authors' released checkpoints instead (stage 2
 only): their prefix tokens and mask quirk in the encoder (:meth:`SequenceAssembly.with_prefix`), their decoder
 (:class:`procap.model.authors_decoder.AuthorsCaptionDecoder`) and their decoding and caption-text rules.
 """
@@ -81,7 +81,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         self.memory_mlp = nn.Sequential(
             nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim), nn.LayerNorm(config.dec_dim)
         )
-        self.decoder = AuthorsCaptionDecoder(config) if config.variant == "authors" else CaptionDecoder(config)
+        self.decoder = AuthorsCaptionDecoder(config) if config.authors.enabled else CaptionDecoder(config)
         self.mask_embedding = nn.Parameter(torch.empty(d))
         self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
         self.pos_row = nn.Parameter(torch.empty(grid, d))
@@ -90,7 +90,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         for module, std in ((self.encoder, enc_std), (self.memory_mlp, enc_std), (self.decoder, dec_std)):
             init_transformer_weights(module, std)
         small = [self.mask_embedding, self.pos_frame, self.pos_row, self.pos_col]
-        if config.variant == "authors":
+        if config.authors.enabled:
             small.append(self.encoder.prefix)
         else:
             small += [self.encoder.text_pos, self.encoder.align_token, self.encoder.csy_token]
@@ -139,7 +139,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         Returns:
             ``loss``, ``msm``, ``align``, ``csy`` and ``msm_acc``, ``align_acc``, ``csy_acc``, ``masked_fraction``.
         """
-        if self.config.variant == "authors":
+        if self.config.authors.enabled:
             raise ProCapError(
                 "the authors variant is a stage-2 model (converted checkpoints); it has no stage-1 "
                 "heads, so stage 1 cannot train it."

@@ -29,7 +29,8 @@ from procap.core.config import Departures, ProCapConfig
 from procap.core.errors import ProCapError
 from procap.core.validate import same_device
 from procap.kernels.masking import MaskParams, axial_positions, mask_from_params
-from procap.model.encoder import ProcedureEncoder, authors_prefix_mask, space_to_depth
+from procap.model.departures import space_to_depth
+from procap.model.encoder import ProcedureEncoder, authors_prefix_mask
 from procap.model.masking import sample_mask_params
 from procap.model.negatives import consistency_negatives
 from procap.model.vqgan import VQGAN
@@ -287,9 +288,9 @@ class SequenceAssembly(nn.Module):
         """Encoder outputs (B, ``config.memory_tokens``, enc_dim) of stage-2 tokens: behind the ``authors`` variant's
         prefix (dropped from the output), and with the change token added to every output under
         ``departures.change_broadcast``."""
-        if self.config.variant == "authors":
+        if self.config.authors.enabled:
             seq, mask = self.with_prefix(tokens)
-            return self.encoder(seq, mask)[:, self.config.enc_prefix_tokens :]
+            return self.encoder(seq, mask)[:, self.config.authors.prefix_tokens :]
         encoded = self.encoder(tokens)
         if self.departures.change_broadcast:
             # departure (docs/model.md): every memory token carries the change token, so the decoder reads it

@@ -35,7 +35,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from procap.core.errors import ProCapError
 from procap.fast.inputs import check_pixels, to_image_tensor
-from procap.model.encoder import depth_to_space
+from procap.model.departures import depth_to_space
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -95,7 +95,7 @@ def head_note(stage: str | None) -> str:
 def check_imaginable(model: ProCap) -> None:
     """Raise :class:`ProCapError` (one sentence) when ``model`` cannot imagine a procedure."""
     config = model.config
-    if config.variant == "authors":
+    if config.authors.enabled:
         raise ProCapError(
             "this is an authors-variant checkpoint (converted, stage 2 only): it has no MSM head, so it cannot "
             "imagine a procedure."

@@ -49,8 +49,8 @@ def converted(authors_files):
 def test_every_size_comes_from_the_file(converted):
     model, vocab, info = converted
     c = model.config
-    assert (c.variant, c.enc_activation, c.enc_final_norm) == ("authors", "quick_gelu", False)
-    assert (c.image_size, c.grid_size, c.num_keyframes, c.enc_prefix_tokens) == (32, 8, 1, SPEC.slots + 2)
+    assert (c.authors.enabled, c.enc_activation, c.authors.final_norm) == (True, "quick_gelu", False)
+    assert (c.image_size, c.grid_size, c.num_keyframes, c.authors.prefix_tokens) == (32, 8, 1, SPEC.slots + 2)
     assert (c.enc_dim, c.enc_heads, c.enc_mlp, c.enc_layers) == (64, 1, 256, 3)
     assert (c.dec_dim, c.dec_heads, c.dec_ffn, c.dec_layers, c.max_caption_len) == (48, 4, 96, 3, 12)
     assert (c.vocab_size, len(vocab)) == (30, 30)
@@ -132,7 +132,7 @@ def test_widths_that_are_not_multiples_of_64_and_other_lengths(tmp_path):
     state = authors_state_dict(spec, seed=5)
     model, _, _ = convert_authors_checkpoint(*_write(tmp_path, state, spec))
     c = model.config
-    assert (c.enc_heads, c.grid_size, c.num_keyframes, c.enc_prefix_tokens, c.dec_heads) == (1, 16, 2, 6, 5)
+    assert (c.enc_heads, c.grid_size, c.num_keyframes, c.authors.prefix_tokens, c.dec_heads) == (1, 16, 2, 6, 5)
     _check_against_reference(model, state, spec)
 
 

@@ -28,7 +28,7 @@ def test_released_key_lists_convert(name, vocab, enc_layers, dec_layers, total):
     config = authors_config(ckpt, vocab)
     assert (config.enc_dim, config.enc_heads, config.enc_layers, config.enc_mlp) == (768, 12, enc_layers, 3072)
     assert (config.dec_dim, config.dec_layers, config.dec_ffn, config.vocab_size) == (512, dec_layers, 2048, vocab)
-    assert (config.image_size, config.grid_size, config.num_keyframes, config.enc_prefix_tokens) == (224, 14, 2, 26)
+    assert (config.image_size, config.grid_size, config.num_keyframes, config.authors.prefix_tokens) == (224, 14, 2, 26)
     v = config.vqgan
     assert (v.ch, v.ch_mult, v.num_res_blocks, v.z_channels, v.n_embed, v.attn_resolutions) == (
         128,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from procap.core.config import ProCapConfig
+from procap.core.config import AuthorsVariant, ProCapConfig, config_from_dict
 from procap.core.errors import ProCapError
 from procap.model.authors_decoder import (
     AuthorsAttention,
@@ -23,7 +23,7 @@ from tests.support import small_config
 
 
 def authors_config(**overrides) -> ProCapConfig:
-    base = {"variant": "authors", "enc_prefix_tokens": 5, "enc_activation": "quick_gelu", "enc_final_norm": False}
+    base = {"authors": {"enabled": True, "prefix_tokens": 5, "final_norm": False}, "enc_activation": "quick_gelu"}
     return small_config(**{**base, **overrides})
 
 
@@ -83,18 +83,89 @@ def test_quick_gelu_feed_forward():
 
 
 def test_config_checks_the_variant():
-    with pytest.raises(ValueError, match="variant must be one of"):
-        small_config(variant="mart")
-    with pytest.raises(ValueError, match="enc_prefix_tokens"):
-        small_config(variant="authors")
-    with pytest.raises(ValueError, match="enc_prefix_tokens"):
-        small_config(enc_prefix_tokens=4)
+    with pytest.raises(ValueError, match="authors.prefix_tokens must be >= 2 with authors.enabled"):
+        small_config(authors={"enabled": True})
+    with pytest.raises(ValueError, match="authors.prefix_tokens must be 0 without authors.enabled"):
+        small_config(authors={"prefix_tokens": 4})
     with pytest.raises(ValueError, match="enc_activation"):
         small_config(enc_activation="relu")
+    with pytest.raises(ValueError, match="authors.prefix_tokens must be an integer in"):
+        config_from_dict(
+            ProCapConfig, {**authors_config().to_dict(), "authors": {"enabled": True, "prefix_tokens": 10**9}}
+        )
+    with pytest.raises(ValueError, match="authors.enabled must be a bool"):
+        config_from_dict(ProCapConfig, {**small_config().to_dict(), "authors": {"enabled": "yes"}})
     old = small_config().to_dict()
-    for key in ("variant", "enc_prefix_tokens", "enc_activation", "enc_final_norm"):
+    for key in ("authors", "enc_activation"):
         old.pop(key)  # a checkpoint written before the variant existed
     assert ProCapConfig.from_dict(old) == small_config()
+
+
+def _flat(config: ProCapConfig) -> dict:
+    """``config`` as files wrote it before the authors' variant was grouped: three fields at the top level."""
+    written = config.to_dict()
+    group = written.pop("authors")
+    variant = "authors" if group["enabled"] else "procap"
+    return {
+        **written,
+        "variant": variant,
+        "enc_prefix_tokens": group["prefix_tokens"],
+        "enc_final_norm": group["final_norm"],
+    }
+
+
+def test_the_authors_variant_is_one_group_read_from_older_flat_files():
+    grouped = authors_config()
+    assert grouped.authors == AuthorsVariant(enabled=True, prefix_tokens=5, final_norm=False)
+    written = grouped.to_dict()
+    assert written["authors"] == {"enabled": True, "prefix_tokens": 5, "final_norm": False}  # the new form
+    assert not {"variant", "enc_prefix_tokens", "enc_final_norm"} & set(written)
+    for config in (grouped, small_config()):  # the authors' variant and the paper's model
+        flat = _flat(config)
+        assert config_from_dict(ProCapConfig, flat) == ProCapConfig.from_dict(flat) == config
+    # a flat field overrides the group's, as the departures' do
+    flat = {**written, "enc_prefix_tokens": 7}
+    assert ProCapConfig.from_dict(flat).authors == AuthorsVariant(enabled=True, prefix_tokens=7, final_norm=False)
+    for variant in ("mart", 1, None):
+        with pytest.raises(ValueError, match="variant must be one of"):
+            config_from_dict(ProCapConfig, {**_flat(grouped), "variant": variant})
+
+
+def test_checkpoints_and_folders_with_the_flat_fields_load_into_the_group(tmp_path):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from procap.data import Vocabulary
+    from procap.loading.checkpoint import load_checkpoint, save_checkpoint
+
+    vocab = Vocabulary(["red", "cube"])
+    torch.manual_seed(0)
+    model = ProCap(authors_config(vocab_size=len(vocab)))
+    path = save_checkpoint(tmp_path / "new.safetensors", model, vocab)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    older = tmp_path / "old.safetensors"
+    save_file(load_file(str(path)), str(older), metadata={**metadata, "config": json.dumps(_flat(model.config))})
+    loaded, _, _ = load_checkpoint(older)
+    assert loaded.config == model.config and loaded.config.authors.enabled
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    before, after = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    assert torch.equal(loaded.eval().memory(before, after), model.eval().memory(before, after))
+    # a pretrained folder's config.json is compared with the weights' config: the flat form still describes them
+    folder = model.save_pretrained(tmp_path / "folder", vocab)
+    written = json.loads((folder / "config.json").read_text())
+    del written["authors"]
+    flat = {key: _flat(model.config)[key] for key in ("variant", "enc_prefix_tokens", "enc_final_norm")}
+    (folder / "config.json").write_text(json.dumps({**written, **flat}))
+    assert ProCap.from_pretrained(folder).config == model.config
+    (folder / "config.json").write_text(json.dumps({**written, **flat, "enc_prefix_tokens": 6}))
+    with pytest.raises(ProCapError, match="differs from the config stored"):
+        ProCap.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**written, **flat, "variant": "mart"}))
+    with pytest.raises(ProCapError, match="config.json: variant must be one of"):
+        ProCap.from_pretrained(folder)
 
 
 def test_model_parts_follow_the_variant():

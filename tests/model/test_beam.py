@@ -85,7 +85,7 @@ def test_authors_variant_beams_cached_equal_the_oracle():
     from procap.model.authors_decoder import AuthorsCaptionDecoder
 
     config = small_config(
-        variant="authors", enc_prefix_tokens=5, enc_activation="quick_gelu", enc_final_norm=False, vocab_size=30
+        authors={"enabled": True, "prefix_tokens": 5, "final_norm": False}, enc_activation="quick_gelu", vocab_size=30
     )
     torch.manual_seed(2)
     decoder = AuthorsCaptionDecoder(config).eval()

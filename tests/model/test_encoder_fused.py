@@ -55,7 +55,7 @@ def test_add_norm_stack_with_the_kernel_matches_the_readable_stack(dtype, monkey
 def test_add_norm_stack_with_the_reference_op_is_the_readable_stack(final_norm):
     # On the CPU the dispatch runs add_layer_norm's reference (an in-place add, F.layer_norm): the same bits as the
     # readable stack, the add's operands swapped (exact in IEEE arithmetic); also with CLIP-style blocks.
-    overrides = {} if final_norm else {"enc_final_norm": False, "enc_activation": "quick_gelu"}
+    overrides = {} if final_norm else {"authors": {"final_norm": False}, "enc_activation": "quick_gelu"}
     encoder, x = _encoder(**overrides), _tokens()
     with torch.no_grad():
         readable = encoder(x)

@@ -8,7 +8,7 @@ import torch
 
 from procap.core.config import get_preset
 from procap.kernels.masking import mask_from_params
-from procap.model.encoder import ImageEncoder, space_to_depth
+from procap.model.departures import ImageEncoder, space_to_depth
 from procap.model.procap import ProCap
 from tests.model.test_object_naming import naming_config
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from procap.core.config import PRESETS, Departures, get_preset
-from procap.model.encoder import (
+from procap.model.departures import (
     PixelCNN,
     WindowGlimpse,
     depth_to_space,

@@ -12,7 +12,7 @@ from procap.core.config import get_preset
 from procap.core.errors import ProCapError
 from procap.data.vocab import Vocabulary
 from procap.loading.checkpoint import load_checkpoint, save_checkpoint
-from procap.model.encoder import depth_to_space
+from procap.model.departures import depth_to_space
 from procap.model.procap import ProCap
 from procap.viz.figures import (
     GAP,
@@ -161,7 +161,7 @@ def test_static_and_authors_checkpoints_are_refused(saved):
     before, after = _pair()
     with pytest.raises(ProCapError, match="static-pair baseline"):
         imagine(model, before, after, vocab=vocab)
-    authors = get_preset("tiny", vocab_size=len(vocab), variant="authors", enc_prefix_tokens=26, enc_layers=1)
+    authors = get_preset("tiny", vocab_size=len(vocab), authors={"enabled": True, "prefix_tokens": 26}, enc_layers=1)
     with pytest.raises(ProCapError, match="no MSM head"):
         imagine(ProCap(authors), before, after)
 
