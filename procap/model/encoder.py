@@ -12,10 +12,11 @@ assembled by :class:`procap.model.sequence.SequenceAssembly` (masking, axial pos
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.kernels.attention.attention`.
 
-Inference forms (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual add
-and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's; the
-Captioner's default), and, opt-in, the MLP's bias + GELU in the first GEMM's epilogue (``torch._addmm_activation``;
-tanh-approximated on CUDA, so not the model's erf GELU there: docs/gpu.md).
+Fused inference form (:meth:`ProcedureEncoder.use_fused`, :mod:`procap.model.fused_form`; the Captioner's
+``fused_encoder``): each residual add and the LayerNorm that reads its sum in one kernel
+(:func:`procap.kernels.add_layer_norm`, the decoding step's; the Captioner's default), and, opt-in, the MLP's bias +
+GELU in the first GEMM's epilogue (``torch._addmm_activation``; tanh-approximated on CUDA, so not the model's erf GELU
+there: docs/gpu.md).
 
 The ``authors`` variant (``config.variant``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.enc_prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
@@ -27,6 +28,7 @@ quirk (:func:`authors_prefix_mask`); with CLIP-style blocks (``enc_activation="q
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,7 @@ from torch import nn
 
 from procap import kernels
 from procap.core.config import ProCapConfig
+from procap.model.fused_form import FusedForm
 from procap.model.layers import FeedForward, MultiHeadAttention
 
 
@@ -57,8 +60,10 @@ def _head(dim: int, out: int) -> nn.Sequential:
     return nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, out))
 
 
-class ProcedureEncoder(nn.Module):
+class ProcedureEncoder(FusedForm, nn.Module):
     """Transformer stack plus its input embeddings and the three stage-1 heads.
+
+    The stack has a fused inference form (:meth:`use_fused`); an encoder is built with the readable one.
 
     Attributes:
         visual_norm, visual_proj: LayerNorm(z_channels) -> Linear(z_channels -> enc_dim) on VQGAN features.
@@ -68,6 +73,8 @@ class ProcedureEncoder(nn.Module):
         msm_head: LN + Linear(enc_dim -> n_embed); align_head, csy_head: LN + Linear(enc_dim -> 1).
         prefix: (enc_prefix_tokens, enc_dim), the ``authors`` variant only (which has no stage-1 parts).
     """
+
+    fused_options = ("add_norm", "gelu_epilogue")
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
@@ -91,7 +98,7 @@ class ProcedureEncoder(nn.Module):
             ]
         )
         self.norm = nn.LayerNorm(d) if config.enc_final_norm else nn.Identity()
-        self.fused_add_norm = False  # use_fused_blocks
+        self.fused_add_norm = False  # use_fused
         # departure (docs/model.md): per-channel standardisation of the tokenizer's features (running statistics,
         # no affine); a well-trained VQGAN's channels carry offsets of ~2 standard deviations that a per-token
         # LayerNorm turns into near-constant tokens
@@ -299,19 +306,25 @@ class ProcedureEncoder(nn.Module):
             raise ValueError(f"captions have {captions.shape[1]} tokens, at most {self.text_pos.shape[0]} allowed")
         return self.text_embed(captions) + self.text_pos[: captions.shape[1]]
 
-    def use_fused_blocks(self, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
-        """Inference forms of the stack (both off by default; gradients always take the readable forward).
+    def use_fused(self, enabled: bool = True, **options: Any) -> None:
+        """Run the stack in its fused inference form, or with ``enabled=False`` as written. Gradients always take
+        the readable forward: the fused form serves calls without them.
 
         Args:
-            add_norm: each residual add and the LayerNorm after it (the next sublayer's, or the final one) in one
-                kernel, :func:`procap.kernels.add_layer_norm`: read two tensors, write two, instead of an add and
-                a LayerNorm (read three, write two). The sublayer's output buffer becomes the residual stream.
-            gelu_epilogue: the MLP's ``fc1`` bias and GELU in the GEMM (:attr:`FeedForward.gelu_epilogue`). Exact on
-                the CPU; tanh-approximated on CUDA, where the model's GELU is erf.
+            enabled: the fused form (True) or the readable stack (False).
+            options: ``add_norm`` (default True): each residual add and the LayerNorm after it (the next sublayer's,
+                or the final one) in one kernel, :func:`procap.kernels.add_layer_norm`: read two tensors, write two,
+                instead of an add and a LayerNorm (read three, write two); the sublayer's output buffer becomes the
+                residual stream. ``gelu_epilogue`` (default False): the MLP's ``fc1`` bias and GELU in the GEMM
+                (:attr:`FeedForward.gelu_epilogue`); exact on the CPU, tanh-approximated on CUDA, where the model's
+                GELU is erf.
         """
-        self.fused_add_norm = bool(add_norm)
+        super().use_fused(enabled, **options)
+
+    def _choose_fused(self, enabled: bool, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
+        self.fused_add_norm = enabled and bool(add_norm)
         for layer in self.layers:
-            layer.mlp.gelu_epilogue = bool(gelu_epilogue)
+            layer.mlp.gelu_epilogue = enabled and bool(gelu_epilogue)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm (if any); ``attn_mask`` (N, N) bool."""
