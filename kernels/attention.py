@@ -16,9 +16,11 @@ when read: an unknown or unavailable backend there is a :class:`~procap.core.err
 Requesting an unavailable backend explicitly raises :class:`BackendUnavailableError` naming the backend and
 how to install it.
 
-Masks follow one convention everywhere: ``attn_mask`` is bool, broadcastable to (B, H, Lq, Lk), True = may
-attend; ``causal`` lets query i see keys ``j <= i + Lk - Lq`` (bottom-right aligned, so a single decoding
-query sees the whole prefix).
+Masks, broadcastable to (B, H, Lq, Lk), come in SDPA's two kinds: bool, True = may attend, or floating, an additive
+bias on the scores (0 where a key is visible, -inf where it is not). The cached decoding step keeps its mask as such
+a bias in a buffer that its pick opens one entry of per step, so no step builds a bool mask; every backend takes
+either kind (flash-attn, and PyTorch's flash kernel on CUDA, neither). ``causal`` lets query i see keys ``j <= i + Lk - Lq`` (bottom-right aligned, so a
+single decoding query sees the whole prefix).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def attention_math(
     Args:
         q: (B, H, Lq, Dh); k, v: (B, H, Lk, Dh).
         causal: mask keys after the query position (query i sees keys <= i + Lk - Lq).
-        attn_mask: optional bool mask broadcastable to (B, H, Lq, Lk), True = may attend.
+        attn_mask: optional mask broadcastable to (B, H, Lq, Lk): bool, True = may attend, or an additive float bias.
 
     Returns:
         (B, H, Lq, Dh) in q's dtype.
@@ -82,14 +84,24 @@ def attention_math(
     scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:  # a bias of 0 / -inf: adding 0 leaves a score's bits as they are
+        scores = scores + attn_mask.float()
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
 def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Bottom-right aligned causal mask (Lq, Lk), True = may attend."""
     return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+
+
+def with_causal(attn_mask: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
+    """``attn_mask`` (bool or additive) that also hides the keys after each query (:func:`causal_mask`)."""
+    causal = causal_mask(lq, lk, attn_mask.device)
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal
+    return attn_mask.masked_fill(~causal, float("-inf"))
 
 
 # ----------------------------------------------------------------------------------------------- availability
@@ -184,6 +196,15 @@ def select_backend(device: torch.device | str, dtype: torch.dtype) -> str:
     return _auto_cache[key]
 
 
+def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The backend a layer set to ``backend`` runs on: ``auto`` resolved for the device and dtype, any other as it is.
+
+    What code fixing its backend ahead of the calls uses (the cached decoding step, whose state is set up once and
+    replayed, and ``procap.fast``'s settings), so that they resolve ``auto`` as :func:`attention` would.
+    """
+    return select_backend(device, dtype) if backend == "auto" else backend
+
+
 def _check_environment_backend(backend: str, device: torch.device | str, dtype: torch.dtype) -> None:
     """The backend ``PROCAP_ATTENTION`` names exists and runs here; otherwise one sentence naming the variable (a
     backend met later, deep in a forward pass, would name neither it nor the fix)."""
@@ -229,8 +250,8 @@ def _sdpa(
 ) -> torch.Tensor:
     lq, lk = q.shape[-2], k.shape[-2]
     if causal and attn_mask is not None:
-        # SDPA refuses is_causal together with a mask: fold the causal part into the bool mask.
-        attn_mask, causal = attn_mask & causal_mask(lq, lk, q.device), False
+        # SDPA refuses is_causal together with a mask: fold the causal part into the mask.
+        attn_mask, causal = with_causal(attn_mask, lq, lk), False
     if causal and lq != lk:
         # SDPA's is_causal is top-left aligned; ours is bottom-right.
         from torch.nn.attention.bias import causal_lower_right
@@ -255,7 +276,7 @@ def _xformers(
     bias = None
     if attn_mask is not None:
         if causal:
-            attn_mask = attn_mask & causal_mask(q.shape[-2], k.shape[-2], q.device)
+            attn_mask = with_causal(attn_mask, q.shape[-2], k.shape[-2])
         bias = _additive_bias(attn_mask, q)
     elif causal:
         bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
@@ -264,14 +285,15 @@ def _xformers(
 
 
 def _additive_bias(attn_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Bool mask -> additive bias (B, H, Lq, Lk) in q's dtype; xformers wants the last dim 8-aligned in memory."""
+    """A bool or additive mask as an additive bias (B, H, Lq, Lk) in q's dtype; xformers wants the last dim
+    8-aligned in memory."""
     b, h, lq = q.shape[0], q.shape[1], q.shape[2]
     lk = attn_mask.shape[-1]
     padded = torch.empty(b, h, lq, (lk + 7) // 8 * 8, dtype=q.dtype, device=q.device)
     bias = padded[..., :lk]
-    bias.copy_(
-        torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf")).expand(b, h, lq, lk)
-    )
+    if attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
+    bias.copy_(attn_mask.expand(b, h, lq, lk))
     return bias
 
 
@@ -335,7 +357,8 @@ def attention(
     Args:
         q: (B, H, Lq, Dh); k, v: (B, H, Lk, Dh), same dtype and device.
         causal: query i sees keys ``j <= i + Lk - Lq`` (bottom-right aligned).
-        attn_mask: optional bool mask broadcastable to (B, H, Lq, Lk), True = may attend.
+        attn_mask: optional mask broadcastable to (B, H, Lq, Lk): bool, True = may attend, or an additive bias in a
+            floating dtype (0 visible, -inf hidden), which SDPA takes as it is.
         backend: one of ``BACKENDS``; ``auto`` uses :func:`select_backend`.
 
     Returns:

@@ -1,11 +1,14 @@
-"""Every attention backend against the fp32 ``math`` reference: shapes, causal with Lq != Lk, bool masks, dtypes."""
+"""Every attention backend against the fp32 ``math`` reference: shapes, causal with Lq != Lk, bool and additive
+masks, dtypes."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from procap.kernels import attention as attn_mod
 from procap.kernels.attention import (
@@ -15,6 +18,7 @@ from procap.kernels.attention import (
     attention_math,
     available_backends,
     backend_for_mask,
+    resolve_backend,
     select_backend,
     unavailable_reason,
     use_backend,
@@ -174,3 +178,50 @@ def test_a_layer_set_to_flash_runs_masked_calls_on_sdpa():
     assert backend_for_mask("flash", mask) == "sdpa"
     assert backend_for_mask("flash", None) == "flash"
     assert all(backend_for_mask(name, mask) == name for name in BACKENDS if name != "flash")
+
+
+SDPA_PINS = {"sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH", "sdpa_flash": "FLASH_ATTENTION"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", available_backends("cpu", torch.float32))
+def test_an_additive_mask_is_the_bool_mask(backend, dtype):
+    """The cached decoding step's mask is a 0 / -inf bias over its key slots, one row for every query (B, H, 1, K);
+    each backend gives with it exactly what it gives with the bool mask, and an SDPA backend exactly what SDPA gives
+    when called directly with the bias (how the step called it before it went through ``attention``)."""
+    if unavailable_reason(backend, "cpu", dtype) is not None:
+        pytest.skip(unavailable_reason(backend, "cpu", dtype))
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 4, n, 16, generator=generator).to(dtype) for n in (1, 32, 32))
+    bias = torch.full((32,), float("-inf"), dtype=dtype)
+    bias[:7] = 0.0  # the keys decoded so far; the slots after them hold stale values
+    bias = bias.view(1, 1, 1, 32)
+    got = attention(q, k, v, attn_mask=bias, backend=backend)
+    assert torch.equal(got, attention(q, k, v, attn_mask=bias == 0, backend=backend))
+    tolerance = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, attention_math(q, k[..., :7, :], v[..., :7, :]), **tolerance)
+    if backend.startswith("sdpa"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        pin = (
+            sdpa_kernel([getattr(SDPBackend, SDPA_PINS[backend])]) if backend in SDPA_PINS else contextlib.nullcontext()
+        )
+        with pin:
+            assert torch.equal(got, F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_causal_folds_into_an_additive_mask(backend):
+    q, k, v = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    visible = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    visible[..., 1] = False
+    bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    expected = attention(q, k, v, causal=True, attn_mask=visible, backend=backend)
+    assert torch.equal(attention(q, k, v, causal=True, attn_mask=bias, backend=backend), expected)
+
+
+def test_resolve_backend_is_what_auto_runs():
+    assert resolve_backend("auto", "cpu", torch.float32) == select_backend("cpu", torch.float32)
+    assert resolve_backend("math", "cpu", torch.float32) == "math"
+    with use_backend("math"):
+        assert resolve_backend("auto", "cpu", torch.float32) == "math"

@@ -4,8 +4,9 @@ What makes it fast on CUDA (each piece is skipped or a no-op on the CPU, where t
 
 - bf16 weights (fp16 where bf16 is unsupported), the VQGAN in channels-last (``cudnn_benchmark`` lets cuDNN pick
   its convolution algorithms while the Captioner runs);
-- the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`: bias-free convolutions, each
-  bias added where its output is read; ``fused_vqgan``);
+- the fused inference form of every part, chosen with :meth:`procap.model.procap.ProCap.use_fused`: the VQGAN
+  encoder's (bias-free convolutions, each bias added where its output is read; ``fused_vqgan``), the procedure
+  encoder's (``fused_encoder``) and the decoder's cached step (``fused_decoder``);
 - the procedure encoder and decoder through the attention backend given at construction;
 - cached decoding: the memory's cross-attention keys/values once per batch, a static KV cache for
   self-attention, the position as a device tensor, through the model decoder's ``decode_step`` (for the paper's
@@ -54,6 +55,7 @@ from procap.kernels.attention import BACKENDS
 from procap.loading.checkpoint import check_can_caption, load_checkpoint
 from procap.loading.hub import load_pretrained
 from procap.model.decoding import DecodingStrategy, resolve_strategy
+from procap.model.fused_form import fused_options
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -160,15 +162,17 @@ class Captioner:
             strategy object; greedy decoding is captured, any other strategy runs its cached form eagerly, equal to
             ``ProCap.generate`` with the same strategy in fp32 (sampling: the same ``seed`` on the same device).
         strategy_options: the named strategy's options (``{"top_p": 0.9, "seed": 1}``), checked here, once.
-        fused_vqgan: run the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused_encoder`:
+        fused_vqgan: run the VQGAN encoder in its fused form (:meth:`procap.model.vqgan.VQGAN.use_fused`:
             bias-free convolutions, biases added where their outputs are read, a 4x4 downsample, q/k/v in one
-            GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its keyword arguments
+            GEMM, an 8-channel input): True, False (the readable encoder), or a dict of its options
             (e.g. ``{"downsample_4x4": False}``).
-        fused_encoder: the procedure encoder's inference forms (:meth:`procap.model.encoder.ProcedureEncoder.
-            use_fused_blocks`): True (the default: each residual add + the LayerNorm after it in one kernel, the
-            readable stack's values), False (the readable stack), or a dict of its keyword arguments (e.g.
-            ``{"gelu_epilogue": True}``: also the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so
-            opt-in).
+        fused_encoder: the procedure encoder's fused form (:meth:`procap.model.encoder.ProcedureEncoder.use_fused`):
+            True (the default: each residual add + the LayerNorm after it in one kernel, the readable stack's
+            values), False (the readable stack), or a dict of its options (e.g. ``{"gelu_epilogue": True}``: also
+            the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so opt-in).
+        fused_decoder: the decoder's fused cached step (:meth:`procap.model.decoder.CaptionDecoder.use_fused`;
+            True, the default) or False: every step the readable whole-prefix pass (slower; for comparison).
+            The three go to :meth:`procap.model.procap.ProCap.use_fused` together.
 
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
     read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
@@ -203,6 +207,7 @@ class Captioner:
         strategy_options: Mapping[str, Any] | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
         fused_encoder: bool | dict[str, Any] = True,
+        fused_decoder: bool = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:
@@ -223,8 +228,14 @@ class Captioner:
             raise ProCapError(f"unknown attention backend {attention_backend!r}; choose one of {', '.join(BACKENDS)}")
         self.cudnn_benchmark, self.allow_tf32 = cudnn_benchmark, allow_tf32
         self.attention_backend = attention_backend
-        self.torch_compile, self.fused_vqgan = torch_compile, fused_vqgan
-        self.fused_encoder = fused_encoder
+        self.torch_compile = torch_compile
+        for name, choice in (
+            ("fused_vqgan", fused_vqgan),
+            ("fused_encoder", fused_encoder),
+            ("fused_decoder", fused_decoder),
+        ):
+            fused_options(choice, name)  # a choice of another type is refused before the model is copied
+        self.fused_vqgan, self.fused_encoder, self.fused_decoder = fused_vqgan, fused_encoder, fused_decoder
         self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
         # what the weights record they were trained on (``procap.data.domain``); None: unknown, never warned about
         self.domain = read_domain(getattr(model, "pretrained_info", None))
@@ -322,22 +333,22 @@ class Captioner:
 
     def _prepare(self, model: ProCap) -> torch.nn.Module:
         model.eval().requires_grad_(False)
-        model.vqgan.use_fused_encoder(False)  # its derived buffers are made again after the move, below
+        model.use_fused(False)  # the fused VQGAN's derived buffers are made again after the move, below
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
         channels_last = self.settings.channels_last
         if channels_last:
             model.vqgan.to(memory_format=torch.channels_last)
-        if self.fused_vqgan:
-            options = {} if self.fused_vqgan is True else dict(self.fused_vqgan)
-            model.vqgan.use_fused_encoder(channels_last=channels_last, **options)
-        if self.fused_encoder:
-            model.encoder.use_fused_blocks(**({} if self.fused_encoder is True else dict(self.fused_encoder)))
-        else:
-            model.encoder.use_fused_blocks(add_norm=False, gelu_epilogue=False)
+        vqgan = fused_options(self.fused_vqgan, "fused_vqgan")  # the layout is the settings' unless given
+        fused_vqgan = vqgan is not None
+        model.use_fused(
+            vqgan=fused_vqgan and {"channels_last": channels_last, **vqgan},
+            encoder=self.fused_encoder,
+            decoder=self.fused_decoder,
+        )
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)
-        if channels_last and not self.fused_vqgan:  # the fused encoder lays its input out itself
+        if channels_last and not fused_vqgan:  # the fused encoder lays its input out itself
             self._hooks.append(
                 model.vqgan.encoder.register_forward_pre_hook(
                     lambda _m, args: (args[0].contiguous(memory_format=torch.channels_last), *args[1:])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from procap.core.errors import ProCapError
-from procap.kernels.attention import select_backend
+from procap.kernels.attention import resolve_backend
 from procap.model.decoding import DecodingStrategy, Greedy
 
 DEVICE_TYPES = ("cpu", "cuda")  # the device types whose configuration the Captioner knows
@@ -113,7 +113,7 @@ def resolve_settings(
         pad_to_bucket = use_graphs or capture_memory
     if capture_memory and not pad_to_bucket:
         raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes).")
-    backend = attention_backend if attention_backend != "auto" else select_backend(device, dtype)
+    backend = resolve_backend(attention_backend, device, dtype)
     return Settings(
         configured_as=configured,
         dtype=dtype,

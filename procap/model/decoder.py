@@ -19,6 +19,9 @@ Two ways to decode greedily, one set of weights and one greedy rule (:func:`gree
   host sync), so ``procap.fast`` captures exactly this step in a CUDA graph. For this decoder the step is the fused
   form of :mod:`procap.model.decoder_step` (merged projections, fused residual + LayerNorm and pick, through
   ``procap.kernels``): the same computation in about half the launches; the tests compare it with the oracle.
+  :meth:`CaptionDecoder.use_fused` (:mod:`procap.model.fused_form`) with ``False`` makes the loop run the readable
+  form instead: each step the oracle's whole-prefix pass over fixed-shape buffers
+  (:class:`~procap.model.kv_cache.PrefixCache`), so every cached caller (beam search, ``procap.fast``) can run it.
 
 Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] [BOS] [EOS] [UNK] [MASK] = 0..7.
 """
@@ -26,6 +29,7 @@ Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,8 +37,10 @@ from torch import nn
 from procap.core.config import ProCapConfig
 from procap.core.validate import same_device
 from procap.data.vocab import Vocabulary
+from procap.kernels.attention import resolve_backend
 from procap.model import decoder_step
-from procap.model.kv_cache import DecoderCache, KVCache
+from procap.model.fused_form import FusedForm
+from procap.model.kv_cache import DecoderCache, KVCache, PrefixCache
 from procap.model.layers import FeedForward, MultiHeadAttention
 
 PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(8)
@@ -68,14 +74,17 @@ class DecodingState:
     Built by :meth:`CaptionDecoder.setup_caches`. Shapes never change, so the step can be captured in a CUDA graph.
 
     Attributes:
-        cache: the per-layer self- and cross-attention :class:`~procap.model.kv_cache.KVCache` s.
+        cache: the per-layer self- and cross-attention :class:`~procap.model.kv_cache.KVCache` s (a
+            :class:`~procap.model.kv_cache.PrefixCache` in the caption decoder's readable form).
         tokens: (B,) ids fed to the next step; ``pos``: (1,) int64 device tensor, its position.
         finished: (B,) rows that produced EOS; ``out``: (B, max_len - 1) produced tokens (PAD after EOS).
         logits: (B, V) fp32 logits of the last step after suppression (for agreement checks).
         steps: ``max_len - 1``, the number of :meth:`CaptionDecoder.decode_step` calls of one caption.
     """
 
-    def __init__(self, cache: DecoderCache, batch: int, max_len: int, vocab: int, device: torch.device | str) -> None:
+    def __init__(
+        self, cache: DecoderCache | PrefixCache, batch: int, max_len: int, vocab: int, device: torch.device | str
+    ) -> None:
         self.cache, self.batch, self.steps = cache, batch, max_len - 1
         self.tokens = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -91,10 +100,8 @@ class DecodingState:
         self.out.fill_(PAD_ID)
 
     def reorder_rows(self, rows: torch.Tensor) -> None:
-        """Row i of every self-attention cache becomes row ``rows[i]`` (beam search follows its hypotheses)."""
-        for cache in self.cache.self_attn:
-            cache.k.copy_(cache.k.index_select(0, rows))
-            cache.v.copy_(cache.v.index_select(0, rows))
+        """Row i of the cache becomes row ``rows[i]`` (beam search follows its hypotheses)."""
+        self.cache.reorder_rows(rows)
 
 
 class CachedDecoder(nn.Module):
@@ -210,8 +217,12 @@ class CachedDecoder(nn.Module):
         return state.out
 
 
-class CaptionDecoder(CachedDecoder):
+class CaptionDecoder(FusedForm, CachedDecoder):
     """Word-level caption decoder.
+
+    Its cached decoding has a fused form and a readable one (:meth:`use_fused`); a decoder is built with the fused
+    one: the cached interface serves only fast decoding, and the fused form takes the weights when each state is set
+    up, so they cannot go stale (the VQGAN's and the encoder's fused forms start off). ``forward`` is always readable.
 
     Attributes:
         embed: (vocab_size, dec_dim) token embeddings, also the output projection.
@@ -234,6 +245,7 @@ class CaptionDecoder(CachedDecoder):
         # True on SUPPRESSED_IDS. A bool buffer (never cast by .to(dtype)) rather than an index list, so the pick
         # needs no host-to-device copy inside a CUDA graph; not persistent: checkpoints do not carry it.
         self.register_buffer("suppressed", suppressed_mask(config.vocab_size), persistent=False)
+        self.use_fused()
 
     def forward(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """Next-token logits for every prefix position.
@@ -260,7 +272,19 @@ class CaptionDecoder(CachedDecoder):
         with torch.autocast(hidden.device.type, enabled=False):
             return hidden.float() @ self.embed.weight.float().t()
 
-    # -- cached decoding: the fused step of procap.model.decoder_step (generate_cached: CachedDecoder) ------------
+    # -- cached decoding: the fused step of procap.model.decoder_step, or the readable pass over the prefix ------------
+    def use_fused(self, enabled: bool = True, **options: Any) -> None:
+        """Decode with the fused step of :mod:`procap.model.decoder_step` (True, the default), or with ``False`` run
+        every cached step as the readable :meth:`forward` over the whole prefix (:class:`PrefixCache`: the oracle's
+        computation, a position's logits read from it; slower, exact, for comparison). No options.
+
+        The choice is taken by the next :meth:`setup_caches`: a state keeps the form it was set up in.
+        """
+        super().use_fused(enabled, **options)
+
+    def _choose_fused(self, enabled: bool) -> None:
+        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`."""
+
     def setup_caches(
         self,
         batch: int,
@@ -268,38 +292,60 @@ class CaptionDecoder(CachedDecoder):
         dtype: torch.dtype,
         device: torch.device | str,
         memory_len: int | None = None,
-    ) -> decoder_step.FusedDecodingState:
-        """Buffers of a cached decode, and the weights in the fused step's layout (taken now: set up again after the
-        weights change). ``dtype`` and ``device`` must be the weights'; other arguments as
-        :meth:`CachedDecoder.setup_caches`."""
+    ) -> DecodingState | decoder_step.FusedDecodingState:
+        """Buffers of a cached decode in the chosen form (:meth:`use_fused`); the fused form also takes the weights
+        in its layout now (set up again after the weights change). ``dtype`` and ``device`` must be the weights';
+        other arguments as :meth:`CachedDecoder.setup_caches`."""
         self.check_max_len(max_len)
         weight = self.embed.weight
         if dtype != weight.dtype or not same_device(device, weight.device):
             raise ValueError(
                 f"decoding buffers live with the weights ({weight.dtype} on {weight.device}), got {dtype} on {device}"
             )
-        backend = decoder_step.resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
-        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID)
         n = self.memory_len if memory_len is None else memory_len
+        if not self.fused:
+            prefix = PrefixCache(batch, max_len, n, weight.shape[1], dtype, weight.device)
+            return DecodingState(prefix, batch, max_len, weight.shape[0], weight.device)
+        backend = resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
+        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID)
         return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n)
 
     @torch.no_grad()
-    def prefill(self, memory: torch.Tensor, state: decoder_step.FusedDecodingState) -> None:
-        """Project the memory (b, N, D), b <= state.batch, into the cross-attention caches; reset ``state``.
-
-        Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
-        """
-        decoder_step.prefill(state, memory)
+    def prefill(self, memory: torch.Tensor, state: DecodingState | decoder_step.FusedDecodingState) -> None:
+        """Project the memory (b, N, D), b <= state.batch, into the cross-attention caches (the readable form keeps the
+        memory itself); reset ``state``. Rows b..B-1 keep whatever they held (finite values): their tokens are
+        discarded."""
+        if isinstance(state, decoder_step.FusedDecodingState):
+            decoder_step.prefill(state, memory)
+        else:
+            state.cache.fill(memory)
         state.reset()
 
     @torch.no_grad()
-    def decode_step(self, state: decoder_step.FusedDecodingState) -> None:
+    def decode_step(self, state: DecodingState | decoder_step.FusedDecodingState) -> None:
         """Decode position ``state.pos`` greedily (the rule of :func:`greedy_pick`); advances ``state.pos``."""
-        decoder_step.greedy_step(state)
+        if isinstance(state, decoder_step.FusedDecodingState):
+            decoder_step.greedy_step(state)
+        else:
+            super().decode_step(state)
 
     @torch.no_grad()
-    def step_logits(self, tokens: torch.Tensor, state: decoder_step.FusedDecodingState) -> torch.Tensor:
-        return decoder_step.step_logits(state, tokens)
+    def step_logits(self, tokens: torch.Tensor, state: DecodingState | decoder_step.FusedDecodingState) -> torch.Tensor:
+        if isinstance(state, decoder_step.FusedDecodingState):
+            return decoder_step.step_logits(state, tokens)
+        return super().step_logits(tokens, state)
+
+    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: PrefixCache) -> torch.Tensor:
+        """The readable form's fp32 logits (B, V) of ``tokens`` (B,) at (1,) ``input_pos``: written into the prefix,
+        which runs through :meth:`forward` whole; the layers are causal, so the positions after it change nothing."""
+        cache.write(input_pos, tokens)
+        return self(cache.sequence, cache.memory).index_select(1, input_pos).squeeze(1)
+
+    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`greedy_pick`, the finished flags kept in ``state``."""
+        next_token, finished, scores = greedy_pick(logits, state.finished, self.suppressed)
+        state.finished.copy_(finished)
+        return next_token, scores
 
     def max_positions(self) -> int:
         return self.pos_embed.shape[0]

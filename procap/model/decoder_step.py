@@ -1,4 +1,5 @@
-"""The caption decoder's cached decoding step in fused form: what :class:`~procap.model.decoder.CaptionDecoder` runs.
+"""The caption decoder's cached decoding step in fused form: what :class:`~procap.model.decoder.CaptionDecoder` runs
+unless ``use_fused(False)`` chose its readable form (:mod:`procap.model.fused_form`).
 
 :meth:`CaptionDecoder.forward` and :func:`~procap.model.decoder.greedy_decode` are the readable oracle (the whole
 prefix through the :class:`~procap.model.decoder.DecoderLayer` s every step). Decoding with caches runs the same
@@ -19,34 +20,30 @@ the layers written out op by op take about 60):
   (``procap.kernels.greedy_step``).
 
 Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
-Attention with an SDPA backend calls ``torch.nn.functional.scaled_dot_product_attention`` with the additive mask
-(PyTorch's kernel choice, or the one ``sdpa_efficient`` / ``sdpa_math`` pins); any other backend goes through
-:func:`procap.kernels.attention.attention` with the equivalent bool mask, so the step serves every backend.
+Attention goes through :func:`procap.kernels.attention.attention`, like every other layer's, with the backend
+resolved once when the state is set up (``auto`` is not looked up again in a step a graph replays) and the additive
+mask as it is: SDPA takes it directly, so no step builds a bool mask.
+
+This module reads the decoder it is given and imports nothing of :mod:`procap.model.decoder`, which chooses it
+(:meth:`~procap.model.decoder.CaptionDecoder.use_fused`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from procap import kernels
-from procap.kernels.attention import attention, backend_for_mask, select_backend
-
-if TYPE_CHECKING:
-    from procap.model.decoder import CaptionDecoder
+from procap.kernels.attention import attention, backend_for_mask
 
 KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligned mask rows for fused kernels)
-ADDITIVE_MASK_BACKENDS = ("sdpa", "sdpa_efficient", "sdpa_math")  # SDPA called directly with the float mask
-_PINNED_SDPA = {"sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
 
 
 class _LayerWeights:
     """One decoder layer's weights as the fused step reads them: transposed views and the merged projections."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: nn.Module) -> None:
         sa, ca = layer.self_attn, layer.cross_attn
         self.qkv_weight_t = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).t()
         self.qkv_bias = torch.cat([sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias])
@@ -67,7 +64,9 @@ class FusedWeights:
     """
 
     @torch.no_grad()
-    def __init__(self, decoder: CaptionDecoder, backend: str, bos_id: int, pad_id: int) -> None:
+    def __init__(self, decoder: nn.Module, backend: str, bos_id: int, pad_id: int) -> None:
+        """``decoder``: a :class:`~procap.model.decoder.CaptionDecoder`; ``backend``: a resolved attention backend
+        (not ``auto``)."""
         self.backend, self.bos_id, self.pad_id = backend, bos_id, pad_id
         self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
@@ -151,16 +150,8 @@ def prefill(state: FusedDecodingState, memory: torch.Tensor) -> None:
 def _attend(
     backend: str, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
 ) -> torch.Tensor:
-    if backend not in ADDITIVE_MASK_BACKENDS:
-        visible = None if mask is None else mask == 0
-        return attention(q, kv[0], kv[1], attn_mask=visible, backend=backend_for_mask(backend, visible))
-    pin = contextlib.nullcontext()
-    if backend in _PINNED_SDPA:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        pin = sdpa_kernel([getattr(SDPBackend, _PINNED_SDPA[backend])])
-    with pin:
-        return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)
+    """One query position over cached keys/values (B, H, T, Dh), ``mask`` additive (self-attention) or None."""
+    return attention(q, kv[0], kv[1], attn_mask=mask, backend=backend_for_mask(backend, mask))
 
 
 def _add_norm(x: torch.Tensor, h: torch.Tensor, norm: torch.nn.LayerNorm, fp32: bool = False) -> torch.Tensor:
@@ -213,8 +204,3 @@ def step_logits(state: FusedDecodingState, tokens: torch.Tensor) -> torch.Tensor
     state.mask.index_fill_(0, state.pos, 0.0)
     logits_step(state)
     return state.logits
-
-
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend a decoder layer set to ``backend`` runs on (``auto`` resolved for the device and dtype)."""
-    return select_backend(device, dtype) if backend == "auto" else backend

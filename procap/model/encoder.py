@@ -14,10 +14,11 @@ prefix), because the mask embedding and the positional tables are model-level pa
 Layer order (pre-LN): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``, then a final ``norm`` on the output.
 Attention is bidirectional (no mask) and goes through :func:`procap.kernels.attention.attention`.
 
-Inference forms (:meth:`ProcedureEncoder.use_fused_blocks`, the Captioner's ``fused_encoder``): each residual add
-and the LayerNorm that reads its sum in one kernel (:func:`procap.kernels.add_layer_norm`, the decoding step's; the
-Captioner's default), and, opt-in, the MLP's bias + GELU in the first GEMM's epilogue (``torch._addmm_activation``;
-tanh-approximated on CUDA, so not the model's erf GELU there: docs/gpu.md).
+Fused inference form (:meth:`ProcedureEncoder.use_fused`, :mod:`procap.model.fused_form`; the Captioner's
+``fused_encoder``): each residual add and the LayerNorm that reads its sum in one kernel
+(:func:`procap.kernels.add_layer_norm`, the decoding step's; the Captioner's default), and, opt-in, the MLP's bias +
+GELU in the first GEMM's epilogue (``torch._addmm_activation``; tanh-approximated on CUDA, so not the model's erf GELU
+there: docs/gpu.md).
 
 The ``authors`` variant (``config.authors.enabled``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.authors.prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
@@ -28,12 +29,15 @@ quirk (:func:`authors_prefix_mask`); with CLIP-style blocks (``enc_activation="q
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from procap import kernels
 from procap.core.config import ProCapConfig
 from procap.model.departures import DepartureEmbeddings, space_to_depth
+from procap.model.fused_form import FusedForm
 from procap.model.layers import FeedForward, MultiHeadAttention
 
 
@@ -57,7 +61,7 @@ def _head(dim: int, out: int) -> nn.Sequential:
     return nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, out))
 
 
-class ProcedureEncoder(DepartureEmbeddings):
+class ProcedureEncoder(FusedForm, DepartureEmbeddings):
     """Transformer stack plus its input embeddings and the three stage-1 heads (the departures' embeddings:
     :class:`procap.model.departures.DepartureEmbeddings`).
 
@@ -68,7 +72,11 @@ class ProcedureEncoder(DepartureEmbeddings):
         layers, norm: the pre-LN stack and its final LayerNorm (Identity without ``authors.final_norm``).
         msm_head: LN + Linear(enc_dim -> n_embed); align_head, csy_head: LN + Linear(enc_dim -> 1).
         prefix: (authors.prefix_tokens, enc_dim), the ``authors`` variant only (which has no stage-1 parts).
+
+    The stack has a fused inference form (:meth:`use_fused`); an encoder is built with the readable one.
     """
+
+    fused_options = ("add_norm", "gelu_epilogue")
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
@@ -91,7 +99,7 @@ class ProcedureEncoder(DepartureEmbeddings):
             ]
         )
         self.norm = nn.LayerNorm(d) if config.authors.final_norm else nn.Identity()
-        self.fused_add_norm = False  # use_fused_blocks
+        self.fused_add_norm = False  # use_fused
         self.build_departures(config)
         if not config.authors.enabled:
             self.msm_head = _head(d, config.vqgan.n_embed * merge**2)  # a code per merged cell
@@ -119,19 +127,25 @@ class ProcedureEncoder(DepartureEmbeddings):
             raise ValueError(f"captions have {captions.shape[1]} tokens, at most {self.text_pos.shape[0]} allowed")
         return self.text_embed(captions) + self.text_pos[: captions.shape[1]]
 
-    def use_fused_blocks(self, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
-        """Inference forms of the stack (both off by default; gradients always take the readable forward).
+    def use_fused(self, enabled: bool = True, **options: Any) -> None:
+        """Run the stack in its fused inference form, or with ``enabled=False`` as written. Gradients always take
+        the readable forward: the fused form serves calls without them.
 
         Args:
-            add_norm: each residual add and the LayerNorm after it (the next sublayer's, or the final one) in one
-                kernel, :func:`procap.kernels.add_layer_norm`: read two tensors, write two, instead of an add and
-                a LayerNorm (read three, write two). The sublayer's output buffer becomes the residual stream.
-            gelu_epilogue: the MLP's ``fc1`` bias and GELU in the GEMM (:attr:`FeedForward.gelu_epilogue`). Exact on
-                the CPU; tanh-approximated on CUDA, where the model's GELU is erf.
+            enabled: the fused form (True) or the readable stack (False).
+            options: ``add_norm`` (default True): each residual add and the LayerNorm after it (the next sublayer's,
+                or the final one) in one kernel, :func:`procap.kernels.add_layer_norm`: read two tensors, write two,
+                instead of an add and a LayerNorm (read three, write two); the sublayer's output buffer becomes the
+                residual stream. ``gelu_epilogue`` (default False): the MLP's ``fc1`` bias and GELU in the GEMM
+                (:attr:`FeedForward.gelu_epilogue`); exact on the CPU, tanh-approximated on CUDA, where the model's
+                GELU is erf.
         """
-        self.fused_add_norm = bool(add_norm)
+        super().use_fused(enabled, **options)
+
+    def _choose_fused(self, enabled: bool, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
+        self.fused_add_norm = enabled and bool(add_norm)
         for layer in self.layers:
-            layer.mlp.gelu_epilogue = bool(gelu_epilogue)
+            layer.mlp.gelu_epilogue = enabled and bool(gelu_epilogue)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm (if any); ``attn_mask`` (N, N) bool."""

@@ -6,6 +6,9 @@ and writes only these buffers can be captured once in a CUDA graph and replayed.
 - self-attention: :meth:`KVCache.update` writes the keys/values of the positions being decoded at ``input_pos``
   and :meth:`KVCache.visible` masks the keys after each query (entries past it hold stale data);
 - cross-attention: :meth:`KVCache.fill` stores the memory's keys/values once per caption batch ("prefill").
+
+:class:`PrefixCache` is the readable form's stand-in (``CaptionDecoder.use_fused(False)``): no keys or values, the
+inputs themselves, which every step runs through the decoder's readable forward again.
 """
 
 from __future__ import annotations
@@ -62,3 +65,41 @@ class DecoderCache:
 
     self_attn: list[KVCache]
     cross_attn: list[KVCache]
+
+    def reorder_rows(self, rows: torch.Tensor) -> None:
+        """Row i of every self-attention cache becomes row ``rows[i]`` (beam search follows its hypotheses)."""
+        for cache in self.self_attn:
+            cache.k.copy_(cache.k.index_select(0, rows))
+            cache.v.copy_(cache.v.index_select(0, rows))
+
+
+class PrefixCache:
+    """The inputs of a whole-prefix pass per step, in fixed-shape buffers (so a graph can capture the step too).
+
+    Args:
+        batch: rows B; max_len: caption length T including BOS; memory_len: memory tokens N; dim: D.
+        dtype, device: the decoder weights' placement.
+
+    Attributes:
+        sequence: (B, T) int64 ids, each step's input written at its position (:meth:`write`); what lies after the
+            position being decoded is stale or zero, which a causal decoder never reads.
+        memory: (B, N, D) the memory of the batch (:meth:`fill`).
+    """
+
+    def __init__(
+        self, batch: int, max_len: int, memory_len: int, dim: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.sequence = torch.zeros(batch, max_len, dtype=torch.long, device=device)
+        self.memory = torch.zeros(batch, memory_len, dim, dtype=dtype, device=device)
+
+    def fill(self, memory: torch.Tensor) -> None:
+        """Store a memory (b, N, D) in the first b rows; rows b..B-1 keep their (finite, stale) contents."""
+        self.memory[: memory.shape[0]].copy_(memory)
+
+    def write(self, input_pos: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Put the ids (B,) at position ``input_pos`` (1,) of every row."""
+        self.sequence.index_copy_(1, input_pos, tokens[:, None])
+
+    def reorder_rows(self, rows: torch.Tensor) -> None:
+        """Row i becomes row ``rows[i]`` (beam search follows its hypotheses)."""
+        self.sequence.copy_(self.sequence.index_select(0, rows))

@@ -5,8 +5,9 @@ checkpoint-compatible names). Every attention call goes through :func:`procap.ke
 that runs a backend; each :class:`MultiHeadAttention` holds the backend name it was built with (timm's
 ``fused_attn`` habit), changed for a whole model with ``ProCap.set_attention_backend``.
 
-Cached decoding does not go through these modules: the caption decoder's step reads their weights in its fused
-form (:mod:`procap.model.decoder_step`), and the tests compare it with the layers run over the whole prefix.
+The caption decoder's fused cached step does not go through these modules: it reads their weights in its own layout
+(:mod:`procap.model.decoder_step`), and the tests compare it with the layers run over the whole prefix (which is
+also what its readable cached form runs, ``CaptionDecoder.use_fused(False)``).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.dropout = nn.Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
-        # Opt-in (ProcedureEncoder.use_fused_blocks), inference only: fc1's bias and the GELU in the GEMM's epilogue,
+        # Opt-in (ProcedureEncoder.use_fused), inference only: fc1's bias and the GELU in the GEMM's epilogue,
         # ``torch._addmm_activation(use_gelu=True)``. That op's GELU is erf on the CPU but tanh-approximated on CUDA
         # (cuBLASLt's GELU epilogue, and ATen's fallback matches it), while this module's ``gelu`` is erf: on a GPU
         # the fused form is an approximation of the model, measured before it may become a default.

@@ -45,11 +45,15 @@ from procap.model.checkpoint_file import check_stage_can_caption
 from procap.model.decoder import PAD_ID, CaptionDecoder
 from procap.model.decoding import DecodingStrategy, resolve_strategy
 from procap.model.encoder import ProcedureEncoder
+from procap.model.fused_form import FusedChoice, FusedForm, fused_options
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
 from procap.model.losses import caption_loss, msm_loss, pair_bce
 from procap.model.pretrained import PretrainedMixin
 from procap.model.sequence import SequenceAssembly
 from procap.model.vqgan import VQGAN
+
+# The parts with a fused inference form, in the order ProCap.use_fused chooses them.
+FUSED_PARTS = ("vqgan", "encoder", "decoder")
 
 
 class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
@@ -111,6 +115,38 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
             if isinstance(module, (MultiHeadAttention, AuthorsAttention)):
                 module.set_backend(backend)
         self.attention_backend = backend
+
+    def use_fused(self, enabled: bool = True, **choices: FusedChoice) -> None:
+        """Choose the fused inference form of every part that has one, or with ``enabled=False`` the readable forms.
+
+        The one switch ``procap.fast.Captioner`` calls: each part's :meth:`use_fused`
+        (:mod:`procap.model.fused_form`) with its own choice. A fused form may hold buffers derived from the weights
+        of this moment (the VQGAN's): choose it after the model is moved and cast, and switch back before changing
+        the weights.
+
+        Args:
+            enabled: False chooses the readable form of every part, whatever ``choices`` say.
+            choices: per part, ``vqgan``, ``encoder`` or ``decoder``: True (the default: its fused form), False (its
+                readable form) or a dict of its fused form's options, e.g. ``vqgan={"channels_last": True}``. A part
+                with one form only (the ``authors`` variant's decoder) takes True or False and keeps it.
+
+        Raises:
+            ProCapError: an unknown part, a choice of another type, or an option the part does not have.
+        """
+        unknown = sorted(set(choices) - set(FUSED_PARTS))
+        if unknown:
+            raise ProCapError(f"use_fused has no part {unknown[0]!r}; its parts: {', '.join(FUSED_PARTS)}.")
+        chosen: list[tuple[FusedForm, dict | None]] = []
+        for name in FUSED_PARTS:  # every choice checked before any part changes
+            options = fused_options(choices.get(name, True), name) if enabled else None
+            part = getattr(self, name)
+            if isinstance(part, FusedForm):
+                part.check_fused_options(options is not None, options or {})
+                chosen.append((part, options))
+            elif options:
+                raise ProCapError(f"this model's {name} has no fused form to take the options {sorted(options)}.")
+        for part, options in chosen:
+            part.use_fused(options is not None, **(options or {}))
 
     def train(self, mode: bool = True) -> ProCap:
         """Set train/eval mode; the VQGAN stays in eval mode (it is a frozen tokenizer)."""

@@ -23,6 +23,7 @@ import pickle
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ from procap.core.weights import (
     read_header,
     save_module,
 )
+from procap.model.fused_form import FusedForm
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
 from procap.model.vqgan_fused import FusedVQGANEncoder
 from procap.model.vqgan_memo import FeatureMemo
@@ -143,12 +145,17 @@ class VectorQuantizer(nn.Module):
         return z_q, loss, indices.view(b, h * w)
 
 
-class VQGAN(nn.Module):
+class VQGAN(FusedForm, nn.Module):
     """taming-transformers ``VQModel`` without the GAN loss: encoder, quant_conv, quantize, post_quant_conv, decoder.
+
+    Its encoder has a fused inference form (:meth:`use_fused`, :mod:`procap.model.fused_form`), chosen by
+    ``procap.fast.Captioner``; a VQGAN is built with the readable one.
 
     Args:
         config: architecture hyper-parameters; ``VQGANConfig()`` is the f16, 1024-code model of the paper.
     """
+
+    fused_options = ("channels_last", "downsample_4x4", "input_channels")
 
     def __init__(self, config: VQGANConfig | None = None) -> None:
         super().__init__()
@@ -167,19 +174,23 @@ class VQGAN(nn.Module):
         """The readable :class:`Encoder`, whichever form :attr:`encoder` runs."""
         return self.encoder.reference if isinstance(self.encoder, FusedVQGANEncoder) else self.encoder
 
-    def use_fused_encoder(self, enabled: bool = True, **options) -> None:
+    def use_fused(self, enabled: bool = True, **options: Any) -> None:
         """Run the encoder in its fused inference form (:class:`~procap.model.vqgan_fused.FusedVQGANEncoder`), or
         with ``enabled=False`` in its readable form again.
 
         The fused form shares the encoder's modules (state-dict keys unchanged) and holds a few buffers derived from
         the weights of this moment (the padded ``conv_in``, 4x4 downsample kernels, merged q/k/v): choose it after
-        the weights are moved and final, and switch back before changing them. Eval mode only.
+        the weights are moved and final, and switch back before changing them. Eval mode only. Choosing it again
+        builds it afresh from the readable encoder.
 
         Args:
             enabled: the fused form (True) or the readable :class:`Encoder` (False).
             options: :class:`~procap.model.vqgan_fused.FusedVQGANEncoder`'s keyword arguments (``channels_last``,
                 ``downsample_4x4``, ``input_channels``).
         """
+        super().use_fused(enabled, **options)
+
+    def _choose_fused(self, enabled: bool, **options: Any) -> None:
         reference = self.reference_encoder
         self.encoder = FusedVQGANEncoder(reference, **options) if enabled else reference
 

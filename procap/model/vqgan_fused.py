@@ -19,14 +19,14 @@ bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes we
   16-byte-aligned channels apply.
 
 The readable encoder (``procap.model.vqgan.Encoder``) stays the reference; the VQGAN chooses this form with
-:meth:`procap.model.vqgan.VQGAN.use_fused_encoder` (``procap.fast.Captioner`` does by default), and the tests
+:meth:`procap.model.vqgan.VQGAN.use_fused` (``procap.fast.Captioner`` does by default), and the tests
 compare the two in fp32, bf16 and under the Triton interpreter. Inference only (eval mode; dropout is not applied).
+This module reads the encoder it is given and imports nothing of :mod:`procap.model.vqgan`, which builds it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,6 @@ from torch import nn
 from procap import kernels
 from procap.kernels.attention import attention
 from procap.model.vqgan_blocks import AttnBlock, ResnetBlock
-
-if TYPE_CHECKING:  # the VQGAN builds this module; importing it here at run time would make a loop
-    from procap.model.vqgan import Encoder
 
 INPUT_CHANNELS = 8  # conv_in's input padded to 8 channels: 16 bytes per pixel in bf16
 
@@ -81,7 +78,8 @@ class FusedVQGANEncoder(nn.Module):
     """:class:`procap.model.vqgan.Encoder` for inference, with every convolution bias-free (module docstring).
 
     Args:
-        encoder: the model's encoder; its modules are shared (so the state-dict keys are the same), not copied.
+        encoder: the model's :class:`procap.model.vqgan.Encoder`; its modules are shared (so the state-dict keys are
+            the same), not copied.
         downsample_4x4: the pad + 3x3 stride-2 ``Downsample`` as a 4x4 convolution with padding 1 (else the pad
             and the bias-free 3x3 convolution).
         input_channels: pad the image channels to this many (zero weights) before ``conv_in``; None keeps 3.
@@ -93,7 +91,7 @@ class FusedVQGANEncoder(nn.Module):
 
     def __init__(
         self,
-        encoder: Encoder,
+        encoder: nn.Module,
         *,
         downsample_4x4: bool = True,
         input_channels: int | None = INPUT_CHANNELS,

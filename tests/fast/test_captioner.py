@@ -12,6 +12,7 @@ from PIL import Image
 from procap.core.errors import ProCapError
 from procap.fast import Captioner
 from procap.fast.inputs import to_image_tensor
+from procap.model.decoder_step import FusedDecodingState
 from tests.support import IdVocab, requires_cuda
 
 
@@ -55,6 +56,31 @@ def test_fused_encoder_tokens_equal_generate(trained, pairs, form):
     assert all(layer.mlp.gelu_epilogue == (form == "gelu") for layer in captioner.model.encoder.layers)
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
     assert not model.encoder.fused_add_norm  # the caller's model is left as it was
+
+
+@pytest.mark.parametrize("configure_as", ["cpu", "cuda"])
+def test_every_part_readable_gives_the_same_tokens(trained, pairs, configure_as):
+    # The three parts' readable forms through the same Captioner paths (on "cuda": bucket padding and the whole
+    # pipeline as one function per bucket), chosen with ProCap.use_fused in one call.
+    model, _, _ = trained
+    before, after = pairs[0][:5], pairs[1][:5]
+    off = {"fused_vqgan": False, "fused_encoder": False, "fused_decoder": False}
+    options = {"device": "cpu", "dtype": "fp32", "max_len": 16, "batch_sizes": (8,), "configure_as": configure_as}
+    captioner = Captioner(model, IdVocab(), **options, **off)
+    assert not any(getattr(captioner.model, part).fused for part in ("vqgan", "encoder", "decoder"))
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+    assert not isinstance(captioner._buckets[8 if configure_as == "cuda" else 5].decoding, FusedDecodingState)
+    fused = Captioner(model, IdVocab(), **options)
+    assert all(getattr(fused.model, part).fused for part in ("vqgan", "encoder", "decoder"))
+    assert torch.equal(fused.generate(before, after), model.generate(before, after, max_len=16))
+
+
+@pytest.mark.parametrize("argument", ["fused_vqgan", "fused_encoder", "fused_decoder"])
+def test_a_fused_choice_of_another_type_is_refused(trained, argument):
+    with pytest.raises(ProCapError, match=f"{argument} must be True, False or a dict"):
+        Captioner(trained[0], IdVocab(), device="cpu", **{argument: "yes"})
+    with pytest.raises(ProCapError, match="has no option 'bogus'"):
+        Captioner(trained[0], IdVocab(), device="cpu", **{argument: {"bogus": 1}})
 
 
 def test_shorter_max_len_and_reuse(trained, pairs):

@@ -15,7 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from procap import kernels
 from procap.core.config import get_preset
 from procap.kernels import dispatch
-from procap.kernels.attention import available_backends
+from procap.kernels.attention import attention, available_backends
+from procap.model import decoder_step
 from procap.model.beam import beam_search, beam_search_cached
 from procap.model.decoder import BOS_ID, CaptionDecoder, greedy_decode, suppress_specials
 
@@ -57,16 +58,25 @@ def test_fp32_logits_and_tokens_equal_the_oracle(trained, pairs, impl, rows, max
 
 
 @pytest.mark.parametrize("backend", available_backends("cpu", torch.float32))
-def test_every_attention_backend_decodes_like_the_oracle(trained, pairs, backend):
-    # SDPA backends take the additive mask directly; the others (math here, flash / xformers on a GPU) the bool one.
+def test_every_attention_backend_decodes_like_the_oracle(trained, pairs, backend, monkeypatch):
+    # Every backend takes the step's additive mask through procap.kernels.attention.attention, the one attention
+    # entry: two calls per layer and step (self- and cross-attention), with the layers' backend.
     model = trained[0]
     with torch.no_grad():
         memory = model.memory(pairs[0][:5], pairs[1][:5])
+    backends = []
+
+    def counted(*args, backend, **kwargs):
+        backends.append(backend)
+        return attention(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(decoder_step, "attention", counted)
     model.set_attention_backend(backend)
     try:
         logits, oracle_out, step_out = _decode_both(model.decoder, memory, 12)
     finally:
         model.set_attention_backend("auto")
+    assert backends == [backend] * (2 * len(model.decoder.layers) * 11)
     assert torch.equal(step_out, oracle_out)
     for ref, got in logits:
         finite = torch.isfinite(ref)

@@ -1,4 +1,4 @@
-"""The procedure encoder's inference forms (``use_fused_blocks``) against its readable stack: residual add +
+"""The procedure encoder's inference forms (``use_fused``) against its readable stack: residual add +
 LayerNorm in one kernel (every dtype, the Triton kernel interpreted on CPU), and the MLP's GELU in the GEMM epilogue
 (exact on the CPU; tanh-approximated on CUDA, checked there and its effect measured here)."""
 
@@ -37,7 +37,7 @@ def test_add_norm_stack_with_the_kernel_matches_the_readable_stack(dtype, monkey
     with torch.no_grad():
         readable = encoder(x)
         truth = _encoder(torch.float64).to(device)(x.double())
-        encoder.use_fused_blocks()
+        encoder.use_fused()
         monkeypatch.setenv("PROCAP_KERNELS", "triton")
         kernels.reset_dispatch()
         kept = x.clone()
@@ -59,7 +59,7 @@ def test_add_norm_stack_with_the_reference_op_is_the_readable_stack(final_norm):
     encoder, x = _encoder(**overrides), _tokens()
     with torch.no_grad():
         readable = encoder(x)
-        encoder.use_fused_blocks()
+        encoder.use_fused()
         assert torch.equal(encoder(x), readable)
     out = encoder(x.requires_grad_())  # with gradients the readable stack runs, and they flow
     out.sum().backward()
@@ -71,7 +71,7 @@ def test_gelu_epilogue_on_the_cpu_is_the_models_erf_gelu(dtype):
     encoder, x = _encoder(dtype), _tokens(dtype)
     with torch.no_grad():
         readable = encoder(x)
-        encoder.use_fused_blocks(add_norm=False, gelu_epilogue=True)
+        encoder.use_fused(add_norm=False, gelu_epilogue=True)
         fused = encoder(x)
     assert all(layer.mlp.gelu_epilogue for layer in encoder.layers)
     torch.testing.assert_close(fused, readable, rtol=0, atol=0)

@@ -149,13 +149,13 @@ def test_the_vqgan_chooses_its_encoder_form():
     keys = set(vqgan.state_dict())
     with torch.no_grad():
         readable = vqgan.features(images)
-        vqgan.use_fused_encoder(channels_last=True)
+        vqgan.use_fused(channels_last=True)
         assert isinstance(vqgan.encoder, FusedVQGANEncoder) and vqgan.encoder.channels_last
         assert set(vqgan.state_dict()) == keys  # the fused form shares the modules: no new or lost keys
         fused = vqgan.features(images)
-        vqgan.use_fused_encoder(downsample_4x4=False)  # chosen again: built from the readable encoder, not nested
+        vqgan.use_fused(downsample_4x4=False)  # chosen again: built from the readable encoder, not nested
         assert vqgan.encoder.reference is vqgan.reference_encoder and not vqgan.encoder.downsample_4x4
-        vqgan.use_fused_encoder(False)
+        vqgan.use_fused(False)
         assert vqgan.encoder is vqgan.reference_encoder
         again = vqgan.features(images)
     assert ((fused - readable).norm() / readable.norm()) <= 1e-5
