@@ -114,3 +114,35 @@ def test_the_summary_line_uses_it(monkeypatch):
     assert (
         last == "total 12 s, stage 2 as 3 processes x 1 thread side by side (the rest on 3 threads); phases: stage1 2s"
     )
+
+
+@pytest.mark.parametrize(
+    "seconds,shown",
+    [(0, "0s"), (44.6, "45s"), (60, "1m"), (719, "12m"), (3569, "59m"), (3570, "1h00m"), (3900, "1h05m")],
+)
+def test_durations_read_as_a_person_reads_them(seconds, shown):
+    assert demo_pipeline.format_duration(seconds) == shown
+
+
+def test_the_status_line_gives_the_time_left_of_each_run_the_phase_and_the_demo(tmp_path):
+    """Two runs measured (1 and 0.5 steps/s of wall clock), two waiting on 2 processes: 200 s and 500 s left, the
+    waiting ones at the mean 0.75 steps/s (400 s each) start at 200 s and 500 s, so the phase ends at 900 s. One
+    later seed as long as this one (600 s so far + 900 s + a 60 s evaluation) makes the demo 900 + 60 + 1560 s."""
+    clock = Clock(verbose=False)
+    monitor = SideBySideMonitor(
+        _configs(tmp_path), clock, queue.Queue(), progress=True, jobs=2, later_seeds=1,
+        seed_started=clock.total - 600, evaluate_s=60.0,
+    )  # fmt: skip
+    _log(tmp_path / "procap", {"step": 100, "items_per_s": 8.0})
+    _log(tmp_path / "procap_no_stage1", {"step": 50, "items_per_s": 8.0})
+    now = time.time()
+    monitor.first_seen = {"procap": now - 100, "procap_no_stage1": now - 100}
+    line = monitor.status()
+    assert "procap 100/300 2.0 steps/s 3m left" in line  # 200 s
+    assert "procap_no_stage1 50/300 2.0 steps/s 8m left" in line  # 500 s
+    assert line.endswith("| phase 15m left, demo 42m left"), line
+
+
+def test_no_time_left_is_guessed_before_a_run_has_a_rate(tmp_path):
+    monitor = SideBySideMonitor(_configs(tmp_path), Clock(verbose=False), queue.Queue(), progress=True, jobs=2)
+    assert "left" not in monitor.status()

@@ -151,6 +151,15 @@ FULL = DemoBudget(
 )
 
 
+def format_duration(seconds: float) -> str:
+    """``45s``, ``12m``, ``1h05m``: a time left as a person reads it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
 class Clock:
     """Wall-clock per phase, printed as the demo goes."""
 
@@ -760,9 +769,23 @@ class SideBySideMonitor:
 
     EVERY_S = 30.0
 
-    def __init__(self, configs: dict[str, TrainConfig], clock: Clock, queue: Any, progress: bool) -> None:
+    def __init__(
+        self,
+        configs: dict[str, TrainConfig],
+        clock: Clock,
+        queue: Any,
+        progress: bool,
+        jobs: int = 1,
+        later_seeds: int = 0,
+        seed_started: float | None = None,
+        evaluate_s: float = 0.0,
+    ) -> None:
         self.configs, self.clock, self.queue, self.progress = configs, clock, queue, progress
+        self.jobs, self.later_seeds, self.evaluate_s = jobs, later_seeds, evaluate_s
+        # the demo's clock when this seed began (stage 1 included): a later seed is taken to last as long
+        self.seed_started = clock.total if seed_started is None else seed_started
         self.since = time.time()
+        self.first_seen: dict[str, float] = {}  # when each run's log appeared: its wall-clock rate counts from there
         self.done: set[str] = set()
         self.terminal = progress and sys.stdout.isatty()
         self.drawn = False
@@ -795,8 +818,17 @@ class SideBySideMonitor:
         self.done.add(name)
 
     def status(self) -> str:
-        """``stage 2: procap 120/300 2.4 steps/s | static 80/450 1.9 steps/s | ...``, runs by their folder names."""
-        parts = []
+        """``stage 2: procap 120/300 2.4 steps/s 3m left | static 80/450 1.9 steps/s 5m left | ... | phase 6m left,
+        demo 40m left``, runs by their folder names.
+
+        The rate shown is the trainer's (steps per second of training); the time left comes from each run's steps
+        per second of wall clock since its log appeared, validation included. A run still waiting is given the mean
+        of those rates, the phase's time left places the waiting runs on the first free of ``jobs`` processes, and
+        the demo's adds this seed's evaluation (``evaluate_s``: as long as an earlier seed's, 0 before one was
+        measured) and each later seed at this one's length.
+        """
+        parts, left, waiting = [], [], []
+        now = time.time()
         for name, _ in MODELS:
             cfg = self.configs[name]
             if name in self.done:
@@ -806,10 +838,33 @@ class SideBySideMonitor:
             record = _last_step(log) if log else None
             if record is None:
                 parts.append(f"{name} {'starting' if log else 'waiting'}")
+                waiting.append(cfg.steps)
                 continue
+            self.first_seen.setdefault(name, now)
             rate = float(record["items_per_s"]) / max(1, (cfg.batch_size or 1) * cfg.grad_accum)
-            parts.append(f"{name} {record['step']}/{cfg.steps} {rate:.1f} steps/s")
-        return "stage 2: " + " | ".join(parts)
+            wall_rate = int(record["step"]) / max(1.0, now - self.first_seen[name])
+            remaining = (cfg.steps - int(record["step"])) / wall_rate if wall_rate > 0 else None
+            shown_left = f" {format_duration(remaining)} left" if remaining is not None else ""
+            parts.append(f"{name} {record['step']}/{cfg.steps} {rate:.1f} steps/s{shown_left}")
+            if remaining is not None:
+                left.append((remaining, wall_rate))
+        summary = self._time_left(left, waiting)
+        return "stage 2: " + " | ".join(parts + ([summary] if summary else []))
+
+    def _time_left(self, running: list[tuple[float, float]], waiting: list[int]) -> str:
+        """``phase 6m left, demo 40m left``, or empty before any run has a measured rate."""
+        if not running:
+            return ""
+        mean_rate = sum(rate for _, rate in running) / len(running)
+        slots = sorted(seconds for seconds, _ in running) + [0.0] * max(0, self.jobs - len(running))
+        for steps in waiting:  # each waiting run starts on the process that frees first
+            slots.sort()
+            slots[0] += steps / mean_rate
+        phase = max(slots)
+        evaluate = self.evaluate_s
+        seed_length = self.clock.total - self.seed_started + phase + evaluate
+        total = phase + evaluate + self.later_seeds * seed_length
+        return f"phase {format_duration(phase)} left, demo {format_duration(total)} left"
 
     def _clear(self) -> None:
         if self.drawn:
@@ -855,8 +910,12 @@ def train_seed(
     budget: DemoBudget,
     procedures: str,
     jobs: int = 1,
+    later_seeds: int = 0,
+    evaluate_s: float = 0.0,
 ) -> dict[str, Path]:
     """Stage 1, then the four stage-2 runs of one seed; returns each model's best checkpoint.
+
+    ``later_seeds`` and ``evaluate_s`` (the seconds one seed's evaluation took) feed the status line's time left.
 
     Stage 1 runs once, on every thread: ProCap and the stage-1 static pair both start from it. With ``jobs > 1`` the
     stage-2 runs then train side by side in ``jobs`` spawned processes that split the threads between them; each
@@ -867,12 +926,14 @@ def train_seed(
     from procap.train.stage2 import train
 
     stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
+    seed_started = clock.total
     clock.phase("stage1", f"seed {seed}: stage 1 ({procedures}), {budget.stage1_steps} steps x {budget.stage1_batch}")
     pretrain(configs["stage1"], pairs=stage1_pairs, vocab=vocab, cache=cache)
     clock.done()
     if jobs > 1:
         # the configs' progress is the demo's --progress / --no-progress
-        return _train_side_by_side(seed, configs, splits, vocab, clock, jobs, configs["procap"].progress)
+        outlook = {"later_seeds": later_seeds, "seed_started": seed_started, "evaluate_s": evaluate_s}
+        return _train_side_by_side(seed, configs, splits, vocab, clock, jobs, configs["procap"].progress, outlook)
     best = {}
     for name, label in MODELS:
         cfg = configs[name]
@@ -883,7 +944,14 @@ def train_seed(
 
 
 def _train_side_by_side(
-    seed: int, configs: dict[str, TrainConfig], splits: dict, vocab, clock: Clock, jobs: int, progress: bool = True
+    seed: int,
+    configs: dict[str, TrainConfig],
+    splits: dict,
+    vocab,
+    clock: Clock,
+    jobs: int,
+    progress: bool = True,
+    outlook: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     import functools
     import multiprocessing
@@ -906,7 +974,7 @@ def _train_side_by_side(
     pool = context.Pool(jobs, initializer=_start_worker, initargs=(lines, log_level))
     finished = False
     try:
-        with SideBySideMonitor(quiet, clock, lines, progress) as monitor:
+        with SideBySideMonitor(quiet, clock, lines, progress, jobs=jobs, **(outlook or {})) as monitor:
             for name, checkpoint, seconds in pool.imap_unordered(run, labels):
                 best[name] = checkpoint
                 monitor.finished(name)
@@ -964,7 +1032,7 @@ def run_demo(
     out, budget = Path(out), budget or (QUICK if quick else FULL)
     viewpoint = budget.viewpoint if viewpoint is None else viewpoint
     jobs = _checked_jobs(seed, seeds, procedures, viewpoint, jobs, device)
-    study = _Study(out, seed, budget, device, progress, workers, procedures, jobs, resume, viewpoint)
+    study = _Study(out, seed, budget, device, progress, workers, procedures, jobs, resume, viewpoint, seeds)
     _prepare(study, train_tokenizer)
     per_model: dict[str, list[dict]] = {name: [] for name, _ in MODELS}
     for run_seed in range(seed, seed + seeds):
@@ -993,6 +1061,7 @@ class _Study:
     jobs: int
     resume: bool
     viewpoint: str
+    seeds: int
     clock: Clock = dataclasses.field(default_factory=Clock)
     cache: ImageCache = dataclasses.field(default_factory=lambda: ImageCache(IMAGE_SIZE))
     splits: dict[str, list] = dataclasses.field(default_factory=dict)
@@ -1003,6 +1072,7 @@ class _Study:
     keyframes: dict[str, Any] = dataclasses.field(default_factory=dict)
     metrics: Any = None
     note: str | None = None
+    evaluated: int = 0  # seeds trained and evaluated by this call (not read back by --resume)
 
     @property
     def data(self) -> Path:
@@ -1112,7 +1182,10 @@ def _seed_reports(study: _Study, run_seed: int) -> dict[str, dict[str, Any]]:
             study.budget,
             study.procedures,
             study.jobs,
+            later_seeds=study.base_seed + study.seeds - 1 - run_seed,
+            evaluate_s=study.clock.phases.get("evaluate", 0.0) / study.evaluated if study.evaluated else 0.0,
         )
+        study.evaluated += 1
         study.clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(study.test)} test pairs")
         reports = {
             name: evaluate_run(
