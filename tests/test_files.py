@@ -203,3 +203,44 @@ def test_a_checkpoint_under_a_255_byte_name_is_written(tmp_path):
     target = tmp_path / ("c" * 243 + ".safetensors")
     atomic_save_tensors(target, {"w": torch.ones(2)})
     assert torch.equal(read_tensors(target)[0]["w"], torch.ones(2))
+
+
+def test_require_space_sees_the_file_size_limit_as_well_as_free_space(tmp_path):
+    """Under ``RLIMIT_FSIZE`` a write fails with EFBIG however much the disk has free: the check says so first,
+    for the size the file will have."""
+    import resource
+
+    target = tmp_path / "sc_videos.h5"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, hard))
+    try:
+        require_space(target, 50_000, file_bytes=10_000)  # free space is not what the limit bounds
+        with pytest.raises(OutputError, match="File too large") as failure:
+            require_space(target, 1, file_bytes=10_001)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert failure.value.errno == errno.EFBIG and failure.value.filename == str(target)
+    require_space(target, 1, file_bytes=10**12)  # no limit: no check
+
+
+WRITE_REFUSALS = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EFBIG: "File too large",
+    errno.EROFS: "Read-only file system",
+}
+
+
+@pytest.mark.parametrize("number", sorted(WRITE_REFUSALS), ids=[errno.errorcode[n] for n in sorted(WRITE_REFUSALS)])
+@pytest.mark.parametrize("library", ["python", "safetensors", "h5py"])
+def test_every_refusal_of_a_write_names_the_output(tmp_path, number, library):
+    """Disk full, quota, file-size limit and a read-only file system are one failure, met by any library."""
+    raised = {
+        "python": OSError(number, os.strerror(number), str(tmp_path / ".out.json.x1y2z3.tmp")),
+        "safetensors": SafetensorError(f"I/O error: {os.strerror(number)} (os error {number})"),
+        "h5py": RuntimeError(f"Can't write data (file write failed: errno = {number}, error message = '...')"),
+    }[library]
+    with pytest.raises(OutputError) as failure, writing(tmp_path / "out.json"):
+        raise raised
+    assert (failure.value.errno, failure.value.strerror) == (number, os.strerror(number))
+    assert failure.value.filename == str(tmp_path / "out.json")

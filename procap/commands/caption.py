@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HELP = "Caption (before, after) image pairs with a trained checkpoint (fast path: bf16 + CUDA graphs on GPU)."
+# Without --out the captions are printed: a reader that closes stdout loses them, which is an error (procap.commands.cli).
+RESULTS_ON_STDOUT = "the captions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from typing import TextIO
 from procap._version import __version__
 from procap.core.errors import ProCapError, ProCapWarning
 from procap.core.extras import DISTRIBUTION, missing_extra_message
-from procap.core.files import OutputError, os_error_in, protect_inputs
+from procap.core.files import WRITE_FAILURES, OutputError, os_error_in, protect_inputs
 from procap.core.logs import console_logging
 from procap.core.validate import output_apart
 
@@ -120,13 +120,21 @@ def _stdout_is_a_closed_pipe() -> bool:
         return False
 
 
+def results_on_stdout(args: argparse.Namespace) -> str | None:
+    """What the running command's stdout carries when that is the work itself (``caption``'s captions, named by its
+    module's ``RESULTS_ON_STDOUT``), else ``None``: a closed stdout then loses results and is an error, where
+    ``procap info ... | head -1`` ends quietly."""
+    module = sys.modules.get(getattr(args._run, "__module__", ""))
+    return getattr(module, "RESULTS_ON_STDOUT", None)
+
+
 def _os_failure(exc: Exception, args: argparse.Namespace) -> str:
     """One sentence for an operating-system failure, naming the output being written where it can."""
     number, message = os_error_in(exc) or (0, str(exc))
     if isinstance(exc, OutputError):
         return f"cannot write {exc.filename} ({message}){f'; {exc.note}' if exc.note else ''}."
     if isinstance(exc, OSError) and exc.filename is not None:
-        return f"cannot access {exc.filename} ({message})."
+        return f"cannot {'write' if number in WRITE_FAILURES else 'access'} {exc.filename} ({message})."
     out = getattr(args, "out", None)
     if out:
         return f"procap {args.command} could not finish writing --out {out} ({message})."
@@ -208,9 +216,17 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         return 128 + getattr(exc, "signum", 2)
     except Exception as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_is_a_closed_pipe():
-            # Quiet, as `yes | head` is; stdout goes to /dev/null so the flush at exit cannot fail again.
+            # stdout goes to /dev/null so that the flush at exit cannot fail again (a traceback after the message)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 128 + signal.SIGPIPE
+            lost = results_on_stdout(args)
+            if lost is None:
+                return 128 + signal.SIGPIPE  # quiet, as `yes | head` is: the reader took what it wanted
+            print(
+                f"procap: error: stdout was closed before {lost} were all written (its reader went away); "
+                "give --out FILE to keep them.",
+                file=sys.stderr,
+            )
+            return 2
         if os_error_in(exc) is None:
             raise
         # Disk full, quota, a file changed while running: one sentence, whichever library met it.

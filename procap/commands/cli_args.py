@@ -315,7 +315,7 @@ def read_config_file(path: str | Path, stage: str) -> dict[str, Any]:
     source = f"--config file {path}"
     text = read_bytes(path, "--config file")  # refused from its size when too large to be a config
     if path.suffix.lower() in (".yaml", ".yml"):
-        data = parse_yaml(text.decode("utf-8", errors="replace"), source)
+        data = parse_yaml(text, source)  # bytes: text that is not UTF-8 is refused, never altered
     else:
         data = parse_json(text, source)
     if not isinstance(data, dict):
@@ -386,6 +386,9 @@ def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | No
         for key, value in read_config_file(args.config, stage).items():
             if getattr(args, key, None) is None:  # a flag given on the command line wins
                 setattr(args, key, tuple(value) if isinstance(value, list) else value)
+    resume_note = None
+    if getattr(args, "resume", None) and getattr(args, "out", None) is not None:
+        resume_note = take_saved_options(stage, args)
     if getattr(args, "dataset", None) is None:
         args.dataset = DEFAULT_DATASET
     if getattr(args, "out", None) is None:
@@ -421,12 +424,54 @@ def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | No
 
     check_run_folder(config)  # --out from the command line or a --config file: the same rules, before any work
     check_training_batch(config)  # a batch that cannot fit is refused before any data is read
-    found = [line for line in (note, tokenizer_note) if line]
+    found = [line for line in (note, tokenizer_note, resume_note) if line]
     if notes is None:
         print_notes(found)
     else:
         notes.extend(found)
     return config
+
+
+# The flags of the options whose flag is not --<field> spelled with dashes.
+FLAG_OF_FIELD = {"select_metric": "--select", "loggers": "--logger", "cache_images": "--cache"}
+
+
+def take_saved_options(stage: str, args: argparse.Namespace) -> str | None:
+    """Fill every option ``args`` leaves out from the config file of the run ``--resume`` continues, and refuse a
+    given one that contradicts it (:func:`procap.train.config.resumed_values`; the changeable options are
+    :data:`procap.train.config.RESUME_CHANGEABLE`). A resume took the defaults instead: without ``--val-pairs`` it
+    validated on 200 pairs where the run had used 50, and rewrote best's recorded score on another subset.
+
+    Returns:
+        A note when the run folder holds a checkpoint but not its config file (an older run, or a file deleted by
+        hand): the run is then resumed from the options given, as before.
+
+    Raises:
+        ProCapError: a given option differs from the run's, naming the flag, both values and the config file.
+    """
+    from procap.train.config import resumed_values
+    from procap.train.run_folder import RUN_NAMES
+
+    path = Path(args.out) / f"{RUN_NAMES[stage]}_config.json"
+    if not path.is_file():
+        if not (Path(args.out) / "last.safetensors").is_file():
+            return None  # nothing to resume: the checks that follow say so
+        return f"procap {stage}: --resume: {path} is missing, so the run continues with the options given"
+    saved = read_config_file(path, stage)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = {name: getattr(args, name) for name in fields if getattr(args, name, None) is not None}
+    values, conflicts = resumed_values(saved, given)
+    if conflicts:
+        field = conflicts[0]
+        flag = FLAG_OF_FIELD.get(field, f"--{field.replace('_', '-')}")
+        raise ProCapError(
+            f"--resume: {flag} {shown(given[field])} differs from the {shown(saved[field])} the run in {args.out} "
+            f"was trained with ({path.name}); leave {flag} out to continue the run as it was, or start a new run "
+            "(--overwrite or another --out)."
+        )
+    for name, value in values.items():
+        setattr(args, name, tuple(value) if isinstance(value, list) else value)
+    return None
 
 
 def print_notes(notes: list[str]) -> None:

@@ -15,6 +15,8 @@ Two rules hold for every write made here:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -22,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -49,6 +52,12 @@ class OutputError(OSError):
 
     note: str = ""
 
+
+# The operating system's refusals of a write, each said in the one sentence of an output that cannot be written
+# (``cannot write <output> (<reason>).``), whichever call met it: disk full, quota, file-size limit, read-only.
+WRITE_FAILURES = frozenset(
+    number for number in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS) if number
+)
 
 # Libraries that wrap OS errors in their own exception types keep the errno only in the text:
 # Rust's std::io (safetensors) writes "(os error 28)", HDF5 (h5py) writes "errno = 28".
@@ -96,20 +105,38 @@ def sha256_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def require_space(path: str | os.PathLike, nbytes: int) -> None:
-    """Raise an :class:`OutputError` (ENOSPC) naming ``path`` when its file system has less than ``nbytes`` free.
+def require_space(path: str | os.PathLike, nbytes: int, file_bytes: int | None = None) -> None:
+    """Raise an :class:`OutputError` naming ``path`` when a write of it cannot succeed: its file system has less
+    than ``nbytes`` free (ENOSPC), or the file would outgrow this process's file-size limit (EFBIG,
+    ``RLIMIT_FSIZE``, which free space does not show).
 
-    For writers that cannot recover from a full disk themselves: HDF5 left in the middle of a write can crash
-    the interpreter at exit, so a procedure cache checks before each pair instead.
+    For writers that would rather stop before a write than meet its failure part-way; a quota shows only when it
+    is met, so what such a write leaves must be whole anyway (procedure caches: :mod:`procap.procedure.cache`).
+
+    Args:
+        path: the file to be written (need not exist).
+        nbytes: the free space the write needs, margins included.
+        file_bytes: the size the file will have (default: no file-size check).
     """
-    import errno
-    import shutil
-
-    folder = Path(path).parent
+    path = Path(path)
+    folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if shutil.disk_usage(folder).free < nbytes:
         raise OutputError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    limit = file_size_limit()
+    if file_bytes is not None and limit is not None and file_bytes > limit:
+        raise OutputError(errno.EFBIG, os.strerror(errno.EFBIG), str(path))
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write, in bytes (``RLIMIT_FSIZE``), or ``None`` when unlimited."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 # ------------------------------------------------------------------------------------- inputs never overwritten
@@ -503,38 +530,65 @@ def try_exclusive_flock(fd: int) -> bool:
 
 
 class RunFolderLock:
-    """Exclusive, non-blocking lock on a folder (``flock`` on the folder's own descriptor; no lock file).
+    """Exclusive, non-blocking lock on a folder (``flock`` on the folder's own descriptor).
+
+    The holder also writes who it is (:func:`holder_record`) into ``.<name>.lock`` beside the folder, so that a
+    refused writer can name it; the file is deleted on exit and only informs (the lock is the ``flock``), so a
+    parent folder that takes no new file leaves the refusal without a name rather than the run without a lock.
 
     Args:
         folder: an existing folder.
         flag: how messages name it (``--out``).
 
     Raises:
-        ProCapError: another process holds the lock.
+        ProCapError: another process holds the lock (the sentence names its process id, command and host when
+            it recorded them).
     """
 
     def __init__(self, folder: str | os.PathLike, flag: str = "--out") -> None:
         self.folder, self.flag = Path(folder), flag
+        self.record = beside(self.folder, "lock")
         self._fd: int | None = None
 
     def __enter__(self) -> Self:
         fd = os.open(self.folder, os.O_RDONLY)
         if not try_exclusive_flock(fd):
             os.close(fd)
+            try:
+                with open(self.record, "rb") as handle:
+                    holder = handle.read(_HOLDER_BYTES).decode("utf-8", "replace").strip()
+            except OSError:
+                holder = ""
+            named = f" ({holder})" if holder else ""
             raise ProCapError(
-                f"{self.flag} {self.folder} is in use by another procap run; wait for it to finish "
+                f"{self.flag} {self.folder} is in use by another procap run{named}; wait for it to finish "
                 "or choose another folder."
             )
         self._fd = fd
+        try:
+            with open(self.record, "wb") as handle:
+                handle.write(holder_record().encode("utf-8", "backslashreplace"))
+        except OSError:
+            pass  # the refusal of a second writer then names no holder; the lock itself holds
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                self.record.unlink(missing_ok=True)  # while still held: a waiting writer never reads a dead record
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
 
 _HOLDER_CHARS = 300  # how much of a holder's command line a refusal quotes
+_HOLDER_BYTES = 4 * _HOLDER_CHARS  # what a refused writer reads of a holder's record (UTF-8, host included)
+
+
+def holder_record() -> str:
+    """``pid N: COMMAND, host NAME``: who holds an output lock, as a refused writer names it (the command line
+    cut to :data:`_HOLDER_CHARS` characters; a name the OS gave in bytes that are no UTF-8 shown escaped)."""
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python"
+    return f"pid {os.getpid()}: {command[:_HOLDER_CHARS]}, host {socket.gethostname()}"
 
 
 class OutputLock:
@@ -567,7 +621,7 @@ class OutputLock:
             with writing(self.output):
                 fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
             if not try_exclusive_flock(fd):
-                holder = os.pread(fd, _HOLDER_CHARS, 0).decode("utf-8", "replace").strip() or "another procap run"
+                holder = os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8", "replace").strip() or "another procap run"
                 os.close(fd)
                 raise ProCapError(
                     f"{self.flag} {self.output} is being written by {holder}; wait for it to finish or choose "
@@ -582,9 +636,8 @@ class OutputLock:
                 self._fd = fd
             else:
                 os.close(fd)
-        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python"
         os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"procap (pid {os.getpid()}: {command[:_HOLDER_CHARS]})".encode())
+        os.write(self._fd, f"procap ({holder_record()})".encode("utf-8", "backslashreplace"))
         return self
 
     def __exit__(self, *exc: object) -> None:

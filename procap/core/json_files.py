@@ -53,13 +53,35 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
+def decode_text(data: bytes, source: str) -> str:
+    """``data`` read as UTF-8 (a byte-order mark dropped), or refused: never altered.
+
+    Decoding with ``errors="replace"`` turned a config's byte that is no UTF-8 into U+FFFD without a word, so the
+    run used a value the file does not hold.
+
+    Raises:
+        ProCapError: naming ``source`` and the first byte that is not UTF-8, with its position.
+    """
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ProCapError(
+            f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at position {exc.start:,}); save it as UTF-8."
+        ) from None
+
+
 def parse_json(text: str | bytes, source: str) -> Any:
     """Parse JSON ``text``; ``source`` says in messages where it came from (``"checkpoint file x.safetensors"``).
 
+    Bytes are read as UTF-8 (:func:`decode_text`), or as UTF-16 / UTF-32 where their first bytes say so, as JSON
+    allows.
+
     Raises:
         DuplicateKeyError: an object names a key twice.
-        ProCapError: the text is not JSON (or nests too deeply to parse).
+        ProCapError: the text is not JSON, not UTF-8 (or nests too deeply to parse).
     """
+    if isinstance(text, (bytes, bytearray)) and json.detect_encoding(text).startswith("utf-8"):
+        text = decode_text(bytes(text), source)
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except _RepeatedKey as exc:
@@ -144,15 +166,20 @@ def _refuse_alias_bombs(root: Any, source: str) -> None:
         )
 
 
-def parse_yaml(text: str, source: str) -> Any:
+def parse_yaml(text: str | bytes, source: str) -> Any:
     """Parse YAML ``text`` (safe types only) under the same rule: a mapping naming a key twice is refused.
+
+    Bytes are read as UTF-8 (:func:`decode_text`).
 
     Raises:
         DuplicateKeyError: a mapping names a key twice.
-        ProCapError: PyYAML is missing (the ``[train]`` extra names it), the text is not YAML, or its aliases
-            expand it beyond :data:`MAX_ALIAS_VALUES` (:func:`_refuse_alias_bombs`).
+        ProCapError: PyYAML is missing (the ``[train]`` extra names it), the text is not UTF-8 or not YAML, or its
+            aliases expand it beyond :data:`MAX_ALIAS_VALUES` (:func:`_refuse_alias_bombs`).
     """
     from procap.core.extras import require
+
+    if isinstance(text, (bytes, bytearray)):
+        text = decode_text(bytes(text), source)
 
     yaml = require("yaml", f"reading {source}")
 

@@ -57,6 +57,10 @@ if TYPE_CHECKING:
 
 OUTPUT_FORMATS = (".jsonl", ".csv")
 COLUMNS = ("before", "after", "caption")
+# Rows are UTF-8, and an image path the OS gave in bytes that are no UTF-8 (Python holds them as surrogate escapes,
+# os.fsdecode) is written as those bytes, so the file names the image the OS names; encoding such a path as UTF-8
+# failed after the work was done. A resume reads the bytes back to the same path.
+ROW_ENCODING, NAME_BYTES = "utf-8", "surrogateescape"
 
 
 class CaptionFile:
@@ -177,11 +181,7 @@ class CaptionFile:
     def _read_existing(self) -> None:
         data = read_bytes(self.path, self.flag)  # refused from its size when larger than a captions file can be
         self._keep_bytes = data.rfind(b"\n") + 1  # a line without its newline is the cut end of a write
-        try:
-            text = data[: self._keep_bytes].decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProCapError(f"{self.flag} {self.path} is not UTF-8 text, so not captions to resume.") from None
-        rows = self._parse(text)
+        rows = self._parse(data[: self._keep_bytes].decode(ROW_ENCODING, NAME_BYTES))
         self.done = {pair_key(row["before"], row["after"]) for row in rows}
 
     def _parse(self, text: str) -> list[dict]:
@@ -254,7 +254,7 @@ class CaptionFile:
         else:
             mode, header = "r+b", self._keep_bytes == 0
         self._write_settings(target.parent)
-        data = self._lines(rows, header=header and self.format == ".csv").encode("utf-8")
+        data = self._lines(rows, header=header and self.format == ".csv").encode(ROW_ENCODING, NAME_BYTES)
         # unbuffered: what a failed write leaves is on disk now, where the truncate below reaches it, and closing
         # has nothing left to flush
         with open(target, mode, buffering=0) as handle:
@@ -280,7 +280,8 @@ class CaptionFile:
         # one handle for the whole run: closing a pipe after a batch would tell its reader the output ended
         if self._handle is None:
             self._handle = open(self.path, "ab")  # noqa: SIM115 (held across appends, closed by close())
-        self._handle.write(self._lines(rows, header=not self._started and self.format == ".csv").encode("utf-8"))
+        rows_text = self._lines(rows, header=not self._started and self.format == ".csv")
+        self._handle.write(rows_text.encode(ROW_ENCODING, NAME_BYTES))
         self._handle.flush()
 
     def finish(self) -> None:

@@ -8,6 +8,8 @@ Layout of a cache directory written by ``procap prepare``::
                           (``DatasetSpec.cache_groups`` in procap/data/datasets.py; CLEVR-Change has two:
                           change pairs and distractors)
       scores.json         the similarities in the authors' score-file shape (written when prepare finishes)
+      .<group>.h5.pending/  pairs written since the group file was last written anew, one HDF5 file each (a run
+                          that failed or was killed leaves them; the next one continues from them: CacheWriter)
 
 Each file holds one dataset per image id at its root, uint8 [T = l + 2, 3, H, W], frame 0 = before and
 frame T - 1 = after, keyed as the authors key them (``"000123.png"`` for CLEVR, ``img_id``, ``uid``), so their
@@ -26,10 +28,15 @@ an attribute at most :data:`MAX_ATTRIBUTE_BYTES` and the file's size.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import h5py
 import numpy as np
@@ -38,7 +45,18 @@ import torch.nn.functional as F
 
 from procap.core.config import KEYFRAME_SAMPLING
 from procap.core.errors import ProCapError
-from procap.core.files import OutputError, atomic_write_json, os_error_in, require_space, writing
+from procap.core.files import (
+    OutputError,
+    RunFolderLock,
+    atomic_write,
+    atomic_write_json,
+    beside,
+    os_error_in,
+    remove_dead_temps,
+    remove_empty,
+    require_space,
+    writing,
+)
 from procap.core.json_files import read_json
 from procap.core.validate import environment_integer
 from procap.data.datasets import cache_key, score_subkey
@@ -120,41 +138,134 @@ def authors_key(pair_id: str, dataset: str | None = None) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------ writing
 
 
-class CacheWriter:
-    """Single writer of a cache directory (one process owns the files).
+PENDING = "pending"  # beside(<group>.h5, PENDING): the folder of the pairs written since the group file was rewritten
+_PAIR_SUFFIX = ".h5"
+_HASHED = "sha256-"  # a pending pair named by its key's hash: a key too long for a file name, or one starting with "."
+_MAX_PAIR_NAME = 200  # bytes, well within every file system's name limit
+_GROUP_REWRITE = Path(__file__).with_name("group_rewrite.py")  # the child process that writes a group file
 
-    Every :meth:`write` stores one pair completely (frames, scores, codes, then the ``complete`` marker) and
-    flushes, so an interruption loses at most the pair in flight.
+
+def pending_folder(root: str | Path, group: str) -> Path:
+    """Where the pairs of ``group`` written since its file was last rewritten wait, one small HDF5 file each."""
+    return beside(Path(root) / f"{group}.h5", PENDING)
+
+
+def _pending_name(key: str) -> str:
+    """The file name of the pending pair ``key``: the key, %-quoted, or its hash when that does not fit."""
+    name = quote(key, safe="", errors="surrogatepass") + _PAIR_SUFFIX
+    if len(name) > _MAX_PAIR_NAME or name.startswith("."):
+        name = _HASHED + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() + _PAIR_SUFFIX
+    return name
+
+
+def pending_pairs(root: str | Path, group: str) -> dict[str, Path]:
+    """``key -> file`` of every pending pair of ``group`` in the cache ``root``.
+
+    Each file was written whole and renamed into place, so every one listed is complete; a killed write leaves
+    only its temporary file (a name starting with ``.``), which is not listed.
+    """
+    folder = pending_folder(root, group)
+    found: dict[str, Path] = {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        name = path.name
+        if name.startswith(".") or not name.endswith(_PAIR_SUFFIX):
+            continue
+        if name.startswith(_HASHED):
+            with h5py.File(path, "r") as handle:
+                found.update((key, path) for key in handle)
+        else:
+            found[unquote(name[: -len(_PAIR_SUFFIX)], errors="surrogatepass")] = path
+    return found
+
+
+def _complete_keys(path: Path) -> tuple[set[str], bool]:
+    """The complete pairs of the group file ``path`` and whether it also holds incomplete ones (an interrupted
+    write of a version that wrote group files in place); read only."""
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise ProCapError(f"cannot open {path}; it may be damaged or in use ({exc}).") from None
+    with handle:
+        complete = {key for key in handle if read_attribute(handle[key].attrs, "complete", path, key, 0) == 1}
+        return complete, len(complete) < len(handle)
+
+
+def write_group_file(final: Path, sources: Sequence[tuple[Path, Sequence[str]]]) -> None:
+    """Write the group file ``final`` anew from the datasets ``sources`` name (``(file, keys)``, each key once):
+    in a child process (:mod:`procap.procedure.group_rewrite`) into a temporary file renamed over ``final``.
+
+    A failure of any kind leaves ``final`` as it was and this process's HDF5 untouched.
+
+    Raises:
+        OutputError: the operating system refused the write (disk full, quota, file-size limit), naming ``final``.
+        ProCapError: the child failed otherwise.
+    """
+    needed = sum(Path(path).stat().st_size for path in dict.fromkeys(path for path, _ in sources))
+    require_space(final, needed + SPACE_MARGIN, file_bytes=needed)
+    names = [
+        os.fsencode(path) + b"\0" + key.encode("utf-8", "surrogateescape") for path, keys in sources for key in keys
+    ]
+
+    def run_child(temporary: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-I", str(_GROUP_REWRITE)],
+            input=b"\0".join([os.fsencode(temporary), *names]),
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        text = done.stderr.decode("utf-8", "replace").strip()
+        failure = os_error_in(RuntimeError(text))  # HDF5 reports the errno in its text
+        if failure is not None:
+            raise OSError(failure[0], failure[1])
+        raise ProCapError(
+            f"writing the procedure cache file {final} failed (exit status {done.returncode}: {text[-300:]})."
+        )
+
+    atomic_write(final, run_child)
+
+
+class CacheWriter:
+    """Single writer of a cache directory: it holds the directory's lock from here to :meth:`close`.
+
+    A group file is never written in place, because HDF5 does not recover from a write that fails or is killed
+    part-way: a file-size limit left a file the next run refused (its pairs lost) and the interpreter crashing at
+    exit. Each :meth:`write` stores one pair completely (frames, scores, codes, then the ``complete`` marker) as
+    a small HDF5 file built in memory and saved under a temporary name renamed into :func:`pending_folder`, so an
+    interruption of any kind loses at most the pair in flight. :meth:`commit` (from :meth:`close` and
+    :meth:`export_scores`) writes each group file anew with its pending pairs (:func:`write_group_file`) and then
+    deletes them; until that rename the old group file and the pending pairs are what a resumed run continues from.
     """
 
     def __init__(self, root: str | Path, compression: str | None = None) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        with writing(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
         self.compression = compression
-        self._files: dict[str, h5py.File] = {}
-
-    def _file(self, group: str) -> h5py.File:
-        if group not in self._files:
-            path = self.root / f"{group}.h5"
-            try:
-                self._files[group] = h5py.File(path, "a")
-            except OSError as exc:
-                raise ProCapError(f"cannot open {path} for writing; it may be damaged or in use ({exc}).") from None
-        return self._files[group]
+        self._lock: RunFolderLock | None = RunFolderLock(self.root, "the procedure cache")
+        self._lock.__enter__()
+        self._stale: set[str] = set()  # groups whose file is to be written anew by commit()
 
     def completed(self, groups: list[str]) -> set[tuple[str, str]]:
-        """(group, key) of every complete pair; incomplete datasets are deleted so they get redone."""
+        """(group, key) of every complete pair, in the group files or pending; incomplete ones get redone.
+
+        What killed writes left (temporary files) is deleted: under the lock no other writer is running.
+        """
         done = set()
         for group in groups:
-            if not (self.root / f"{group}.h5").exists():
-                continue
-            f = self._file(group)
-            for key in list(f.keys()):
-                if f[key].attrs.get("complete", 0) == 1:
-                    done.add((group, key))
-                else:
-                    del f[key]
-            f.flush()
+            final = self.root / f"{group}.h5"
+            remove_dead_temps(final)
+            folder = pending_folder(self.root, group)
+            for dead in folder.glob(".*") if folder.is_dir() else ():
+                dead.unlink(missing_ok=True)
+            complete, partial = _complete_keys(final) if final.exists() else (set(), False)
+            pending = pending_pairs(self.root, group)
+            if partial or pending:
+                self._stale.add(group)
+            done |= {(group, key) for key in complete | set(pending)}
         return done
 
     def write(
@@ -168,7 +279,7 @@ class CacheWriter:
         pair_id: str | None = None,
         source: str | None = None,
     ) -> None:
-        """Store one pair.
+        """Store one pair (pending until :meth:`commit`; a pair written again replaces the stored one).
 
         Args:
             group, key: file stem and dataset name (see :func:`authors_key`).
@@ -177,16 +288,15 @@ class CacheWriter:
             codes: integer (T, n) VQ indices of every frame.
             pair_id: our id of the pair (kept for reference).
             source: the images it was built from (:func:`procap.procedure.sources.record`), checked on resume.
+
+        Raises:
+            OutputError: the operating system refused the write, naming the group file.
         """
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
             raise ValueError(f"frames must be uint8 (T, 3, H, W), got {frames.dtype} {frames.shape}")
-        # HDF5 does not recover from a full disk (its exit handler can crash), so stop before one: the pair, its
-        # codes and room for HDF5's own metadata.
-        require_space(self.root / f"{group}.h5", 2 * frames.nbytes + SPACE_MARGIN)
-        f = self._file(group)
-        with writing(self.root / f"{group}.h5"):  # other write failures arrive as a RuntimeError with an errno
-            if key in f:
-                del f[key]
+        final = self.root / f"{group}.h5"
+        image = io.BytesIO()
+        with h5py.File(image, "w") as f:  # in memory: HDF5 itself never meets a failing disk here
             dset = f.create_dataset(key, data=frames, compression=self.compression)
             if s_bef is not None:
                 dset.attrs["s_bef"] = np.asarray(s_bef, dtype=np.float32)
@@ -200,49 +310,68 @@ class CacheWriter:
             if source is not None:
                 dset.attrs["source"] = source
             dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
-            f.flush()
+        data = image.getvalue()
+        # the pair, and room for it again when the group file is written anew with it
+        require_space(final, 2 * len(data) + SPACE_MARGIN, file_bytes=len(data))
+        try:
+            atomic_write(pending_folder(self.root, group) / _pending_name(key), lambda tmp: Path(tmp).write_bytes(data))
+        except OutputError as exc:  # named as the file the user knows, not the pending one
+            raise OutputError(exc.errno, exc.strerror, str(final)) from exc
+        self._stale.add(group)
+
+    def commit(self) -> None:
+        """Write each group file with pending pairs anew (its complete pairs and the pending ones, which win), then
+        delete the pending files. A failure leaves the group file and the pending pairs as they were."""
+        for group in sorted(self._stale):
+            final = self.root / f"{group}.h5"
+            pending = pending_pairs(self.root, group)
+            kept = sorted(_complete_keys(final)[0] - set(pending)) if final.exists() else []
+            sources = [(final, kept)] if kept else []
+            sources += [(path, [key]) for key, path in pending.items()]
+            write_group_file(final, sources)
+            for path in pending.values():  # a kill from here on leaves pairs written twice: the next commit's
+                path.unlink(missing_ok=True)
+            remove_empty([pending_folder(self.root, group)])
+            self._stale.discard(group)
 
     def export_scores(self, groups: list[str]) -> Path:
-        """Write ``scores.json`` in the authors' shape from the stored ``s_bef``/``s_aft`` attributes."""
+        """Write ``scores.json`` in the authors' shape from the stored ``s_bef``/``s_aft`` attributes (after
+        :meth:`commit`, so that every pair written is in it)."""
+        self.commit()
         out: dict[str, Any] = {}
         nested = len(groups) > 1 or score_subkey(groups[0]) is not None
         for group in groups:
-            if not (self.root / f"{group}.h5").exists():
+            path = self.root / f"{group}.h5"
+            if not path.exists():
                 continue
-            f, path = self._file(group), self.root / f"{group}.h5"
-            for key in f:
-                attrs = f[key].attrs
-                if read_attribute(attrs, "complete", path, key, 0) != 1 or "s_bef" not in attrs:
-                    continue
-                s_bef, s_aft = (np.asarray(read_attribute(attrs, name, path, key)) for name in ("s_bef", "s_aft"))
-                entry = {"bef_inter_sim": [s_bef.tolist()], "inter_aft_sim": [s_aft.tolist()]}
-                if nested:
-                    out.setdefault(key, {})[f"{score_subkey(group) or group.split('_')[0]}_sim_matrixes"] = entry
-                else:
-                    out[key] = entry
+            with h5py.File(path, "r") as f:
+                for key in f:
+                    attrs = f[key].attrs
+                    if read_attribute(attrs, "complete", path, key, 0) != 1 or "s_bef" not in attrs:
+                        continue
+                    s_bef, s_aft = (np.asarray(read_attribute(attrs, name, path, key)) for name in ("s_bef", "s_aft"))
+                    entry = {"bef_inter_sim": [s_bef.tolist()], "inter_aft_sim": [s_aft.tolist()]}
+                    if nested:
+                        out.setdefault(key, {})[f"{score_subkey(group) or group.split('_')[0]}_sim_matrixes"] = entry
+                    else:
+                        out[key] = entry
         path = self.root / SCORES_JSON
         atomic_write_json(path, out)
         return path
 
     def close(self) -> None:
-        errors = []
-        for group, f in self._files.items():
-            try:
-                f.flush()
-                f.close()
-            except Exception as exc:  # noqa: BLE001 - close every file before reporting
-                errors.append((self.root / f"{group}.h5", exc))
-        self._files.clear()
-        if errors:
-            path, exc = errors[0]
-            failure = os_error_in(exc)
-            if failure is not None:
-                raise OutputError(failure[0], failure[1], str(path)) from exc
-            raise ProCapError(f"closing the procedure cache in {self.root} failed ({exc}).")
+        """:meth:`commit` and release the directory's lock (also when the commit fails)."""
+        try:
+            self.commit()
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(None, None, None)
+                self._lock = None
 
 
 def stored_sources(root: str | Path, groups: Sequence[str]) -> dict[tuple[str, str], str | None]:
-    """``(group, key) -> source`` attribute of every complete pair in ``root``'s group files (None: no record).
+    """``(group, key) -> source`` attribute of every complete pair in ``root``'s group files and pending pairs
+    (None: no record).
 
     Read-only: a resumed run checks them before it writes anything. A file HDF5 cannot open is left out (the
     writer reports it when it opens the file).
@@ -250,17 +379,20 @@ def stored_sources(root: str | Path, groups: Sequence[str]) -> dict[tuple[str, s
     found: dict[tuple[str, str], str | None] = {}
     for group in groups:
         path = Path(root) / f"{group}.h5"
-        if not path.is_file():
-            continue
-        try:
-            handle = h5py.File(path, "r")
-        except OSError:
-            continue
-        with handle:
-            for key, entry in handle.items():
-                if read_attribute(entry.attrs, "complete", path, key, 0) == 1:
-                    value = read_attribute(entry.attrs, "source", path, key)
-                    found[group, key] = value.decode() if isinstance(value, bytes) else value
+        files = [(path, None)] if path.is_file() else []
+        files += [(pending, key) for key, pending in pending_pairs(root, group).items()]
+        for file, only in files:
+            try:
+                handle = h5py.File(file, "r")
+            except OSError:
+                continue
+            with handle:
+                for key, entry in handle.items():
+                    if only is not None and key != only:
+                        continue
+                    if read_attribute(entry.attrs, "complete", file, key, 0) == 1:
+                        value = read_attribute(entry.attrs, "source", file, key)
+                        found[group, key] = value.decode() if isinstance(value, bytes) else value
     return found
 
 

@@ -10,7 +10,6 @@ once all are done.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,14 @@ import h5py
 
 from procap.core.errors import ProCapError
 from procap.core.files import atomic_write_json
-from procap.procedure.cache import MANIFEST, CacheWriter, authors_key, read_attribute, read_manifest
+from procap.procedure.cache import (
+    MANIFEST,
+    CacheWriter,
+    authors_key,
+    read_attribute,
+    read_manifest,
+    write_group_file,
+)
 
 SHARDS_DIR = "shards"
 _SHARD_NAME = re.compile(r"^(\d+)-of-(\d+)$")
@@ -141,19 +147,9 @@ def merge_shards(out: str | Path, pairs: Sequence[Any], dataset: str) -> dict[st
 
 
 def _write_group(out: Path, group: str, sources: dict[str, Path]) -> None:
-    """``out/<group>.h5`` from the shards' copies of its datasets (attributes included), via a temp file."""
-    final = out / f"{group}.h5"
-    temp = out / f".{group}.h5.merging"
-    handles: dict[Path, h5py.File] = {}
-    try:
-        with h5py.File(temp, "w") as dst:
-            for key in sorted(sources):
-                shard = sources[key]
-                if shard not in handles:
-                    handles[shard] = h5py.File(shard / f"{group}.h5", "r")
-                handles[shard].copy(handles[shard][key], dst, name=key)
-        os.replace(temp, final)
-    finally:
-        for handle in handles.values():
-            handle.close()
-        temp.unlink(missing_ok=True)
+    """``out/<group>.h5`` from the shards' copies of its datasets (attributes included): written in a child process
+    into a temporary file that is renamed into place (:func:`procap.procedure.cache.write_group_file`)."""
+    by_shard: dict[Path, list[str]] = {}
+    for key in sorted(sources):
+        by_shard.setdefault(sources[key] / f"{group}.h5", []).append(key)
+    write_group_file(out / f"{group}.h5", list(by_shard.items()))

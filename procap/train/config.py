@@ -84,6 +84,74 @@ def map_paths(values: dict[str, Any], convert: Callable[[str], str]) -> dict[str
     return values
 
 
+# What ``--resume`` lets a user change (docs/training.md): how long the run trains and how it is run, watched and
+# saved. Every other option decides what the run computes (its model, data, optimisation, validation and thus which
+# checkpoint is best) and is taken from the run's saved config; a value that contradicts it is refused, since a
+# resumed run that validated on 50 pairs instead of 200 rewrote best's recorded score on another subset.
+RESUME_CHANGEABLE = frozenset(
+    {
+        "steps",
+        "epochs",
+        "device",
+        "workers",
+        "progress",
+        "log_every",
+        "save_every",
+        "save_minutes",
+        "dist_timeout",
+        "cache_images",
+        "cache_features",
+        "loggers",
+        "wandb_project",
+        "wandb_name",
+    }
+)
+# The run's length is one choice: a run given --epochs on resume no longer takes the saved steps, which would win.
+RUN_LENGTH = ("steps", "epochs")
+# Keys of a saved config that are no option of the resumed run: where it is (the folder may have moved) and what the
+# command was asked to do with it.
+NOT_RESUMED = ("out", "resume", "overwrite", "stage")
+
+
+def comparable(field: str, value: Any) -> Any:
+    """``value`` of the option ``field`` in the form two runs' options are compared in: lists as tuples, paths
+    absolute, metric names as :func:`procap.eval.metrics.metric_names` spells them."""
+    if isinstance(value, list):
+        value = tuple(value)
+    if field in PATH_FIELDS:
+        value = map_paths({field: value}, absolute_path)[field]
+    if field == "val_metrics" and value is not None:
+        try:
+            value = tuple(metric_names(value))
+        except ProCapError:
+            pass  # an unknown name is refused when the config is built
+    return value
+
+
+def resumed_values(saved: dict[str, Any], given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The options of a resumed run: ``given`` (what the user repeated) over ``saved`` (the run's config file).
+
+    Returns:
+        The merged options, and the fields of ``given`` that contradict ``saved`` without being
+        :data:`RESUME_CHANGEABLE` (for the caller to refuse, naming them as it names them).
+    """
+    values = dict(given)
+    length_given = any(given.get(field) is not None for field in RUN_LENGTH)
+    for field, value in saved.items():
+        if field in NOT_RESUMED or field in values or (length_given and field in RUN_LENGTH):
+            continue
+        values[field] = value
+    conflicts = [
+        field
+        for field, value in given.items()
+        if field in saved
+        and field not in NOT_RESUMED
+        and field not in RESUME_CHANGEABLE
+        and comparable(field, value) != comparable(field, saved[field])
+    ]
+    return values, conflicts
+
+
 def absolute_path(path: str) -> str:
     """``path`` made absolute against the working folder, without resolving symlinks."""
     return os.path.normpath(os.path.abspath(path))

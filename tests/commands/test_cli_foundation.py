@@ -124,3 +124,21 @@ def test_os_failures_without_a_file_name_are_one_sentence(tmp_path, monkeypatch,
     assert main(["vocab", "--dataset", "clevr-change", "--root", str(tmp_path / "d"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("procap: error: ") and sentence.format(out=out) in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS], ids=errno.errorcode.get)
+def test_every_refusal_of_a_write_is_the_one_sentence_of_an_output_that_cannot_be_written(
+    tmp_path, monkeypatch, capsys, number
+):
+    """A write refused outside procap.core.files.writing (an OSError naming its file) is said as the output it is,
+    whatever the reason: a read-only file system or a quota read 'cannot access', a full disk 'cannot write'."""
+    import procap.commands.vocab
+
+    def refused(args):
+        raise OSError(number, os.strerror(number), str(tmp_path / "v.json"))
+
+    monkeypatch.setattr(procap.commands.vocab, "run", refused)
+    out = tmp_path / "v.json"
+    assert main(["vocab", "--dataset", "clevr-change", "--root", str(tmp_path / "d"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"procap: error: cannot write {out} ({os.strerror(number)}).\n"

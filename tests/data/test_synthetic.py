@@ -313,3 +313,37 @@ def test_a_second_synth_into_one_folder_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("procap: error:") and "in use by another procap run" in err and err.count("\n") == 1
     assert list(root.iterdir()) == []
+
+
+def test_a_refused_synth_names_the_process_that_holds_the_folder(tmp_path, capsys):
+    """The refusal says which process writes the folder (process id, command, host), as the caption file's lock
+    does, where it said only "another procap run"."""
+    import socket
+    import subprocess
+    import sys
+
+    from procap.commands.cli import main
+    from tests.support import subprocess_env
+
+    root = tmp_path / "bench"
+    root.mkdir()
+    hold = (
+        "import sys, time; from procap.core.files import RunFolderLock; "
+        "lock = RunFolderLock(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(root)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["synth", "--out", str(root), "--scenes", "4", "--size", "16", "--no-progress"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert f"in use by another procap run (pid {holder.pid}: -c {root}, host {socket.gethostname()})" in err
+    assert err.count("\n") == 1
+    assert list(root.iterdir()) == []  # the record lies beside the folder, which a synth refuses non-empty
+    assert (tmp_path / ".bench.lock").is_file()  # a killed holder's record: the next holder takes it over
+    generate(root, 4, size=16, seed=1, progress=False)
+    assert not (tmp_path / ".bench.lock").exists()
