@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from procap.core.logs import console_logging
 from procap.experiments import demo as demo_pipeline
 from procap.experiments.demo import (
     MODELS,
@@ -21,7 +22,6 @@ from procap.experiments.demo import (
     _live_log,
     describe_parallelism,
 )
-from procap.core.logs import console_logging
 from procap.train.config import TrainConfig
 
 

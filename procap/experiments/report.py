@@ -30,8 +30,8 @@ from PIL import Image
 
 from procap.core.errors import ProCapError
 from procap.core.files import atomic_write_text
-from procap.core.json_files import parse_json, read_bytes
 from procap.core.json_files import read_json as read_json_file
+from procap.core.json_files import read_json_lines
 from procap.data import load_split
 from procap.data.images import open_image
 from procap.eval.correctness import FAILURE_COLUMNS
@@ -92,15 +92,7 @@ def read_json(path: Path, what: str) -> Any:
 
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The records of a training ``log.jsonl`` (an absent file or a torn last line gives what could be read)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in read_bytes(path, "log").decode("utf-8").splitlines():
-        try:
-            records.append(parse_json(line, f"log {path}"))
-        except ProCapError:  # a torn last line of a run that was stopped
-            continue
-    return records
+    return read_json_lines(path, "log", partial=True)
 
 
 def _cell(mean: float | None, std: float | None, seeds: int, scale: float = 1.0) -> str:
