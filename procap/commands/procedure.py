@@ -49,7 +49,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
     validate.number(args.keyframes, "--keyframes", minimum=0, maximum=max(GENERATED_FRAME_COUNTS))
-    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)
+    validate.seed(args.seed, "--seed")
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     if args.cache is not None:
         if not Path(args.cache).exists():

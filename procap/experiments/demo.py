@@ -1045,7 +1045,7 @@ def _checked_jobs(seed: int, seeds: int, procedures: str, viewpoint: str, jobs: 
     from procap.data.synthetic import check_viewpoint
 
     validate.integer(seeds, "seeds", minimum=1, maximum=MAX_SEEDS)  # each seed trains every model again
-    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED + 1 - seeds)  # runs use seed .. seed+seeds-1
+    validate.seed(seed, "seed", count=seeds)  # runs use seed .. seed + seeds - 1
     if procedures not in DEMO_PROCEDURES:
         raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
     check_viewpoint(viewpoint)

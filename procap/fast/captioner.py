@@ -206,10 +206,8 @@ class Captioner:
         self.configure_as = configure_as
         self.dtype = _parse_dtype(dtype, self.device, configure_as)
         config = model.config
-        max_len = config.max_caption_len if max_len is None else max_len
-        validate.integer(max_len, "max_len")
-        if not 2 <= max_len <= config.max_caption_len:
-            raise ProCapError(f"max_len must be in [2, {config.max_caption_len}], got {max_len}")
+        ceiling = config.max_caption_len
+        max_len = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
         _check_batch_sizes(batch_sizes, config, self.device)
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
