@@ -215,7 +215,7 @@ def test_one_caption_length_check_at_every_entry():
         (lambda v: validate.seed(v, "--seed", count=3), validate.MAX_SEED - 1, "at most 4,294,967,293"),
         (lambda v: validate.seed(v, "seed"), 1.5, "seed must be an integer"),
         (lambda v: validate.keyframe_count(v, "--num-keyframes"), 16, "--num-keyframes must be at most 15, got 16"),
-        (lambda v: validate.keyframe_count(v, "-k", frames=3), 4, "-k must be at most 3, got 4"),
+        (lambda v: validate.keyframe_count(v, "-k", frames=3), 4, "-k must be at most l = 3"),
         (lambda v: validate.keyframe_count(v, "num_keyframes"), -1, "num_keyframes must be at least 0"),
     ],
 )

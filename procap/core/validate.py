@@ -286,5 +286,7 @@ def keyframe_count(value: object, name: str, frames: int | None = None) -> int |
     """
     if value is None:
         return None
-    ceiling = KEYFRAME_BOUNDS["maximum"] if frames is None else frames
-    return integer(value, name, minimum=KEYFRAME_BOUNDS["minimum"], maximum=ceiling)
+    integer(value, name, **KEYFRAME_BOUNDS)
+    if frames is not None and value > frames:
+        raise ProCapError(f"{name} must be at most l = {frames} (the procedure's frames), got {value}.")
+    return value
