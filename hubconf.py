@@ -17,8 +17,8 @@ dependencies = ["torch", "numpy", "PIL", "safetensors"]
 
 def procap(name_or_path: str, **options):
     """A ``ProCap`` in eval mode with its vocabulary as ``model.vocab``; ``options`` are those of
-    ``ProCap.from_pretrained`` (``revision``, ``cache_dir``, ``local_files_only``, ``token``, ``force_download``,
-    ``map_location``)."""
+    ``ProCap.from_pretrained``: ``map_location`` and the fields of ``procap.core.hub_files.PretrainedSource``
+    (``revision``, ``cache_dir``, ``local_files_only``, ``token``, ``force_download``)."""
     from procap.model.procap import ProCap
 
     return ProCap.from_pretrained(name_or_path, **options)
@@ -26,7 +26,7 @@ def procap(name_or_path: str, **options):
 
 def captioner(name_or_path: str, **options):
     """A ``procap.fast.Captioner`` (bf16 and CUDA graphs on a GPU); ``options`` are those of
-    ``Captioner.from_pretrained``."""
+    ``Captioner.from_pretrained``: the Captioner's and the fields of ``procap.core.hub_files.PretrainedSource``."""
     from procap.fast import Captioner
 
     return Captioner.from_pretrained(name_or_path, **options)

@@ -11,8 +11,9 @@ costs including Python launch overhead). On the CPU ops run synchronously and a 
 from __future__ import annotations
 
 import datetime
+import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -106,7 +107,25 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def swept_batches(defaults: dict[str, tuple[int, ...]], device_type: str) -> tuple[int, ...]:
+    """The batch sizes a suite sweeps on ``device_type``: ``PROCAP_BENCH_BATCHES`` (``1,32``) when set, else the
+    suite's ``defaults`` for the device type."""
+    chosen = os.environ.get("PROCAP_BENCH_BATCHES")
+    return tuple(int(b) for b in chosen.split(",")) if chosen else defaults[device_type]
+
+
 @pytest.fixture(scope="session")
 def bench_device() -> torch.device:
     """CUDA when present, else CPU (the suite then runs its CPU-sized shapes)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture()
+def one_cpu_thread(bench_device: torch.device) -> Iterator[None]:
+    """One intra-op thread on CPU for the test, the previous count restored after it: tiny shapes on a shared machine
+    time more stably without thread spinning. A module asks for it with ``pytest.mark.usefixtures``."""
+    threads = torch.get_num_threads()
+    if bench_device.type == "cpu":
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

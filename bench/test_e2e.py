@@ -50,14 +50,8 @@ _flops: dict[int, dict[str, int]] = {}
 _allocated_before: dict[str, float] = {}
 
 
-@pytest.fixture(autouse=True)
-def _cpu_threads(bench_device):
-    """One intra-op thread on CPU: tiny shapes on a shared machine time more stably without thread spinning."""
-    threads = torch.get_num_threads()
-    if bench_device.type == "cpu":
-        torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# tiny CPU shapes time more stably on one intra-op thread (the fixture is in conftest.py)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def _model(k: int, device: torch.device) -> ProCap:

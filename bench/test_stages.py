@@ -19,12 +19,11 @@ narrows the batch sweep.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import device_info, time_op
+from conftest import device_info, swept_batches, time_op
 from telemetry import count_flops
 
 from procap.core.config import get_preset
@@ -38,19 +37,8 @@ _BATCHES = {"cuda": (1, 8, 32, 128), "cpu": (1, 4)}
 _setups: dict[tuple[str, int], dict[str, Callable[[], object]]] = {}
 
 
-def _batches(device_type: str) -> tuple[int, ...]:
-    chosen = os.environ.get("PROCAP_BENCH_BATCHES")
-    return tuple(int(b) for b in chosen.split(",")) if chosen else _BATCHES[device_type]
-
-
-@pytest.fixture(autouse=True)
-def _cpu_threads(bench_device):
-    """One intra-op thread on CPU: tiny shapes on a shared machine time more stably without thread spinning."""
-    threads = torch.get_num_threads()
-    if bench_device.type == "cpu":
-        torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# tiny CPU shapes time more stably on one intra-op thread (the fixture is in conftest.py)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], object]]:
@@ -97,8 +85,9 @@ def _stage_fns(device: torch.device, batch: int) -> dict[str, Callable[[], objec
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("batch", sorted(set(_BATCHES["cuda"] + _BATCHES["cpu"])))
 def test_stage(benchmark, bench_device, batch, stage):
-    if batch not in _batches(bench_device.type):
-        pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {_batches(bench_device.type)}")
+    batches = swept_batches(_BATCHES, bench_device.type)
+    if batch not in batches:
+        pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {batches}")
     fn = _stage_fns(bench_device, batch)[stage]
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=True):
         seconds = time_op(benchmark, fn, bench_device, rounds=10 if bench_device.type == "cuda" else 3)

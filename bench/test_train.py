@@ -38,11 +38,6 @@ _ROUNDS = {"cuda": 10, "cpu": 2}
 _RECIPE = {"stage1": ("pretrain", stage1_optimizer), "stage2": ("train", stage2_optimizer)}
 
 
-def _batches(device_type: str) -> tuple[int, ...]:
-    chosen = os.environ.get("PROCAP_BENCH_BATCHES")
-    return tuple(int(b) for b in chosen.split(",")) if chosen else _BATCHES[device_type]
-
-
 def use_kernels(which: str) -> None:
     """``fused``: the automatic dispatch; ``eager``: every fused op's reference. The choice is made afresh."""
     if which not in KERNELS:
@@ -164,10 +159,11 @@ def _restore_kernels():
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("batch", sorted(set(_BATCHES["cuda"] + _BATCHES["cpu"])))
 def test_train_step(benchmark, bench_device, batch, stage, which):
-    from conftest import device_info  # bench/conftest.py (pytest puts bench/ on sys.path)
+    from conftest import device_info, swept_batches  # bench/conftest.py (pytest puts bench/ on sys.path)
 
-    if batch not in _batches(bench_device.type):
-        pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {_batches(bench_device.type)}")
+    batches = swept_batches(_BATCHES, bench_device.type)
+    if batch not in batches:
+        pytest.skip(f"batch {batch} is not in the {bench_device.type} sweep {batches}")
     rounds = _ROUNDS[bench_device.type]
 
     def timer(step: Callable[[], Any], n: int) -> list[float]:

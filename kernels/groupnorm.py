@@ -109,6 +109,31 @@ def _silu_grad(z):
 
 
 @triton_jit
+def _channel_block(C, BLOCK_C: tl.constexpr):
+    """The channels of this program's block (grid axis 2) and which of them exist: ``(cols, col_ok)``."""
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return cols, cols < C
+
+
+@triton_jit
+def _tile(base, rows, row_stop, cols, col_ok, stride_hw, stride_c):
+    """``(ok, offs)`` of the tile of ``rows`` (those below ``row_stop`` exist) by the channels ``cols`` of the sample
+    starting at ``base``: the mask and the int64 element offsets of every tile load and store. The caller makes
+    ``rows`` (its ``tl.arange``): built in here, ptxas spilled the fp32 SiLU apply kernel with an input bias."""
+    offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+    return (rows < row_stop)[:, None] & col_ok[None, :], offs
+
+
+@triton_jit
+def _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The fp32 input bias of the channels ``cols`` (zeros without one), loaded once per program."""
+    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_IN_BIAS:
+        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return in_bias
+
+
+@triton_jit
 def _summed_input(
     X_ptr,
     R_ptr,
@@ -157,22 +182,17 @@ def _group_norm_stats_kernel(
     """
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
+    cols, col_ok = _channel_block(C, BLOCK_C)
     start = pid_s * rows_per_chunk
     stop = tl.minimum(start + rows_per_chunk, HW)
     base = pid_b.to(tl.int64) * stride_b
-    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    if HAS_IN_BIAS:
-        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    in_bias = _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS, BLOCK_C)
     first = base + start.to(tl.int64) * stride_hw + cols * stride_c
     shift = _summed_input(X_ptr, R_ptr, first, col_ok, in_bias, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
     acc = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
     acc_sq = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
     for r0 in range(start, stop, BLOCK_HW):
-        rows = r0 + tl.arange(0, BLOCK_HW)
-        ok = (rows < stop)[:, None] & col_ok[None, :]
-        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+        ok, offs = _tile(base, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
         x = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
         if WRITE_SUM:
             tl.store(S_ptr + offs, x.to(S_ptr.dtype.element_ty), mask=ok)
@@ -339,13 +359,9 @@ def _group_norm_apply_kernel(
     """y = act((x (+ in_bias) - mean[b, c]) * scale[b, c] + bias[c]) on a (BLOCK_HW rows, BLOCK_C channels) tile."""
     pid_b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    ok = (rows < HW)[:, None] & col_ok[None, :]
-    offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
-    in_bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    if HAS_IN_BIAS:
-        in_bias = tl.load(IB_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    cols, col_ok = _channel_block(C, BLOCK_C)
+    ok, offs = _tile(pid_b.to(tl.int64) * stride_b, rows, HW, cols, col_ok, stride_hw, stride_c)
+    in_bias = _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS, BLOCK_C)
     mean = tl.load(CMean_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
     scale = tl.load(Scale_ptr + pid_b * C + cols, mask=col_ok, other=0.0)
     bias = tl.load(Bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -398,8 +414,7 @@ def _group_norm_bwd_stats_kernel(
     """Per-channel sums over a chunk of rows of dz and dz * xhat, dz = dL/d(affine output), xhat = (x - mean) rstd."""
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
+    cols, col_ok = _channel_block(C, BLOCK_C)
     per_channel = pid_b * C + cols
     mean = tl.load(CMean_ptr + per_channel, mask=col_ok, other=0.0)
     rstd = tl.load(GRstd_ptr + pid_b * G + cols // (C // G), mask=col_ok, other=0.0)
@@ -409,9 +424,7 @@ def _group_norm_bwd_stats_kernel(
     acc_dz = tl.zeros((BLOCK_C,), dtype=tl.float32)
     acc_dz_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for r0 in range(start, stop, BLOCK_HW):
-        rows = r0 + tl.arange(0, BLOCK_HW)
-        ok = (rows < stop)[:, None] & col_ok[None, :]
-        offs = base + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+        ok, offs = _tile(base, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
         x, z = _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
         dz = tl.load(DY_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         if SILU:
@@ -449,10 +462,8 @@ def _group_norm_bwd_apply_kernel(
     """dx = alpha * dz + beta * (x - mean) + gamma (+ ds, the gradient reaching the residual sum directly)."""
     pid_b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    ok = (rows < HW)[:, None] & col_ok[None, :]
-    offs = pid_b.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * stride_hw + cols[None, :] * stride_c
+    cols, col_ok = _channel_block(C, BLOCK_C)
+    ok, offs = _tile(pid_b.to(tl.int64) * stride_b, rows, HW, cols, col_ok, stride_hw, stride_c)
     per_channel = pid_b * C + cols
     x, z = _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
     dz = tl.load(DY_ptr + offs, mask=ok, other=0.0).to(tl.float32)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from procap.core.errors import ProCapError
-from procap.core.json_files import DuplicateKeyError, parse_json, parse_yaml, read_json
+from procap.core.json_files import DuplicateKeyError, json_lines, parse_json, parse_yaml, read_json, read_json_lines
 
 PACKAGE = Path(__file__).resolve().parents[1] / "procap"
 
@@ -130,3 +130,38 @@ def test_json_nested_beyond_the_parser_is_one_sentence(tmp_path):
     path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     with pytest.raises(ProCapError, match="nested too deeply"):
         read_json(path, "reference file")
+
+
+def test_json_lines_numbers_lines_and_skips_cut_ones_only_when_asked(tmp_path):
+    text = '{"step": 1}\n\n{"step": 2}\n{"step": 3, "lo'  # the last line cut mid-write
+    with pytest.raises(ProCapError, match="log line 4 is not valid JSON"):
+        json_lines(text, "log")
+    assert json_lines(text, "log", skip_unparsed=True) == [(1, {"step": 1}), (3, {"step": 2})]
+
+
+def test_one_reader_of_training_logs(tmp_path):
+    """JsonlLog.records (a resumed run), the demo's report and its progress line read log.jsonl with
+    read_json_lines: the run strictly, the demo's readers past a line being written."""
+    from procap.experiments.demo import _last_step
+    from procap.experiments.report import read_log
+    from procap.train.loop import JsonlLog
+
+    path = tmp_path / "log.jsonl"
+    assert read_json_lines(path, "log") == [] and JsonlLog(path).records() == [] and _last_step(path) is None
+    log = JsonlLog(path)
+    for record in ({"step": 1, "items_per_s": 5.0}, {"step": 1, "CIDEr": 0.5}):
+        log.write(record)
+    assert log.records() == read_json_lines(path, "log") == read_log(path)
+    with path.open("a") as handle:
+        handle.write('{"step": 2, "items_')
+    assert (
+        read_log(path)
+        == read_json_lines(path, "log", partial=True)
+        == [
+            {"step": 1, "items_per_s": 5.0},
+            {"step": 1, "CIDEr": 0.5},
+        ]
+    )
+    assert _last_step(path) == {"step": 1, "items_per_s": 5.0}
+    with pytest.raises(ProCapError, match=f"log {path} line 3 is not valid JSON"):
+        log.records()

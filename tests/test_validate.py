@@ -172,3 +172,62 @@ def test_cpu_with_an_index_is_the_cpu(tmp_path, capsys):
     argv = ["caption", "--ckpt", str(ckpt), str(tmp_path / "b.png"), str(tmp_path / "a.png")]
     assert main([*argv, "--device", "cpu:0"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_one_caption_length_check_at_every_entry():
+    """max_len is checked by validate.caption_length alone: the decoders' caches, ProCap.generate, the Captioner and
+    the vocabulary say the same sentence with the same exception (the decoder's was a ValueError)."""
+    import torch
+
+    from procap.data.vocab import Vocabulary
+    from procap.fast import Captioner
+    from procap.model.procap import ProCap
+    from tests.support import small_config
+
+    model = ProCap(small_config()).eval()
+    ceiling = model.config.max_caption_len
+    wanted = f"max_len must be at most {ceiling}, got {ceiling + 1}."
+    image = torch.rand(1, 3, model.config.image_size, model.config.image_size)
+    entries = [
+        lambda n: model.decoder.setup_caches(1, n, torch.float32, "cpu"),
+        lambda n: model.decoder.generate_cached(torch.zeros(1, 4, model.config.dec_dim), n),
+        lambda n: model.generate(image, image, max_len=n),
+        lambda n: Captioner(model, Vocabulary(["cube"]), device="cpu", dtype="fp32", max_len=n),
+    ]
+    for entry in entries:
+        with pytest.raises(ProCapError) as caught:
+            entry(ceiling + 1)
+        assert str(caught.value) == wanted
+        with pytest.raises(ProCapError, match="max_len must be at least 2, got 1"):
+            entry(1)
+    with pytest.raises(ProCapError, match="max_len must be an integer"):
+        model.generate(image, image, max_len="8")
+    with pytest.raises(ProCapError, match="max_len must be at least 2, got 1"):
+        Vocabulary(["cube"]).encode("a cube", max_len=1)
+    assert validate.caption_length(None, "--max-len") is None and validate.caption_length(None, "m", 9, 9) == 9
+
+
+@pytest.mark.parametrize(
+    "check,value,message",
+    [
+        (lambda v: validate.seed(v, "--seed"), -1, "--seed must be at least 0, got -1"),
+        (lambda v: validate.seed(v, "--seed"), validate.MAX_SEED + 1, "--seed must be at most 4,294,967,295"),
+        (lambda v: validate.seed(v, "--seed", count=3), validate.MAX_SEED - 1, "at most 4,294,967,293"),
+        (lambda v: validate.seed(v, "seed"), 1.5, "seed must be an integer"),
+        (lambda v: validate.keyframe_count(v, "--num-keyframes"), 16, "--num-keyframes must be at most 15, got 16"),
+        (lambda v: validate.keyframe_count(v, "-k", frames=3), 4, "-k must be at most l = 3"),
+        (lambda v: validate.keyframe_count(v, "num_keyframes"), -1, "num_keyframes must be at least 0"),
+    ],
+)
+def test_seed_and_keyframe_checks(check, value, message):
+    with pytest.raises(ProCapError, match=message):
+        check(value)
+    assert check(None) is None
+
+
+def test_training_config_uses_the_same_seed_and_keyframe_ranges():
+    from procap.train.config import INTEGER_BOUNDS
+
+    assert (
+        INTEGER_BOUNDS["seed"] is validate.SEED_BOUNDS and INTEGER_BOUNDS["num_keyframes"] is validate.KEYFRAME_BOUNDS
+    )

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = pairs_from_args(args)
     validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
-    validate.number(args.max_len, "--max-len", minimum=2)
+    validate.caption_length(args.max_len, "--max-len")  # its ceiling is the model's, checked once loaded
     strategy = strategy_from_args(args)
     if (args.resume or args.overwrite) and args.out is None:
         raise ProCapError(f"{'--resume' if args.resume else '--overwrite'} applies to an --out file; give one.")

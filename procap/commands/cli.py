@@ -1,6 +1,8 @@
 """The ``procap`` command line: one subcommand per module in ``procap.commands``.
 
-Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; a module that
+builds several commands (``training``: ``vqgan``, ``pretrain``, ``train``) defines ``subcommand(name)`` returning an
+object with the three instead.
 Modules are imported lazily so that ``procap --help`` stays fast and a command's heavy imports
 (torch, cv2) are only paid when it runs.
 """
@@ -32,9 +34,9 @@ COMMANDS: dict[str, str] = {
     "synth": "synth",
     "vocab": "vocab",
     "prepare": "prepare",
-    "vqgan": "vqgan",
-    "pretrain": "pretrain",
-    "train": "train",
+    "vqgan": "training",
+    "pretrain": "training",
+    "train": "training",
     "evaluate": "evaluate",
     "caption": "caption",
     "imagine": "imagine",
@@ -50,7 +52,8 @@ def _available_commands() -> dict[str, object]:
     modules = {}
     for name, module_name in COMMANDS.items():
         try:
-            modules[name] = importlib.import_module(f"procap.commands.{module_name}")
+            module = importlib.import_module(f"procap.commands.{module_name}")
+            modules[name] = module.subcommand(name) if hasattr(module, "subcommand") else module
         except ModuleNotFoundError as exc:
             if exc.name != f"procap.commands.{module_name}":
                 raise

@@ -177,11 +177,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
             "(tiny, 64 px synthetic scenes); other presets need it. Not used with --init, whose checkpoint carries "
             "its tokenizer",
         )
-        m.add_argument(
-            "--num-keyframes",
-            type=int,
-            help="k, the keyframes (procedure queries) per pair (default: the preset's, 2; with --init the "
-            "checkpoint's)" + ("; 0 gives the static-pair baseline" if stage == "train" else ""),
+        add_keyframes_argument(
+            m,
+            "k, the keyframes (procedure queries) per pair (default: the preset's, 2; with --init the checkpoint's)"
+            + ("; 0 gives the static-pair baseline" if stage == "train" else ""),
         )
     if stage == "pretrain":
         m.add_argument("--init", help="continue from an earlier stage-1 checkpoint (its model and tokenizer)")
@@ -223,6 +222,18 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
             "type and object accuracies of the captions (needs the pairs' truths: CLEVR-Change and the synthetic "
             "benchmark)",
         )
+
+
+def add_keyframes_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str, default: int | None = None
+) -> None:
+    """k, the keyframes per pair, spelled one way wherever a command takes it: ``-k`` / ``--num-keyframes`` into
+    ``args.num_keyframes``, as the config key and the API argument are named. ``--keyframes`` (``procap procedure``'s
+    earlier spelling) is still read, without a line in the help, so scripts written for it keep working."""
+    parser.add_argument("-k", "--num-keyframes", type=int, default=default, metavar="K", help=help)
+    parser.add_argument(
+        "--keyframes", dest="num_keyframes", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
 
 # Keys of <out>/<stage>_config.json that record facts of the run rather than options.

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     validate.number(args.seeds, "--seeds", minimum=1, maximum=MAX_SEEDS)
     # the runs use seeds seed .. seed + seeds - 1
-    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED + 1 - args.seeds)
+    validate.seed(args.seed, "--seed", count=args.seeds)
     validate.number(args.workers, "--workers", minimum=0, maximum=validate.MAX_WORKERS)
     validate.number(args.jobs, "--jobs", minimum=1, maximum=len(MODELS))
     validate.device(args.device)

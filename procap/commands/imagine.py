@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     for image in (args.before, args.after):
         validate.input_file(image, "image file")
     validate.output_file(out, "--out")
-    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)
+    validate.seed(args.seed, "--seed")
     device_name = validate.device(args.device) if args.device else "cpu"
     import torch
 

@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--recursive", dest="direct", action="store_false", help="recursive midpoints as in the paper when synthesizing"
     )
-    parser.add_argument("-k", "--keyframes", type=int, default=2, help="keyframes to sample, k (default 2)")
+    from procap.commands.cli_args import add_keyframes_argument
+
+    add_keyframes_argument(parser, "keyframes to sample, k (default 2)", default=2)
     parser.add_argument("--sampling", choices=KEYFRAME_SAMPLING, default="topk", help="keyframe sampling")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sampling multinomial (default 0)")
     parser.add_argument("--out", default="procedure.png", help="image to write (default procedure.png)")
@@ -48,8 +50,8 @@ def check_args(args: argparse.Namespace) -> None:
     validate.output_file(out, "--out")
     if args.tile is not None and not 8 <= args.tile <= 2048:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
-    validate.number(args.keyframes, "--keyframes", minimum=0, maximum=max(GENERATED_FRAME_COUNTS))
-    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)
+    validate.keyframe_count(args.num_keyframes, "--num-keyframes")
+    validate.seed(args.seed, "--seed")
     validate.number(args.size, "--size", minimum=16, maximum=4096)
     if args.cache is not None:
         if not Path(args.cache).exists():
@@ -106,23 +108,25 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from procap.commands.imagine import image_format
+    from procap.core import validate
     from procap.core.files import atomic_write
     from procap.viz.figures import explicit_procedure, flat_scores_note
 
     pair, split = find_pair(args.dataset, args.data, args.pair)
     frames, s_bef, s_aft, source = load_procedure(args, pair)
     count = frames.shape[0] - 2
-    if args.keyframes > count:
-        raise ProCapError(f"--keyframes must be at most l = {count} (the procedure's frames), got {args.keyframes}.")
+    validate.keyframe_count(args.num_keyframes, "--num-keyframes", frames=count)
     generator = torch.Generator().manual_seed(args.seed) if args.sampling == "multinomial" else None
     caption = f"{pair.id} ({split}, {pair.change_type or 'pair'}): {pair.captions[0] if pair.captions else ''}"
-    result = explicit_procedure(frames, s_bef, s_aft, args.keyframes, args.sampling, generator, args.tile, caption)
+    result = explicit_procedure(frames, s_bef, s_aft, args.num_keyframes, args.sampling, generator, args.tile, caption)
     out = Path(args.out)
     atomic_write(out, lambda tmp: result.strip.save(tmp, format=image_format(out)))
     print(f"pair {pair.id} ({split}), {count} frames from {source}")
     print("confidence: " + " ".join(f"P{i + 1}={w:.6f}" for i, w in enumerate(result.weights.tolist())))
     if flat_scores_note(result.weights):
         print(f"note: {flat_scores_note(result.weights)}")
-    print(f"keyframes ({args.sampling}, k={args.keyframes}): " + " ".join(f"P{i}" for i in result.keyframes.tolist()))
+    print(
+        f"keyframes ({args.sampling}, k={args.num_keyframes}): " + " ".join(f"P{i}" for i in result.keyframes.tolist())
+    )
     print(f"wrote {out} ({result.strip.width}x{result.strip.height})")
     return 0

@@ -140,7 +140,7 @@ def _trace(args: argparse.Namespace, captioner: Any, batch: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.steps, "--steps", minimum=1, maximum=MAX_PROFILED_STEPS)
-    validate.number(args.max_len, "--max-len", minimum=2)
+    validate.caption_length(args.max_len, "--max-len")  # its ceiling is the model's, checked once loaded
     validate.device(args.device)
     checkpoint = checkpoint_file(args)
     from procap.train.batch_memory import check_checkpoint_batch

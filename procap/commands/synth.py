@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.scenes, "--scenes", minimum=1, maximum=MAX_SCENES)
     validate.number(args.size, "--size", minimum=16, maximum=MAX_SIZE)
     validate.number(args.workers, "--workers", minimum=1, maximum=validate.MAX_WORKERS)
-    validate.number(args.seed, "--seed", minimum=0, maximum=validate.MAX_SEED)  # NumPy refuses negative seeds
+    validate.seed(args.seed, "--seed")  # NumPy refuses negative seeds
     validate.output_dir(args.out, "--out")
     entries = sorted(p.name for p in Path(args.out).iterdir()) if Path(args.out).is_dir() else []
     if entries and not args.overwrite:

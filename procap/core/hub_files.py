@@ -18,6 +18,7 @@ Nothing here knows the model, only the file names of a pretrained folder, so thi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -193,6 +194,51 @@ def resolve_file(value: str | Path, what: str, cache_dir: str | Path | None = No
     if not hub.filename:
         raise ProCapError(f"{what} {value} names a repo, not a file in it: add the file's path after the repo.")
     return download(hub, what, cache_dir)
+
+
+@dataclass(frozen=True)
+class PretrainedSource:
+    """Where a pretrained model comes from: the one argument list of ``ProCap.from_pretrained``,
+    ``Captioner.from_pretrained``, :func:`procap.loading.hub.load_pretrained` and the ``torch.hub`` entry points
+    (which take these fields as keyword arguments, :meth:`split` sorting them from the rest), so that the four
+    cannot drift apart.
+
+    Attributes:
+        name_or_path: a pretrained folder, a ``.safetensors`` checkpoint, ``hf://owner/repo[@revision]`` or
+            ``owner/repo``.
+        revision: the Hub revision (branch, tag or commit).
+        cache_dir: the Hub cache folder (default: the Hub's).
+        local_files_only: read the Hub cache only (as ``HF_HUB_OFFLINE=1``).
+        token: a private or gated repo's token (default: the saved login or ``HF_TOKEN``).
+        force_download: fetch again what the Hub cache holds.
+    """
+
+    name_or_path: str | os.PathLike
+    revision: str | None = None
+    cache_dir: str | os.PathLike | None = None
+    local_files_only: bool = False
+    token: str | bool | None = None
+    force_download: bool = False
+
+    @classmethod
+    def split(cls, name_or_path: str | os.PathLike, options: dict[str, Any]) -> tuple[PretrainedSource, dict[str, Any]]:
+        """The source named by ``name_or_path`` and the fields among ``options``, and the options left over."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"name_or_path"}
+        source = cls(name_or_path, **{key: value for key, value in options.items() if key in fields})
+        return source, {key: value for key, value in options.items() if key not in fields}
+
+    def resolve(self, what: str = "pretrained model") -> Path:
+        """The local ``.safetensors`` file behind the source (downloaded when it is on the Hub)."""
+        return resolve_checkpoint(
+            self.name_or_path,
+            what,
+            self.revision,
+            self.cache_dir,
+            self.local_files_only,
+            allow_repo_id=True,
+            token=self.token,
+            force_download=self.force_download,
+        )
 
 
 def resolve_checkpoint(

@@ -130,6 +130,52 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     return parse_json(read_bytes(path, what), f"{what} {path}")
 
 
+def json_lines(text: str, source: str, skip_unparsed: bool = False) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of JSON Lines ``text``, numbered from 1; messages name a line
+    as ``f"{source} line {number}"``. The one JSON Lines parser: pair lists, caption files and training logs.
+
+    Args:
+        skip_unparsed: drop the lines that are not JSON instead of refusing them (a log another process is
+            appending to, or one a stopped run left, may end in a cut line).
+
+    Raises:
+        ProCapError: a line that is not JSON (without ``skip_unparsed``), or an object naming a key twice.
+    """
+    values = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, parse_json(line, f"{source} line {number}")))
+        except ProCapError:
+            if not skip_unparsed:
+                raise
+    return values
+
+
+def read_json_lines(path: str | os.PathLike, what: str, partial: bool = False) -> list[Any]:
+    """The values of the JSON Lines file ``path``, one a line; a file not yet written holds none. Training's
+    ``log.jsonl`` is read here alone: by the run that resumes it, the demo's report and its progress line.
+
+    Args:
+        what: how messages name the file (``f"{what} {path}"``).
+        partial: the file may be being written or may have been cut: lines that are not JSON (or not UTF-8)
+            are skipped rather than refused.
+
+    Raises:
+        ProCapError: without ``partial``, a line that is not JSON or text that is not UTF-8; a file that cannot be
+            read or is larger than :data:`MAX_TEXT_BYTES`.
+    """
+    if not os.path.isfile(path):
+        return []
+    data = read_bytes(path, what)
+    try:
+        text = data.decode("utf-8", errors="replace" if partial else "strict")
+    except UnicodeDecodeError as exc:
+        raise ProCapError(f"{what} {path} is not UTF-8 text ({exc}).") from None
+    return [value for _, value in json_lines(text, f"{what} {path}", skip_unparsed=partial)]
+
+
 # The values YAML aliases may add to a document: far above a config's merges (`<<: *base` of a few keys), far below
 # what a few bytes of nested aliases stand for (a 1 KB "billion laughs" file: 10**9 values).
 MAX_ALIAS_VALUES = 10_000

@@ -11,6 +11,7 @@ import math
 import os
 from pathlib import Path
 
+from procap.core.config import GENERATED_FRAME_COUNTS
 from procap.core.errors import ProCapError, shown
 from procap.core.files import input_overlap
 
@@ -151,6 +152,25 @@ def integer(value: object, name: str, minimum: int | None = None, maximum: int |
     return value
 
 
+# A decoding length counts BOS: 2 leaves one generated token, the shortest caption there is.
+MIN_CAPTION_LENGTH = 2
+
+
+def caption_length(value: object, name: str, ceiling: int | None = None, default: int | None = None) -> int | None:
+    """``value`` as a decoding length (BOS included) in ``[2, ceiling]``, or ``default`` when it is None.
+
+    The one range check of ``max_len`` / ``--max-len``: the commands (before a model is read, so without a
+    ``ceiling``), ``ProCap.generate``, the ``Captioner`` and the decoders' caches (with the model's
+    ``max_caption_len``) all call it, so each says the same sentence.
+
+    Raises:
+        ProCapError: naming ``name``: not an integer, or out of range.
+    """
+    if value is None:
+        return default
+    return integer(value, name, minimum=MIN_CAPTION_LENGTH, maximum=ceiling)
+
+
 def environment_integer(variable: str, default: int, minimum: int = 0) -> int:
     """The integer in the environment variable ``variable`` (``default`` when unset), checked: the library reads
     ``WORLD_SIZE`` and friends itself, so a bad value is named here rather than met as a ``ValueError``.
@@ -235,3 +255,38 @@ def device(name: str | None, flag: str = "--device"):
     elif parsed.type not in ("cpu", "mps"):
         raise ProCapError(f"{flag} {name}: only cpu, cuda and mps devices are supported.")
     return canonical_device(parsed)
+
+
+# The seed range as keyword arguments of :func:`integer` (TrainConfig's table of integer fields takes them as they are).
+SEED_BOUNDS = {"minimum": 0, "maximum": MAX_SEED}
+
+
+def seed(value: object, name: str, count: int = 1) -> int | None:
+    """``value`` when it is a seed, or the first of ``count`` consecutive seeds (``seed .. seed + count - 1``), that
+    NumPy and torch both take; None (not given) passes. The one check of ``--seed`` / ``seed`` everywhere.
+
+    Raises:
+        ProCapError: naming ``name``: not an integer, negative, or past :data:`MAX_SEED` with its followers.
+    """
+    if value is None:
+        return None
+    return integer(value, name, minimum=SEED_BOUNDS["minimum"], maximum=SEED_BOUNDS["maximum"] + 1 - count)
+
+
+# k, keyframes per pair, as keyword arguments of :func:`integer`: at most the most frames a procedure has (l).
+KEYFRAME_BOUNDS = {"minimum": 0, "maximum": max(GENERATED_FRAME_COUNTS)}
+
+
+def keyframe_count(value: object, name: str, frames: int | None = None) -> int | None:
+    """``value`` when it is a keyframe count k, 0 to ``frames`` (the procedure's l; default the largest l there
+    is); None (not given) passes. The one check of ``--num-keyframes`` (``-k``) and ``num_keyframes``.
+
+    Raises:
+        ProCapError: naming ``name``: not an integer, negative, or more keyframes than frames.
+    """
+    if value is None:
+        return None
+    integer(value, name, **KEYFRAME_BOUNDS)
+    if frames is not None and value > frames:
+        raise ProCapError(f"{name} must be at most l = {frames} (the procedure's frames), got {value}.")
+    return value

@@ -1,7 +1,8 @@
 """Image pairs to caption, named by a list file or by two folders (``procap caption --pairs`` / ``--before-dir``).
 
 A list is a CSV file with ``before`` and ``after`` columns or a JSON Lines file of ``{"before": ..., "after": ...}``
-objects; relative paths are read against the list file's folder, so a list travels with its images. Two folders
+objects (:func:`read_rows`, the reader of caption files too); relative paths are read against the list file's
+folder, so a list travels with its images. Two folders
 pair the images of the same file name. Every image is checked to exist before any captioning, and a pair named
 twice is refused (its caption would be written twice).
 """
@@ -11,13 +12,15 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
 from procap.core import validate
 from procap.core.errors import ProCapError
-from procap.core.json_files import parse_json, read_bytes
+from procap.core.json_files import json_lines, read_bytes
 
 LIST_FORMATS = (".csv", ".jsonl")
 SIDES = ("before", "after")
@@ -34,35 +37,56 @@ def _names(names: list[str]) -> str:
     return shown if len(names) <= _SHOWN_NAMES else f"{shown} and {len(names) - _SHOWN_NAMES} more"
 
 
-def _csv_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
-    data = read_bytes(path, flag)  # refused from its size when larger than a pair list can be
-    try:
-        # -sig: a spreadsheet's byte-order mark
-        reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig"), newline=""))
-        missing = [side for side in SIDES if side not in (reader.fieldnames or [])]
-        if missing:
-            raise ProCapError(
-                f"{flag} {path} has no {' or '.join(missing)} column in its header line "
-                f"(it needs 'before' and 'after' columns)."
-            )
-        return [(reader.line_num, row) for row in reader]
-    except (csv.Error, UnicodeDecodeError) as exc:
-        raise ProCapError(f"{flag} {path} is not a readable CSV file ({exc}).") from None
+def read_rows(
+    data: bytes, suffix: str, source: str, columns: Sequence[str], errors: str = "strict"
+) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` of each row of a pair file: CSV whose header line names the columns, or JSON Lines of
+    one object a line. The one reader of pair rows: the pair lists here and the caption files of
+    :mod:`procap.fast.caption_file` (which add a ``caption``).
 
+    Args:
+        data: the file's bytes (UTF-8; a spreadsheet's byte-order mark is skipped).
+        suffix: ``".csv"`` or ``".jsonl"``.
+        source: how messages name the file, e.g. ``"--pairs pairs.csv"``.
+        columns: what each row must give as text; other columns or keys are kept.
+        errors: how bytes that are not UTF-8 are decoded: refused (``"strict"``), or ``"surrogateescape"`` for a file
+            this package wrote with file names as the OS gave them (a caption file).
 
-def _jsonl_rows(path: Path, flag: str) -> list[tuple[int, dict]]:
-    rows = []
+    Raises:
+        ProCapError: text that is not UTF-8, CSV without a header line naming ``columns`` or with a row of more
+            fields than it, a JSON Lines line that is not an object (or names a key twice), a row lacking a column.
+    """
     try:
-        lines = read_bytes(path, flag).decode("utf-8").splitlines()
+        text = data.decode("utf-8-sig", errors)
     except UnicodeDecodeError as exc:
-        raise ProCapError(f"{flag} {path} is not UTF-8 text ({exc}).") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        row = parse_json(line, f"{flag} {path} line {number}")  # a key given twice is refused too
-        if not isinstance(row, dict):
-            raise ProCapError(f"{flag} {path} line {number} is not a JSON object with before and after keys.")
-        rows.append((number, row))
+        raise ProCapError(f"{source} is not UTF-8 text ({exc}).") from None
+    if not text.strip():
+        return []
+    rows: list[tuple[int, dict[str, Any]]] = []
+    if suffix == ".csv":
+        try:
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            missing = [column for column in columns if column not in (reader.fieldnames or [])]
+            if missing:
+                raise ProCapError(
+                    f"{source} has no {' or '.join(missing)} column in its header line (it needs "
+                    f"{' and '.join(repr(column) for column in columns)} columns)."
+                )
+            for row in reader:
+                if None in row:  # DictReader keeps the fields past the header's under None
+                    raise ProCapError(f"{source} line {reader.line_num} has more fields than its header line.")
+                rows.append((reader.line_num, row))
+        except csv.Error as exc:
+            raise ProCapError(f"{source} is not a readable CSV file ({exc}).") from None
+    else:
+        for number, row in json_lines(text, source):  # a key given twice is refused too
+            if not isinstance(row, dict):
+                raise ProCapError(f"{source} line {number} is not a JSON object with {' and '.join(columns)} keys.")
+            rows.append((number, row))
+    for number, row in rows:
+        for column in columns:
+            if not isinstance(row.get(column), str):
+                raise ProCapError(f"{source} line {number} gives no {column}.")
     return rows
 
 
@@ -77,13 +101,14 @@ def read_pair_list(path: str | os.PathLike, flag: str = "--pairs") -> list[tuple
     suffix = path.suffix.lower()
     if suffix not in LIST_FORMATS:
         raise ProCapError(f"{flag} {path} must be a .csv or .jsonl file, not {suffix or 'a file without suffix'}.")
-    rows = _csv_rows(path, flag) if suffix == ".csv" else _jsonl_rows(path, flag)
+    # refused from its size when larger than a pair list can be
+    rows = read_rows(read_bytes(path, flag), suffix, f"{flag} {path}", SIDES)
     pairs, lines_of = [], {}
     for number, row in rows:
         images = []
         for side in SIDES:
-            value = row.get(side)
-            if not isinstance(value, str) or not value.strip():
+            value = row[side]
+            if not value.strip():
                 raise ProCapError(f"{flag} {path} line {number} gives no {side} image path.")
             image = path.parent / value.strip()  # an absolute value stays absolute
             images.append(validate.input_file(image, f"{flag} {path} line {number}: {side} image"))

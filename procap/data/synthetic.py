@@ -458,7 +458,7 @@ def generate(
     # Bounded before anything is allocated: the scene indices are listed up front (10**10 scenes took all memory).
     validate.integer(scenes, "scenes", minimum=1, maximum=MAX_SCENES)
     validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
-    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED)
+    validate.seed(seed, "seed")
     validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
     check_viewpoint(viewpoint)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from procap.core.errors import ProCapError
 from procap.core.files import atomic_write_json
 from procap.core.json_files import read_json
+from procap.core.validate import caption_length
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[VID]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
 PAD, CLS, SEP, VID, BOS, EOS, UNK, MASK = range(len(SPECIALS))
@@ -98,8 +99,7 @@ class Vocabulary:
 
     def encode(self, text: str, max_len: int = 24) -> list[int]:
         """``[BOS] w1 .. wn [EOS] [PAD]..``, exactly ``max_len`` ids; long captions are cut, keeping EOS."""
-        if max_len < 2:
-            raise ValueError(f"max_len must leave room for BOS and EOS, got {max_len}")
+        caption_length(max_len, "max_len")  # room for BOS and EOS
         ids = [self.stoi.get(token, UNK) for token in tokenize(text)][: max_len - 2]
         ids = [BOS, *ids, EOS]
         return ids + [PAD] * (max_len - len(ids))

@@ -44,7 +44,7 @@ from typing_extensions import Self
 from procap.core import validate
 from procap.core.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.core.errors import ProCapError
-from procap.core.json_files import parse_json, read_json
+from procap.core.json_files import read_json, read_json_lines
 from procap.core.logs import LOGGER_NAME, TO_STDOUT, start_console_logging
 from procap.data.images import ImageCache
 from procap.train.config import TrainConfig
@@ -743,19 +743,12 @@ def _live_log(out: Path, since: float) -> Path | None:
 
 
 def _last_step(path: Path) -> dict[str, Any] | None:
-    """The last training record (``step``, ``items_per_s``) of a log.jsonl, or None."""
+    """The last training record (``step``, ``items_per_s``) of a log.jsonl being written, or None."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        records = read_json_lines(path, "log", partial=True)
+    except ProCapError:  # swapped in or removed while read (its error is a ProCapError naming the file)
         return None
-    for line in reversed(lines):
-        try:
-            record = parse_json(line, str(path))
-        except ProCapError:  # a line being written
-            continue
-        if isinstance(record, dict) and "items_per_s" in record:
-            return record
-    return None
+    return next((r for r in reversed(records) if isinstance(r, dict) and "items_per_s" in r), None)
 
 
 class SideBySideMonitor:
@@ -1233,7 +1226,7 @@ def _checked_jobs(seed: int, seeds: int, procedures: str, viewpoint: str, jobs: 
     from procap.data.synthetic import check_viewpoint
 
     validate.integer(seeds, "seeds", minimum=1, maximum=MAX_SEEDS)  # each seed trains every model again
-    validate.integer(seed, "seed", minimum=0, maximum=validate.MAX_SEED + 1 - seeds)  # runs use seed .. seed+seeds-1
+    validate.seed(seed, "seed", count=seeds)  # runs use seed .. seed + seeds - 1
     if procedures not in DEMO_PROCEDURES:
         raise ValueError(f"procedures must be one of {', '.join(DEMO_PROCEDURES)}, got {procedures!r}")
     check_viewpoint(viewpoint)

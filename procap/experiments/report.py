@@ -30,8 +30,8 @@ from PIL import Image
 
 from procap.core.errors import ProCapError
 from procap.core.files import atomic_write_text
-from procap.core.json_files import parse_json, read_bytes
 from procap.core.json_files import read_json as read_json_file
+from procap.core.json_files import read_json_lines
 from procap.data import load_split
 from procap.data.images import open_image
 from procap.eval.correctness import FAILURE_COLUMNS
@@ -92,15 +92,7 @@ def read_json(path: Path, what: str) -> Any:
 
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The records of a training ``log.jsonl`` (an absent file or a torn last line gives what could be read)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in read_bytes(path, "log").decode("utf-8").splitlines():
-        try:
-            records.append(parse_json(line, f"log {path}"))
-        except ProCapError:  # a torn last line of a run that was stopped
-            continue
-    return records
+    return read_json_lines(path, "log", partial=True)
 
 
 def _cell(mean: float | None, std: float | None, seeds: int, scale: float = 1.0) -> str:
@@ -297,7 +289,7 @@ def example_html(folder: Path, row: dict[str, Any], labels: list[str], imaginer:
     return "\n".join(parts)
 
 
-def stage1_procedure_html(folder: Path, k: int = 2) -> str:
+def stage1_procedure_html(folder: Path, num_keyframes: int = 2) -> str:
     """The explicit procedure of the first cached training pair (a "move" pair when there is one), or a note."""
     cache_dir, data = folder / "procedures", folder / "data"
     if not cache_dir.is_dir() or not data.is_dir():
@@ -320,11 +312,11 @@ def stage1_procedure_html(folder: Path, k: int = 2) -> str:
             except ProCapError:
                 continue
             caption = f"{pair.id} ({pair.change_type}): {pair.captions[0] if pair.captions else ''}"
-            result = explicit_procedure(frames, s_bef, s_aft, k, caption=caption)
+            result = explicit_procedure(frames, s_bef, s_aft, num_keyframes, caption=caption)
             scores = ", ".join(f"{w:.4f}" for w in result.weights.tolist())
             keys = ", ".join(f"P{i}" for i in result.keyframes.tolist())
             note = f"{pair.id} ({pair.change_type}): confidence of P1..P{len(result.weights)}: {scores}; "
-            note += f"keyframes (top-{k}): {keys}"
+            note += f"keyframes (top-{num_keyframes}): {keys}"
             note += f". Note: {flat_scores_note(result.weights)}." if flat_scores_note(result.weights) else ""
             return f"{img_tag(result.strip, 'explicit procedure')}<p class='note'>{html.escape(note)}</p>"
     finally:

@@ -49,8 +49,8 @@ from procap.core.files import (
     remove_empty,
     writing,
 )
-from procap.core.json_files import parse_json, read_bytes, read_json
-from procap.data.pair_lists import pair_key
+from procap.core.json_files import read_bytes, read_json
+from procap.data.pair_lists import pair_key, read_rows
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -181,33 +181,11 @@ class CaptionFile:
     def _read_existing(self) -> None:
         data = read_bytes(self.path, self.flag)  # refused from its size when larger than a captions file can be
         self._keep_bytes = data.rfind(b"\n") + 1  # a line without its newline is the cut end of a write
-        rows = self._parse(data[: self._keep_bytes].decode(ROW_ENCODING, NAME_BYTES))
-        self.done = {pair_key(row["before"], row["after"]) for row in rows}
-
-    def _parse(self, text: str) -> list[dict]:
-        not_ours = f"{self.flag} {self.path} is not a caption file to resume"
-        if self.format == ".csv":
-            lines = list(csv.reader(io.StringIO(text)))
-            if not lines:
-                return []
-            if tuple(lines[0]) != COLUMNS:
-                raise ProCapError(f"{not_ours}: its header is not {','.join(COLUMNS)}.")
-            rows = []
-            for number, values in enumerate(lines[1:], start=2):
-                if len(values) != len(COLUMNS):
-                    raise ProCapError(f"{not_ours}: line {number} has {len(values)} fields, not {len(COLUMNS)}.")
-                rows.append(dict(zip(COLUMNS, values)))
-            return rows
-        rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            try:
-                row = parse_json(line, f"{not_ours}: line {number}")
-            except ProCapError:
-                row = None  # said below, as every other line that is not one of ours
-            if not (isinstance(row, dict) and all(isinstance(row.get(key), str) for key in COLUMNS)):
-                raise ProCapError(f"{not_ours}: line {number} is not a JSON object of {', '.join(COLUMNS)}.")
-            rows.append(row)
-        return rows
+        try:
+            rows = read_rows(data[: self._keep_bytes], self.format, f"{self.flag} {self.path}", COLUMNS, NAME_BYTES)
+        except ProCapError as exc:
+            raise ProCapError(f"{str(exc).rstrip('.')}, so it is not a caption file to resume.") from None
+        self.done = {pair_key(row["before"], row["after"]) for _, row in rows}
 
     def _lines(self, rows: Sequence[tuple[str, str, str]], header: bool) -> str:
         if self.format == ".csv":

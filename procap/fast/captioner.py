@@ -46,6 +46,7 @@ import torch
 
 from procap.core import validate
 from procap.core.errors import OutOfDomainWarning, ProCapError, shown
+from procap.core.hub_files import PretrainedSource
 from procap.data.domain import batch_facts, domain_problem, read_domain
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
@@ -217,10 +218,8 @@ class Captioner:
         self.configure_as = configure_as
         self.dtype = _parse_dtype(dtype, self.device, configure_as)
         config = model.config
-        max_len = config.max_caption_len if max_len is None else max_len
-        validate.integer(max_len, "max_len")
-        if not 2 <= max_len <= config.max_caption_len:
-            raise ProCapError(f"max_len must be in [2, {config.max_caption_len}], got {max_len}")
+        ceiling = config.max_caption_len
+        max_len = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
         _check_batch_sizes(batch_sizes, config, self.device)
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
@@ -265,25 +264,21 @@ class Captioner:
     def from_pretrained(
         cls,
         name_or_path: str | Path,
-        revision: str | None = None,
-        cache_dir: str | Path | None = None,
-        local_files_only: bool = False,
+        *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
         max_len: int | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-        *,
-        token: str | bool | None = None,
-        force_download: bool = False,
         **kwargs: Any,
     ) -> Captioner:
         """A Captioner for a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``
-        (:func:`procap.loading.hub.load_pretrained`; ``HF_HUB_OFFLINE=1`` or ``local_files_only`` read the cache only;
-        ``token`` for a private or gated repo, ``force_download`` to fetch again what the cache holds)."""
+        (:func:`procap.loading.hub.load_pretrained`). Among ``kwargs``, those of
+        :class:`~procap.core.hub_files.PretrainedSource` say where from (``revision``, ``cache_dir``,
+        ``local_files_only`` or ``HF_HUB_OFFLINE=1`` to read the cache only, ``token`` for a private or gated repo,
+        ``force_download`` to fetch again what the cache holds); the rest go to :class:`Captioner`."""
+        source, kwargs = PretrainedSource.split(name_or_path, kwargs)
         _checked_device(device)  # before anything is read or downloaded
-        model, vocab, metadata = load_pretrained(
-            name_or_path, revision, cache_dir, local_files_only, token=token, force_download=force_download
-        )
+        model, vocab, metadata = load_pretrained(source)
         check_can_caption(metadata, name_or_path)
         return cls._wrap_loaded(model, vocab, device, dtype, max_len, batch_sizes, **kwargs)
 

@@ -14,30 +14,20 @@ from typing import Any
 
 import torch
 
+from procap.core.hub_files import PretrainedSource
 from procap.data import Vocabulary
 from procap.model.pretrained import read_pretrained
 from procap.model.procap import ProCap
 
 
 def load_pretrained(
-    name_or_path: str | Path,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-    map_location: str | torch.device = "cpu",
-    *,
-    token: str | bool | None = None,
-    force_download: bool = False,
+    name_or_path: str | Path | PretrainedSource, *, map_location: str | torch.device = "cpu", **source: Any
 ) -> tuple[ProCap, Vocabulary, dict[str, Any]]:
-    """``(ProCap, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``:
+    """``(ProCap, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``
+    (or a :class:`~procap.core.hub_files.PretrainedSource`, whose fields ``source`` otherwise gives):
     :func:`procap.model.pretrained.read_pretrained` with the model class named."""
-    return read_pretrained(
-        ProCap,
-        name_or_path,
-        revision,
-        cache_dir,
-        local_files_only,
-        map_location,
-        token=token,
-        force_download=force_download,
-    )
+    if not isinstance(name_or_path, PretrainedSource):
+        name_or_path = PretrainedSource(name_or_path, **source)
+    elif source:
+        raise TypeError(f"a PretrainedSource carries its options; got {', '.join(sorted(source))} beside it")
+    return read_pretrained(ProCap, name_or_path, map_location)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from procap.core.config import ProCapConfig
-from procap.core.validate import same_device
+from procap.core.validate import caption_length, same_device
 from procap.data.vocab import Vocabulary
 from procap.kernels.attention import resolve_backend
 from procap.model import decoder_step
@@ -139,8 +139,7 @@ class CachedDecoder(nn.Module):
 
     def check_max_len(self, max_len: int) -> None:
         """Refuse a decoding length (BOS included) outside ``[2, max_caption_len]``."""
-        if not 2 <= max_len <= self.max_positions():
-            raise ValueError(f"max_len must be in [2, {self.max_positions()}], got {max_len}")
+        caption_length(max_len, "max_len", ceiling=self.max_positions())
 
     def greedy_oracle(self, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         """Eager greedy decoding under this decoder's rule, full prefix every step: (B, N, D) -> (B, max_len - 1)."""

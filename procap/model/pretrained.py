@@ -32,9 +32,9 @@ from procap.core.hub_files import (
     CONFIG_NAME,
     VOCAB_NAME,
     WEIGHTS_NAME,
+    PretrainedSource,
     is_repo_id_shape,
     push_folder,
-    resolve_checkpoint,
 )
 from procap.core.json_files import read_json
 from procap.data import DATASETS, Vocabulary
@@ -277,31 +277,16 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
 
 def read_pretrained(
     model_class: Callable[[ProCapConfig], ModelT],
-    name_or_path: str | Path,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
+    source: PretrainedSource,
     map_location: str | torch.device = "cpu",
-    *,
-    token: str | bool | None = None,
-    force_download: bool = False,
 ) -> tuple[ModelT, Vocabulary, dict[str, Any]]:
-    """``(model, vocab, metadata)`` from a pretrained folder, a checkpoint file, ``hf://...`` or ``owner/repo``.
+    """``(model, vocab, metadata)`` from a :class:`~procap.core.hub_files.PretrainedSource`: a pretrained folder,
+    a checkpoint file, ``hf://...`` or ``owner/repo``.
 
     The model is in eval mode on ``map_location`` and carries ``model.vocab`` and ``model.pretrained_info`` (what
-    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else. ``token``
-    and ``force_download`` go to the Hub download (:func:`procap.core.hub_files.download`).
+    the weights record: dataset, metrics...), so ``model.save_pretrained(folder)`` needs nothing else.
     """
-    weights = resolve_checkpoint(
-        name_or_path,
-        "pretrained model",
-        revision,
-        cache_dir,
-        local_files_only,
-        allow_repo_id=True,
-        token=token,
-        force_download=force_download,
-    )
+    weights = source.resolve()
     if beside(weights, UNIT_COMMITTED).is_dir():
         raise ProCapError(
             f"{weights.parent} holds a save_pretrained that was stopped while its files were moved into place, so "
@@ -350,32 +335,15 @@ class PretrainedMixin(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        revision: str | None = None,
-        cache_dir: str | Path | None = None,
-        local_files_only: bool = False,
-        map_location: str | torch.device = "cpu",
-        *,
-        token: str | bool | None = None,
-        force_download: bool = False,
+        cls, name_or_path: str | Path, *, map_location: str | torch.device = "cpu", **source: Any
     ) -> Self:
         """A model from a pretrained folder, a checkpoint file, ``hf://owner/repo[@rev]`` or ``owner/repo``.
 
-        ``token`` reads a private or gated repo (default: the saved login or ``HF_TOKEN``); ``force_download``
-        fetches the files again even when the Hub cache has them. Returns the model in eval mode, with its
-        vocabulary as ``model.vocab``.
+        ``source``: the keyword arguments of :class:`~procap.core.hub_files.PretrainedSource` (``revision``,
+        ``cache_dir``, ``local_files_only``, ``token``, ``force_download``). Returns the model in eval mode on
+        ``map_location``, with its vocabulary as ``model.vocab``.
         """
-        model, _, _ = read_pretrained(
-            cls,
-            name_or_path,
-            revision,
-            cache_dir,
-            local_files_only,
-            map_location,
-            token=token,
-            force_download=force_download,
-        )
+        model, _, _ = read_pretrained(cls, PretrainedSource(name_or_path, **source), map_location)
         return model
 
     def push_to_hub(

@@ -274,9 +274,8 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         """Captions from a decoder memory (B, N, dec_dim) -> (B, max_len - 1); see :meth:`generate`."""
         self.check_can_caption()
         strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
-        max_len = self.config.max_caption_len if max_len is None else validate.integer(max_len, "max_len")
-        if not 2 <= max_len <= self.config.max_caption_len:
-            raise ProCapError(f"max_len must be in [2, {self.config.max_caption_len}], got {max_len}.")
+        ceiling = self.config.max_caption_len
+        max_len = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
         was_training = self.training
         self.eval()
         try:

@@ -27,7 +27,7 @@ def explicit_frames(
     afters: torch.Tensor,
     interpolator: Interpolator,
     similarity: Similarity,
-    k: int,
+    num_keyframes: int,
     num_generated: int = 7,
     sampling: str = "topk",
     generator: torch.Generator | None = None,
@@ -39,14 +39,14 @@ def explicit_frames(
         befores, afters: (B, 3, S, S) float in [0, 1].
         interpolator: midpoint interpolator (see :mod:`procap.procedure.interpolate`).
         similarity: a :class:`Similarity`; with look-up similarities pass ``keys`` (one per pair).
-        k: keyframes per pair.
+        num_keyframes: keyframes per pair.
         num_generated: l, generated frames (3, 7 or 15).
         sampling: ``"topk"`` or ``"multinomial"``.
         generator: random generator for ``"multinomial"``.
         keys: optional per-pair keys for the similarity.
 
     Returns:
-        (B, k + 2, 3, S, S): before, k keyframes in temporal order, after.
+        (B, num_keyframes + 2, 3, S, S): before, the keyframes in temporal order, after.
     """
     mids = generate_procedure(befores, afters, interpolator, num_generated).to(befores.device)  # (B, l, 3, S, S)
     frames = torch.cat([befores[:, None].float(), mids, afters[:, None].float()], dim=1)  # (B, l + 2, 3, S, S)
@@ -57,7 +57,7 @@ def explicit_frames(
         s_bef = torch.stack([p[0] for p in pairs])
         s_aft = torch.stack([p[1] for p in pairs])
     weights = confidence_weights(s_bef, s_aft)  # (B, l)
-    chosen = [sample_keyframes(w, k, sampling, generator) for w in weights]
+    chosen = [sample_keyframes(w, num_keyframes, sampling, generator) for w in weights]
     return torch.stack([f[idx.to(f.device)] for f, idx in zip(frames, chosen)])
 
 
@@ -65,17 +65,17 @@ def _defaults(
     model: ProCap,
     interpolator: Interpolator | None,
     similarity: Similarity | None,
-    k: int | None,
+    num_keyframes: int | None,
     num_generated: int | None,
 ) -> tuple[Interpolator, Similarity, int, int]:
     config = model.config
     interpolator = interpolator or FlowInterpolator()
     similarity = similarity or VQGANSimilarity(model.vqgan)
-    k = config.num_keyframes if k is None else k
-    if k != config.num_keyframes:
+    num_keyframes = config.num_keyframes if num_keyframes is None else num_keyframes
+    if num_keyframes != config.num_keyframes:
         # the positional embeddings are per frame: the model was built for T = num_keyframes + 2
-        raise ValueError(f"the model was built for k={config.num_keyframes} keyframes, got k={k}")
-    return interpolator, similarity, k, num_generated or config.num_generated_frames
+        raise ValueError(f"the model was built for num_keyframes = {config.num_keyframes}, got {num_keyframes}")
+    return interpolator, similarity, num_keyframes, num_generated or config.num_generated_frames
 
 
 @torch.no_grad()
@@ -85,17 +85,20 @@ def explicit_memory(
     after: torch.Tensor,
     interpolator: Interpolator | None = None,
     similarity: Similarity | None = None,
-    k: int | None = None,
+    num_keyframes: int | None = None,
     num_generated: int | None = None,
     sampling: str = "topk",
 ) -> torch.Tensor:
-    """Decoder memory of ``model`` from synthesized frames: (B, 3, S, S) x 2 -> (B, (k + 2) * n, dec_dim).
+    """Decoder memory of ``model`` from synthesized frames: (B, 3, S, S) x 2 -> (B, (k + 2) * n, dec_dim), k the
+    model's ``num_keyframes``.
 
     Defaults: :class:`FlowInterpolator`, cosine similarity of the model's own frozen VQGAN features,
-    k and l from the model's config.
+    num_keyframes and l from the model's config.
     """
-    interpolator, similarity, k, num_generated = _defaults(model, interpolator, similarity, k, num_generated)
-    frames = explicit_frames(before, after, interpolator, similarity, k, num_generated, sampling)
+    interpolator, similarity, num_keyframes, num_generated = _defaults(
+        model, interpolator, similarity, num_keyframes, num_generated
+    )
+    frames = explicit_frames(before, after, interpolator, similarity, num_keyframes, num_generated, sampling)
     return model.memory(before, after, frames=frames.to(before.dtype))
 
 
@@ -106,7 +109,7 @@ def explicit_captions(
     afters: torch.Tensor,
     interpolator: Interpolator | None = None,
     similarity: Similarity | None = None,
-    k: int | None = None,
+    num_keyframes: int | None = None,
     num_generated: int | None = None,
     max_len: int | None = None,
     sampling: str = "topk",
@@ -116,7 +119,7 @@ def explicit_captions(
     Args:
         model: a :class:`procap.model.procap.ProCap`.
         befores, afters: (B, 3, S, S) float in [0, 1].
-        interpolator, similarity, k, num_generated, sampling: see :func:`explicit_memory`.
+        interpolator, similarity, num_keyframes, num_generated, sampling: see :func:`explicit_memory`.
         max_len: caption length including BOS (default: the model's).
 
     Returns:
@@ -125,7 +128,9 @@ def explicit_captions(
     was_training = model.training
     model.eval()
     try:
-        memory = explicit_memory(model, befores, afters, interpolator, similarity, k, num_generated, sampling)
+        memory = explicit_memory(
+            model, befores, afters, interpolator, similarity, num_keyframes, num_generated, sampling
+        )
         return model.generate_from_memory(memory, max_len)
     finally:
         model.train(was_training)

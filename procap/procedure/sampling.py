@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from procap.core import validate
 from procap.core.config import KEYFRAME_SAMPLING
 
 CONFIDENCE_SCALES = ("standardize", "paper")
@@ -51,39 +52,39 @@ def confidence_weights(s_bef: torch.Tensor, s_aft: torch.Tensor, scale: str = "s
 
 
 def sample_keyframes(
-    weights: torch.Tensor, k: int, mode: str = "topk", generator: torch.Generator | None = None
+    weights: torch.Tensor, num_keyframes: int, mode: str = "topk", generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Pick k of the l intermediate frames and frame them by before and after.
+    """Pick num_keyframes of the l intermediate frames and frame them by before and after.
 
     Args:
         weights: (l,) confidences from :func:`confidence_weights`.
-        k: number of keyframes, 0 <= k <= l.
-        mode: ``"topk"`` (the k most confident; ties go to the earlier frame) or ``"multinomial"`` (drawn
+        num_keyframes: number of keyframes, 0 <= num_keyframes <= l.
+        mode: ``"topk"`` (the most confident; ties go to the earlier frame) or ``"multinomial"`` (drawn
             in proportion to the weights without replacement, deterministic for a given ``generator``).
         generator: torch random generator for ``"multinomial"``.
 
     Returns:
-        (k + 2,) int64 indices into the l + 2 stored frames: 0, the chosen frames in temporal order, l + 1.
+        (num_keyframes + 2,) int64 indices into the l + 2 stored frames: 0, the chosen frames in temporal order,
+        l + 1.
     """
     if weights.dim() != 1:
         raise ValueError(f"weights must be a vector (l,), got shape {tuple(weights.shape)}")
     num = weights.shape[0]
-    if not 0 <= k <= num:
-        raise ValueError(f"k must be in [0, {num}] for {num} intermediate frames, got {k}")
+    validate.keyframe_count(num_keyframes, "num_keyframes", frames=num)
     if mode not in KEYFRAME_SAMPLING:
         raise ValueError(f"sampling mode must be one of {KEYFRAME_SAMPLING}, got {mode!r}")
     w = weights.detach().float().cpu()
-    if k == 0:
+    if num_keyframes == 0:
         chosen = torch.zeros(0, dtype=torch.long)
     elif mode == "topk":
         # stable sort: equal weights keep temporal order, so the result does not depend on the platform
-        chosen = torch.sort(-w, stable=True).indices[:k]
+        chosen = torch.sort(-w, stable=True).indices[:num_keyframes]
     else:
         probs = w.clamp_min(0.0)
         if float(probs.sum()) <= 0.0:  # degenerate (e.g. l = 1 gives w = 0): fall back to uniform
             probs = torch.ones_like(w)
         # multinomial needs enough non-zero entries for sampling without replacement
         probs = probs + (probs == 0).float() * 1e-12
-        chosen = torch.multinomial(probs, k, replacement=False, generator=generator)
+        chosen = torch.multinomial(probs, num_keyframes, replacement=False, generator=generator)
     middle = torch.sort(chosen).values + 1
     return torch.cat([torch.zeros(1, dtype=torch.long), middle, torch.full((1,), num + 1, dtype=torch.long)])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from procap.core import validate
-from procap.core.config import GENERATED_FRAME_COUNTS, LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
+from procap.core.config import LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
 from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS, DEFAULT_DATASET
 from procap.eval.metrics import metric_names
@@ -56,8 +56,8 @@ INTEGER_BOUNDS: dict[str, dict[str, int]] = {
     "save_every": {"minimum": 0, "maximum": MAX_STEPS},
     "val_every": {"minimum": 0, "maximum": MAX_STEPS},
     "val_pairs": {"minimum": 1},  # cut to the pairs there are
-    "num_keyframes": {"minimum": 0, "maximum": max(GENERATED_FRAME_COUNTS)},
-    "seed": {"minimum": 0, "maximum": validate.MAX_SEED},
+    "num_keyframes": validate.KEYFRAME_BOUNDS,
+    "seed": validate.SEED_BOUNDS,
 }
 
 

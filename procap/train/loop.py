@@ -38,7 +38,7 @@ from procap.core.files import (
     remove_empty,
     writing,
 )
-from procap.core.json_files import parse_json, read_bytes
+from procap.core.json_files import read_json_lines
 from procap.core.logs import TO_STDOUT
 from procap.train import distributed
 from procap.train.config import MAX_STEPS, TrainConfig
@@ -101,10 +101,8 @@ class JsonlLog:
                 handle.write(json.dumps(record) + "\n")
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        lines = read_bytes(self.path, "log").decode("utf-8").splitlines()
-        return [parse_json(line, f"line {n} of log {self.path}") for n, line in enumerate(lines, 1) if line.strip()]
+        """Every record written so far (none before the first); a line that is not JSON is refused."""
+        return read_json_lines(self.path, "log")
 
 
 @dataclass

@@ -48,7 +48,7 @@ def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -
                 # stage 1's encoder captioning without procedure queries (the 2 x 2 ablation's missing cell)
                 return without_procedure_queries(model), vocab
             raise ProCapError(
-                f"--num-keyframes {cfg.num_keyframes} differs from k={model.config.num_keyframes} of {cfg.init}; "
+                f"--num-keyframes {cfg.num_keyframes} differs from the {model.config.num_keyframes} of {cfg.init}; "
                 "only stage 2 may start from it with 0 (its procedure queries dropped)"
             )
         return model, vocab

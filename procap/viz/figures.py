@@ -355,7 +355,7 @@ def explicit_procedure(
     frames: torch.Tensor,
     s_bef: torch.Tensor,
     s_aft: torch.Tensor,
-    k: int = 2,
+    num_keyframes: int = 2,
     sampling: str = "topk",
     generator: torch.Generator | None = None,
     tile: int | None = None,
@@ -366,7 +366,7 @@ def explicit_procedure(
     Args:
         frames: (l + 2, 3, S, S) float in [0, 1] (or uint8 0..255): before, P_1 .. P_l, after.
         s_bef, s_aft: (l + 2,) similarity of every frame to the before / after image.
-        k: keyframes to sample, 0 <= k <= l.
+        num_keyframes: keyframes to sample, 0 <= num_keyframes <= l.
         sampling: ``"topk"`` or ``"multinomial"`` (with ``generator``), as in stage-1 training.
         generator: RNG of the multinomial draw.
         tile: side of each image in the strip (default: S, at least :data:`MIN_TILE`).
@@ -389,7 +389,7 @@ def explicit_procedure(
             f"{tuple(s_aft.shape)}."
         )
     weights = confidence_weights(s_bef, s_aft)
-    keyframes = sample_keyframes(weights, k, sampling, generator)[1:-1]
+    keyframes = sample_keyframes(weights, num_keyframes, sampling, generator)[1:-1]
     frames = frames.float().clamp(0.0, 1.0).cpu()
     strip = render_procedure_strip(frames, weights, keyframes, caption, tile)
     return ExplicitProcedure(frames, weights, keyframes, strip)

@@ -238,9 +238,10 @@ CASES += [
     case("corrupt", f"procedure {PROC_OK} --cache {{text_file}}", "{text_file}"),
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --out {out}/p.png", "--cache"),
     case("missing", "procedure --data {data} --pair CLEVR_semantic_000000.png --vqgan {missing}", "--vqgan"),
-    case("out of range", f"procedure {PROC_OK} --keyframes -1", "--keyframes"),
-    case("out of range", f"procedure {PROC_OK} --keyframes 100000", "--keyframes must be at most 15"),
-    case("out of range", f"procedure {PROC_VQ} --frames 3 --keyframes 4", "--keyframes"),
+    case("out of range", f"procedure {PROC_OK} --num-keyframes -1", "--num-keyframes"),
+    case("out of range", f"procedure {PROC_OK} -k 100000", "--num-keyframes must be at most 15"),
+    case("out of range", f"procedure {PROC_OK} --keyframes 100000", "--num-keyframes must be at most 15"),  # old flag
+    case("out of range", f"procedure {PROC_VQ} --frames 3 -k 4", "--num-keyframes must be at most l = 3"),
     case("out of range", f"procedure {PROC_OK} --tile 2", "--tile"),
     case("out of range", f"procedure {PROC_OK} --seed -1", "--seed"),
     case("out of range", f"procedure {PROC_OK} --seed {2**64}", "--seed"),

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from procap import kernels
 from procap.core.config import get_preset
+from procap.core.errors import ProCapError
 from procap.kernels import dispatch
 from procap.kernels.attention import attention, available_backends
 from procap.model import decoder_step
@@ -96,7 +97,7 @@ def test_buffers_live_with_the_weights(trained):
     decoder = trained[0].decoder
     with pytest.raises(ValueError, match="live with the weights"):
         decoder.setup_caches(2, 8, torch.float64, "cpu")
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ProCapError, match="max_len must be at most"):  # validate.caption_length, as every entry
         decoder.setup_caches(2, 99, torch.float32, "cpu")
     assert decoder.setup_caches(2, 8, torch.float32, torch.device("cpu:0")).steps == 7
 

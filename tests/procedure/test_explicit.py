@@ -19,7 +19,7 @@ def model():
 
 def test_explicit_frames_are_framed_and_ordered(model):
     before, after = torch.zeros(2, 3, 64, 64), torch.ones(2, 3, 64, 64)
-    frames = explicit_frames(before, after, CrossFade(), VQGANSimilarity(model.vqgan), k=2, num_generated=7)
+    frames = explicit_frames(before, after, CrossFade(), VQGANSimilarity(model.vqgan), num_keyframes=2, num_generated=7)
     assert frames.shape == (2, 4, 3, 64, 64)
     torch.testing.assert_close(frames[:, 0], before)
     torch.testing.assert_close(frames[:, -1], after)
@@ -46,5 +46,6 @@ def test_explicit_captions_use_the_synthesized_frames(model, monkeypatch):
 
 
 def test_explicit_k_must_match_the_model(model):
-    with pytest.raises(ValueError, match="k=2"):
-        explicit_captions(model, torch.rand(1, 3, 64, 64), torch.rand(1, 3, 64, 64), interpolator=CrossFade(), k=3)
+    with pytest.raises(ValueError, match="num_keyframes = 2, got 3"):
+        before, after = torch.rand(1, 3, 64, 64), torch.rand(1, 3, 64, 64)
+        explicit_captions(model, before, after, interpolator=CrossFade(), num_keyframes=3)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from procap.core.errors import ProCapError
 from procap.procedure.sampling import confidence_weights, sample_keyframes
 
 
@@ -85,7 +86,7 @@ def test_multinomial_is_deterministic_sorted_and_follows_weights():
 
 def test_k_zero_and_bounds():
     assert sample_keyframes(torch.rand(7), 0).tolist() == [0, 8]
-    with pytest.raises(ValueError):
+    with pytest.raises(ProCapError, match="num_keyframes must be at most l = 7"):  # validate.keyframe_count
         sample_keyframes(torch.rand(7), 8)
     with pytest.raises(ValueError):
         sample_keyframes(torch.rand(7), 2, "random")

@@ -47,7 +47,7 @@ def _x(index: int, tile: int = MIN_TILE) -> int:
 
 def test_shapes_scores_and_keyframes_match_the_sampler():
     frames, s_bef, s_aft = _procedure()
-    result = explicit_procedure(frames, s_bef, s_aft, k=2)
+    result = explicit_procedure(frames, s_bef, s_aft, num_keyframes=2)
     weights = confidence_weights(s_bef, s_aft)
     assert result.frames.shape == (L + 2, 3, 16, 16) and torch.equal(result.frames, frames)
     assert result.weights.shape == (L,) and torch.allclose(result.weights, weights)
@@ -59,7 +59,7 @@ def test_shapes_scores_and_keyframes_match_the_sampler():
 def test_outlines_are_exactly_the_sampled_keyframes():
     frames, s_bef, s_aft = _procedure(seed=1)
     gen = torch.Generator().manual_seed(5)
-    result = explicit_procedure(frames, s_bef, s_aft, k=3, sampling="multinomial", generator=gen)
+    result = explicit_procedure(frames, s_bef, s_aft, num_keyframes=3, sampling="multinomial", generator=gen)
     assert torch.equal(result.keyframes, sample_keyframes(result.weights, 3, "multinomial", torch.manual_seed(5))[1:-1])
     pixels = np.asarray(result.strip)
     top, _ = _layout()
@@ -69,7 +69,7 @@ def test_outlines_are_exactly_the_sampled_keyframes():
 
 def test_bars_show_each_score():
     frames, s_bef, s_aft = _procedure(seed=2)
-    result = explicit_procedure(frames, s_bef, s_aft, k=1)
+    result = explicit_procedure(frames, s_bef, s_aft, num_keyframes=1)
     pixels = np.asarray(result.strip)
     _, bar_top = _layout()
     row = pixels[bar_top + BAR_HEIGHT // 2]
@@ -83,7 +83,7 @@ def test_bars_show_each_score():
 def test_uint8_frames_caption_and_bad_shapes():
     frames, s_bef, s_aft = _procedure()
     as_bytes = (frames * 255).round().to(torch.uint8)
-    result = explicit_procedure(as_bytes, s_bef, s_aft, k=2, tile=32, caption="the cube moved")
+    result = explicit_procedure(as_bytes, s_bef, s_aft, num_keyframes=2, tile=32, caption="the cube moved")
     assert torch.allclose(result.frames, as_bytes.float() / 255)
     assert result.strip.size == procedure_strip_size(L + 2, 32, 1, line_height(caption_font()))
     with pytest.raises(ProCapError, match="similarities"):
