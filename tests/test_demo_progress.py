@@ -146,3 +146,50 @@ def test_the_status_line_gives_the_time_left_of_each_run_the_phase_and_the_demo(
 def test_no_time_left_is_guessed_before_a_run_has_a_rate(tmp_path):
     monitor = SideBySideMonitor(_configs(tmp_path), Clock(verbose=False), queue.Queue(), progress=True, jobs=2)
     assert "left" not in monitor.status()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie waiting for its new parent to reap it has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc (Linux)")
+def test_a_worker_ends_when_the_demo_that_started_it_is_killed(tmp_path):
+    """``kill -9`` of the demo cannot stop its pool: each worker sees its parent gone and stops (SIGTERM)."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+
+    ready = tmp_path / "ready"
+    child = (
+        "from procap.experiments.demo import follow_parent; import pathlib, time; follow_parent(0.1); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(120)"
+    )
+    parent = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    demo = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    worker = int(demo.stdout.readline())
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:  # the worker watches its parent from here on
+            time.sleep(0.1)
+        assert ready.exists() and _running(worker)
+        demo.send_signal(signal.SIGKILL)
+        demo.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker), "the worker outlived its killed parent"
+    finally:
+        for pid in (worker, demo.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

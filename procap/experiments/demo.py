@@ -28,8 +28,10 @@ import contextlib
 import dataclasses
 import io
 import logging
+import os
 import queue as queue_module
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -727,6 +729,25 @@ def _start_worker(queue: Any, log_level: int) -> None:
     sys.stdout = _LinesToParent(queue, "out")
     sys.stderr = _LinesToParent(queue, "err")
     start_console_logging(log_level)
+    follow_parent()
+
+
+def follow_parent(every_s: float = 1.0) -> threading.Thread:
+    """End this process (SIGTERM: a training run saves and stops) once the process that started it is gone.
+
+    A demo killed with SIGKILL cannot stop its pool, and its workers would train on into its output folder for an
+    hour; a worker whose parent died is handed to another process, so a change of ``os.getppid()`` tells.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="demo-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _live_log(out: Path, since: float) -> Path | None:
