@@ -211,6 +211,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
             help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default; "
             "docs/model.md); --no-encoder-warmup keeps it constant from step 0, as the paper does",
         )
+        optimisation.add_argument(
+            "--identical-pairs",
+            type=float,
+            metavar="SHARE",
+            help="add this share of training pairs that show one training image twice, captioned with the "
+            "split's no-change captions, so that the same image twice is said to be no change (default 0, the "
+            "paper's: none; needs no-change pairs in the split)",
+        )
         v = parser.add_argument_group("validation")
         v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
         v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
@@ -251,6 +259,7 @@ FLAG_BOUNDS: dict[str, dict[str, float]] = {
     "grad_clip": {"minimum": 0},
     "weight_decay": {"minimum": 0},
     "save_minutes": {"minimum": 0},
+    "identical_pairs": {"minimum": 0, "maximum": 1},
 }
 
 

@@ -105,6 +105,8 @@ UNPARSED = "unparsed"  # the confusion matrix's column for captions the grammar 
 FAILURE_COLUMNS = (
     ("miss_rate", "miss", "fraction"),
     ("false_positive_rate", "false pos.", "fraction"),
+    # the same image as before and after captioned with a change (procap.eval.split.identical_pair_rate; the demo)
+    ("identical_change_rate", "same image", "fraction"),
     ("unparsed_changes", "unparsed", "count"),
     ("move_as_add_drop", "move as add/drop", "fraction"),
 )

@@ -11,6 +11,7 @@ import torch
 
 from procap.core.files import atomic_write_json, commit_unit
 from procap.data.images import ImageCache
+from procap.data.records import ChangePair
 from procap.eval.correctness import caption_accuracy
 from procap.eval.metrics import (
     METRIC_TABLE,
@@ -88,6 +89,36 @@ def caption_pairs(
         "seconds": seconds,
     }
     return predictions, rates
+
+
+def identical_pairs(pairs: Sequence[Any]) -> list[ChangePair]:
+    """Every distinct image of ``pairs`` (befores and afters) as a pair of itself, before = after: whatever the
+    dataset, the one true caption of such a pair is that nothing changed. Ids are the images' paths."""
+    images = dict.fromkeys(str(path) for pair in pairs for path in (pair.before_path, pair.after_path))
+    return [ChangePair(path, Path(path), Path(path), [], "no_change") for path in images]
+
+
+def identical_pair_rate(model: ProCap, vocab: Vocabulary, pairs: Sequence[Any], **caption_options: Any) -> dict:
+    """How often ``model`` says that nothing changed when shown the same image twice, over every image of ``pairs``
+    (:func:`identical_pairs`, captioned by :func:`caption_pairs` with ``caption_options``).
+
+    Returns:
+        ``pairs`` (images tried), ``no_change`` (captions that claim no change, by
+        :func:`procap.eval.correctness.parse_caption`), ``rate`` (their share, None without images) and
+        ``examples``: up to 5 images captioned with a change, with their captions.
+    """
+    from procap.eval.correctness import parse_caption
+
+    identical = identical_pairs(pairs)
+    captions, _ = caption_pairs(model, vocab, identical, **caption_options)
+    said = [parse_caption(captions[pair.id]).claims_no_change for pair in identical]
+    examples = [{"image": pair.id, "caption": captions[pair.id]} for pair, ok in zip(identical, said) if not ok]
+    return {
+        "pairs": len(identical),
+        "no_change": sum(said),
+        "rate": sum(said) / len(identical) if identical else None,
+        "examples": examples[:5],
+    }
 
 
 def score_captions(

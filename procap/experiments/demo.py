@@ -78,6 +78,7 @@ ACCURACY_KEYS = (
     "false_positive_rate",
     "move_as_add_drop",
     "unparsed_changes",
+    "identical_change_rate",  # every test image shown twice, captioned with a change (evaluate_run)
 )
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ class DemoBudget:
     # validation pairs, the figures the demo reports; CIDEr on 100 pairs picked checkpoints 23 points of object
     # below the run's last one (docs/training.md)
     select_metric: str = "correctness"
+    # Stage 2's added pairs of one training image twice, as a share of the training pairs
+    # (TrainConfig.identical_pairs): the quick budget's models otherwise called 10-20 % of identical pairs a change
+    identical_pairs: float = 0.0
 
 
 QUICK = DemoBudget(
@@ -126,6 +130,7 @@ QUICK = DemoBudget(
     val_pairs=40,
     max_test_pairs=60,
     stage1_pairs=24,
+    identical_pairs=0.2,
     # stage2_encoder_lr stays the decoder's: 10 stage-1 steps leave a nearly random encoder, which a lower lr would
     # only slow (the CI bounds of tests/test_demo.py were measured so)
     # viewpoint stays none: at 600 stage-2 steps every model is near chance under viewpoint change (docs/training.md)
@@ -150,6 +155,7 @@ FULL = DemoBudget(
     stage1_pairs=None,
     # CLEVR-Change moves the camera and the light in its change pairs too: the faithful benchmark (docs/data.md)
     viewpoint="distractor",
+    # identical_pairs stays 0: its models call every one of the 600 test images shown twice no change (seed 0)
 )
 
 
@@ -281,6 +287,7 @@ def _stage2_configs(budget: DemoBudget, folder: Path, vq_path: str, common: dict
         "val_every": budget.val_every,
         "val_pairs": budget.val_pairs,
         "select_metric": budget.select_metric,
+        "identical_pairs": budget.identical_pairs,
         **common,
     }
     longer = budget.stage2_steps + budget.stage1_steps  # equal step budgets for the models without stage 1
@@ -382,7 +389,7 @@ def evaluate_run(
     truths: dict,
     progress: bool = True,
 ) -> dict[str, Any]:
-    from procap.eval.split import evaluate_model
+    from procap.eval.split import evaluate_model, identical_pair_rate
     from procap.loading.checkpoint import load_checkpoint
 
     model, vocab, meta = load_checkpoint(checkpoint, map_location=device)
@@ -393,7 +400,11 @@ def evaluate_run(
         "checkpoint_stage": meta["extra"].get("stage"),
         "num_keyframes": model.config.num_keyframes,
     }
-    return evaluate_model(
+    # the same image twice: every test image as both before and after, where the one true answer is no change
+    extra["identical"] = identical_pair_rate(
+        model, vocab, pairs, batch_size=32, cache=cache, device=device, progress=False
+    )
+    report = evaluate_model(
         model,
         vocab,
         pairs,
@@ -406,6 +417,15 @@ def evaluate_run(
         truths=truths,
         progress=progress,
     )
+    return with_identical_change_rate(report)
+
+
+def with_identical_change_rate(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with ``accuracy["identical_change_rate"]``: the share of its ``identical`` images captioned with a
+    change (None where the run was evaluated before the demo tried identical images)."""
+    rate = report.get("identical", {}).get("rate")
+    report.setdefault("accuracy", {})["identical_change_rate"] = None if rate is None else 1.0 - rate
+    return report
 
 
 # What a finished seed's runs must share with this demo for ``--resume`` to read them back instead of training.
@@ -426,7 +446,10 @@ RESUME_SETTINGS = (
     "select_metric",
     "device",
     "procedures",
+    "identical_pairs",
 )
+# The value a run recorded before a setting existed trained with (its runs' config files lack the key).
+RESUME_DEFAULTS = {"identical_pairs": 0.0}
 
 
 def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str, dict[str, Any]] | None:
@@ -450,7 +473,7 @@ def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str,
             return None
         _check_settings(run, read_json(run / "stage2_config.json", "run configuration"), configs[name])
         _check_departures(run)
-        report = read_json(run / "metrics.json", "evaluation report")
+        report = with_identical_change_rate(read_json(run / "metrics.json", "evaluation report"))
         reports[name] = {**report, "predictions": read_predictions(run / "results.json")}
     return reports
 
@@ -458,7 +481,7 @@ def finished_reports(folder: Path, configs: dict[str, TrainConfig]) -> dict[str,
 def _check_settings(run: Path, saved: dict[str, Any], config: TrainConfig) -> None:
     # runs record their resolved settings (learning rates filled in), paths absolute
     wanted = config.resolved().replay_dict()
-    changed = [key for key in RESUME_SETTINGS if saved.get(key) != wanted.get(key)]
+    changed = [key for key in RESUME_SETTINGS if saved.get(key, RESUME_DEFAULTS.get(key)) != wanted.get(key)]
     if changed:
         raise ProCapError(
             f"--resume: {run} was trained with other settings ({', '.join(changed)}) than this demo; "
@@ -554,8 +577,9 @@ def format_failures(results: dict[str, dict]) -> str:
             cells.append(f"{text:>18}")
         lines.append(f"{label:<27}" + "".join(cells))
     lines.append(
-        "(miss: change pairs captioned 'no change', false pos.: distractors captioned with a change, move as "
-        "add/drop: move pairs, in %; unparsed: change pairs whose caption the grammar cannot read, counted wrong)"
+        "(miss: change pairs captioned 'no change', false pos.: distractors captioned with a change, same image: every "
+        "test image shown as both before and after and captioned with a change, move as add/drop: move pairs, in %; "
+        "unparsed: change pairs whose caption the grammar cannot read, counted wrong)"
     )
     return "\n".join(lines)
 

@@ -205,6 +205,9 @@ class TrainConfig:
     val_pairs: int | None = 200
     val_metrics: tuple[str, ...] = ("BLEU-4", "ROUGE-L", "CIDEr")  # no METEOR: it needs Java and is slow
     select_metric: str = "CIDEr"  # SELECT_METRICS: what picks stage 2's best.safetensors
+    # Stage 2: training pairs added that show one training image twice, as a share of the split, captioned with the
+    # split's no-change captions (procap.train.datasets.identical_training_pairs); 0, the paper's, adds none
+    identical_pairs: float = 0.0
     save_every: int = 0  # steps between saves of `last` (0: off)
     save_minutes: float = 5.0  # also save `last` when this many minutes passed since the last save (0: off)
     log_every: int = 10
@@ -229,6 +232,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 validate.integer(value, name, **bounds)
+        validate.number(self.identical_pairs, "identical_pairs", minimum=0, maximum=1)
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
         self.loggers = tuple(self.loggers or ())

@@ -14,6 +14,7 @@ of ``procap.procedure`` plug in at the single place :func:`make_procedure_source
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from torch.utils.data import Dataset, Sampler
 
 from procap.core.errors import ProCapError
 from procap.data.images import ImageCache, to_tensor
+from procap.data.records import ChangePair
 from procap.data.synthetic import render_intermediate
 from procap.data.synthetic import scene_of as synthetic_scene_of
 
@@ -43,6 +45,34 @@ def pick_caption(captions: Sequence[str], seed: int, epoch: int, index: int) -> 
         return captions[0]
     rng = np.random.default_rng([seed, epoch, index])
     return captions[int(rng.integers(len(captions)))]
+
+
+def identical_training_pairs(pairs: Sequence[Any], share: float, seed: int = 0) -> list[ChangePair]:
+    """``round(share * len(pairs))`` pairs that show one image of ``pairs`` twice (before = after), each captioned
+    with the captions of one of the split's no-change pairs: that the same image twice is no change is then taught,
+    not left to the distractors (whose views move). Images and captions are drawn with ``seed``.
+
+    Raises:
+        ProCapError: ``share`` > 0 and the split has no no-change pair to take captions from.
+    """
+    count = round(share * len(pairs))
+    if count == 0:
+        return []
+    no_change = [pair for pair in pairs if pair.change_type == "no_change" and pair.captions]
+    if not no_change:
+        raise ProCapError(
+            "identical_pairs needs no-change pairs among the training pairs to caption them, and these have none; "
+            "leave it at 0."
+        )
+    images = list(dict.fromkeys(path for pair in pairs for path in (pair.before_path, pair.after_path)))
+    rng = random.Random(seed)
+    chosen = rng.sample(images, count) if count <= len(images) else [rng.choice(images) for _ in range(count)]
+    return [
+        ChangePair(
+            f"identical-{index}:{Path(path).name}", Path(path), Path(path), rng.choice(no_change).captions, "no_change"
+        )
+        for index, path in enumerate(chosen)
+    ]
 
 
 class PairDataset(Dataset):

@@ -26,7 +26,7 @@ from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs, with_domain
 from procap.train.config import TrainConfig
-from procap.train.datasets import PairDataset
+from procap.train.datasets import PairDataset, identical_training_pairs
 from procap.train.loop import Trainer
 from procap.train.schedules import stage2_optimizer
 from procap.train.stage1 import model_and_vocab, weight_loader
@@ -140,6 +140,7 @@ def train(
     require_all(cfg.optional_packages(), "procap train")  # before any work, not at the first use
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
+    pairs += identical_training_pairs(pairs, cfg.identical_pairs, cfg.seed)
     val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
     if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
         truths = scene_truths(cfg.data, val_pairs)
