@@ -222,6 +222,10 @@ def _caption(
         batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
         strategy=strategy,
     )
+    # all the pairs at once, so that the warning names and counts the far ones among them all, not one batch's; the
+    # batches then need no check of their own (``domain = None`` is the Captioner's documented switch)
+    captioner.check_domain([before for before, _ in todo], [after for _, after in todo])
+    captioner.domain = None
     # one batch needs no bar; the bar counts the pairs a resumed file already holds
     progress = args.progress and len(todo) > batch_size
     rows: list[tuple[Path, Path, str]] = []
