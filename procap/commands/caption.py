@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from procap.commands.hub_args import add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
 from procap.core import validate
 from procap.core.config import COMPUTE_DTYPES
 from procap.core.errors import ProCapError
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ckpt",
         required=True,
-        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train or save_pretrained)",
+        help=CHECKPOINT_HELP,
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
