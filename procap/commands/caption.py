@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="show a progress bar on stderr when there is more than one batch (default: on)",
+        help="show a progress bar on stderr when there is more than one batch (default on)",
     )
     parser.add_argument(
         "--ckpt",

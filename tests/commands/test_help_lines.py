@@ -7,6 +7,7 @@ import argparse
 import re
 
 import pytest
+from PIL import Image
 
 from procap.commands.cli import build_parser, main
 from procap.commands.hub_args import CHECKPOINT_HELP
@@ -50,13 +51,20 @@ def test_evaluate_says_its_dataset_default():
 
 
 @pytest.mark.parametrize("command", ["imagine", "procedure"])
-def test_tile_help_is_the_code_s_range_and_default(command, tmp_path, capsys):
+def test_tile_help_is_the_code_s_range_and_default(command, checkpoint, tmp_path, capsys):
     from procap.viz.figures import MIN_TILE
 
     text = _option(command, "--tile").help
     low, high = (int(v) for v in re.search(r"(\d+) to (\d+) pixels", text).groups())
     assert f"at least {MIN_TILE})" in text
-    needs = {"imagine": ["a.png", "b.png", "--ckpt", "m.safetensors"], "procedure": ["--data", ".", "--pair", "x"]}
+    (tmp_path / "data").mkdir()
+    image = tmp_path / "data" / "a.png"
+    Image.new("RGB", (32, 32)).save(image)
+    # every other argument usable, so that whatever order the checks run in, --tile is the one refused
+    needs = {
+        "imagine": [str(image), str(image), "--ckpt", str(checkpoint)],
+        "procedure": ["--data", str(tmp_path / "data"), "--pair", "x", "--vqgan", str(checkpoint)],
+    }
     for tile in (low - 1, high + 1):  # just outside the range the help gives: refused, naming --tile
         assert main([command, *needs[command], "--out", str(tmp_path / "s.png"), "--tile", str(tile)]) == 2
         assert f"--tile must be between {low} and {high} pixels" in capsys.readouterr().err
