@@ -84,7 +84,10 @@ def test_caption_your_own_images_runs_as_written(tmp_path, monkeypatch, capsys):
     for seed, name in enumerate(photos[-2:]):
         _photo(tmp_path / name, seed)
     warned = _run(photos, capsys).splitlines()
-    assert len(warned) == 1 and warned[0].startswith("procap: warning: images of 640 x 480 px are far from")
+    before, after = photos[-2:]
+    assert len(warned) == 1 and warned[0].startswith(
+        f"procap: warning: the pair {before} -> {after} (640 x 480 px) is far"
+    )
 
     model_file = Path(convert[convert.index("--from") + 2])
     vocab_file = Path(convert[convert.index("--vocab") + 1])

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from procap.commands.hub_args import add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
 from procap.core import validate
 from procap.core.config import COMPUTE_DTYPES
 from procap.core.errors import ProCapError
@@ -52,12 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="show a progress bar on stderr when there is more than one batch (default: on)",
+        help="show a progress bar on stderr when there is more than one batch (default on)",
     )
     parser.add_argument(
         "--ckpt",
         required=True,
-        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train or save_pretrained)",
+        help=CHECKPOINT_HELP,
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -222,6 +222,10 @@ def _caption(
         batch_sizes=sorted({1, 8, min(32, batch_size), batch_size}),
         strategy=strategy,
     )
+    # all the pairs at once, so that the warning names and counts the far ones among them all, not one batch's; the
+    # batches then need no check of their own (``domain = None`` is the Captioner's documented switch)
+    captioner.check_domain([before for before, _ in todo], [after for _, after in todo])
+    captioner.domain = None
     # one batch needs no bar; the bar counts the pairs a resumed file already holds
     progress = args.progress and len(todo) > batch_size
     rows: list[tuple[Path, Path, str]] = []

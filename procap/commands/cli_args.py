@@ -48,13 +48,13 @@ def _add_data_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         help=f"model preset: {', '.join(sorted(PRESETS))} (default: the paper's preset of --dataset; tiny for a "
         "small CPU run)" + ("; with --init the checkpoint's model is trained" if stage != "vqgan" else ""),
     )
-    g.add_argument("--max-pairs", type=int, help="use only the first N training pairs")
+    g.add_argument("--max-pairs", type=int, help="use only the first N training pairs (default: all)")
     g.add_argument("--workers", type=int, help="DataLoader worker processes (default 0)")
     g.add_argument(
         "--cache",
         dest="cache_images",
         action=argparse.BooleanOptionalAction,
-        help="keep decoded images in memory (default); --no-cache for large datasets",
+        help="keep decoded images in memory (default on; --no-cache for large datasets)",
     )
     g.add_argument(
         "--cache-features",
@@ -98,7 +98,7 @@ def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> 
         o.add_argument(
             "--warmup-steps", type=int, help=f"linear warm-up steps (default {STAGE_DEFAULTS[stage]['warmup_steps']:,})"
         )
-    o.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (paper: none)")
+    o.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (default none, as in the paper)")
     o.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
     o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
     o.add_argument("--seed", type=int, help="random seed (default 0)")
@@ -132,9 +132,7 @@ def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> 
         type=float,
         help="minutes a process waits for the others under torchrun before the job fails (default 30)",
     )
-    o.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, help="show progress bars (default on; --no-progress)"
-    )
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, help="show progress bars (default on)")
     o.add_argument(
         "--logger",
         dest="loggers",
@@ -155,7 +153,11 @@ def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> 
         "stage2)",
     )
     if stage == "pretrain":
-        o.add_argument("--lr-start", type=float, help="warm-up start lr (paper 1e-6)")
+        o.add_argument(
+            "--lr-start",
+            type=float,
+            help=f"warm-up start lr (default {STAGE_DEFAULTS['pretrain']['lr_start']:g}, the paper's)",
+        )
         o.add_argument(
             "--item-masks",
             action=argparse.BooleanOptionalAction,
@@ -192,8 +194,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
         )
         m.add_argument(
             "--procedures",
-            help="stage-1 frames: 'crossfade' (stand-in), 'truth' (the exact intermediate frames of a `procap synth` "
-            "benchmark in --data) or a procedure cache path",
+            help="stage-1 frames: 'crossfade' (stand-in; the default), 'truth' (the exact intermediate frames of a "
+            "`procap synth` benchmark in --data) or a procedure cache path",
         )
     if stage == "train":
         m.add_argument(
@@ -203,12 +205,21 @@ def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisati
             "without stage 1); add --num-keyframes 0 for the static-pair baseline",
         )
         optimisation.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
-        optimisation.add_argument("--decoder-lr", type=float, help="decoder peak lr after warm-up (paper 5e-5)")
-        optimisation.add_argument("--warmup-frac", type=float, help="decoder warm-up fraction of all steps (paper 0.1)")
+        optimisation.add_argument(
+            "--decoder-lr",
+            type=float,
+            help=f"decoder peak lr after warm-up (default {STAGE_DEFAULTS['train']['decoder_lr']:g}, the paper's)",
+        )
+        optimisation.add_argument(
+            "--warmup-frac",
+            type=float,
+            help=f"decoder warm-up fraction of all steps (default {STAGE_DEFAULTS['train']['warmup_frac']:g}, the "
+            "paper's)",
+        )
         optimisation.add_argument(
             "--encoder-warmup",
             action=argparse.BooleanOptionalAction,
-            help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default; "
+            help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default on; "
             "docs/model.md); --no-encoder-warmup keeps it constant from step 0, as the paper does",
         )
         optimisation.add_argument(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from procap.commands.hub_args import add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
 from procap.core.config import ABLATABLE_PARTS
-from procap.eval.metrics import METRICS_SPELLING_HELP
+from procap.eval.metrics import EVALUATION_FILES, METRICS_SPELLING_HELP
 
 logger = logging.getLogger(__name__)
 
@@ -21,17 +21,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from procap.commands.caption import add_decoding_arguments
     from procap.data.datasets import DATASETS, DEFAULT_DATASET, SPLITS
 
-    parser.add_argument(
-        "--ckpt",
-        required=True,
-        help="a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision]",
-    )
+    parser.add_argument("--ckpt", required=True, help=CHECKPOINT_HELP)
     parser.add_argument("--data", required=True, help="dataset root folder")
-    parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET, help="dataset format")
+    parser.add_argument(
+        "--dataset",
+        choices=sorted(DATASETS),
+        default=DEFAULT_DATASET,
+        help=f"dataset format (default {DEFAULT_DATASET})",
+    )
     parser.add_argument("--split", default="test", choices=SPLITS, help="split (default test)")
     parser.add_argument(
         "--out",
-        help="folder for results.json, metrics.json and references.json (default: next to the checkpoint)",
+        help=f"folder for {', '.join(EVALUATION_FILES)} (default: eval_SPLIT beside the checkpoint, in the current "
+        "folder for an hf:// one); one that holds them already is refused without --overwrite",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the evaluation already in --out")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show a progress bar on stderr when there is more than one batch (default on)",
     )
     parser.add_argument(
         "--metrics",
@@ -93,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_file(args)
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
     beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
-    out = validate.output_dir(args.out or beside / f"eval_{args.split}", "--out")
+    out = validate.fresh_output_dir(
+        args.out or beside / f"eval_{args.split}", EVALUATION_FILES, "--out", args.overwrite, "an evaluation"
+    )
     split_pairs, pairs = _pairs_to_evaluate(args)
     from procap.train.batch_memory import check_checkpoint_batch
 
@@ -131,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         generate=generate,
         strategy=strategy,
         references=True,
+        progress=args.progress,
     )
     print(format_report(report))
     print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")

@@ -7,6 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# what --ckpt takes, as every command that has one says it (procap.core.hub_files.resolve_checkpoint reads them)
+CHECKPOINT_HELP = (
+    "a checkpoint: a .safetensors file, a pretrained folder or hf://owner/repo[@revision] (written by procap train, "
+    "procap convert or save_pretrained)"
+)
+
 
 def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
     """``--hf-token`` and ``--force-download``, applied when ``--ckpt`` is ``hf://owner/repo[@revision]``."""

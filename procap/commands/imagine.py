@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from procap.commands.hub_args import add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
 from procap.core.errors import ProCapError
 
 HELP = "Decode the procedure a checkpoint's encoder imagines between two images into a before | frames | after strip."
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+# --tile of imagine and procedure; the default is procap.viz.figures' (MIN_TILE), which imports torch: --help does not
+TILE_HELP = "side of each image in the strip, 8 to 2048 pixels (default: the images' own side, at least 128)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("before", metavar="BEFORE", help="the image before the change")
     parser.add_argument("after", metavar="AFTER", help="the image after the change")
-    parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors); stage 1 shows the paper's view")
+    parser.add_argument("--ckpt", required=True, help=f"{CHECKPOINT_HELP}; stage 1 shows the paper's view")
     parser.add_argument("--out", default="strip.png", help="image to write (default strip.png)")
     parser.add_argument("--sample", action="store_true", help="draw each code from the MSM head instead of argmax")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --sample draw (default 0)")
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--caption", default=None, help="condition the encoder on this caption, as in stage 1 (stage-1 checkpoints)"
     )
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
-    parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")
+    parser.add_argument("--tile", type=int, default=None, help=TILE_HELP)
     add_hub_arguments(parser)
 
 

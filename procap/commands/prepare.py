@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split(s) to prepare, repeatable (default: train)",
     )
     parser.add_argument(
-        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l, generated frames per pair"
+        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l, generated frames per pair (default 7)"
     )
     parser.add_argument(
         "--size", type=int, default=None, help="stored frame size S (default: the --vqgan's image size; 224 for taming)"
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--similarity",
         default="vqgan",
         choices=FRAME_SIMILARITIES,
-        help="frame similarity for the confidence score",
+        help="frame similarity for the confidence score (default vqgan)",
     )
     parser.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")
     parser.add_argument("--dinov2-weights", dest="dinov2_weights", help="DINOv2 ViT-L/14 weights (needs timm)")
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
         "also stores the VQ codes of every frame",
     )
-    parser.add_argument("--workers", type=int, default=1, help="processes synthesizing frames")
+    parser.add_argument("--workers", type=int, default=1, help="processes synthesizing frames (default 1)")
     parser.add_argument("--device", help="device for the similarity model and VQGAN (default: cuda if available)")
     parser.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
     parser.add_argument(

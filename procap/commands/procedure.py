@@ -6,16 +6,30 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from procap.commands.imagine import TILE_HELP
 from procap.core.config import GENERATED_FRAME_COUNTS, KEYFRAME_SAMPLING
 from procap.core.errors import ProCapError
 from procap.data.datasets import DATASETS
 
 HELP = "Draw a training pair's explicit procedure: interpolated frames, confidence bars, sampled keyframes outlined."
+# what names a pair of each dataset (procap.data: ChangePair.id), for --pair's help and its error
+PAIR_IDS = {
+    "clevr-change": "the after image's file name",
+    "image-editing-request": "its uid",
+    "levir-cc": "its filename",
+    "spot-the-diff": "its img_id",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset root folder")
-    parser.add_argument("--pair", required=True, help="pair id (CLEVR-Change: the after image's name)")
+    parser.add_argument(
+        "--pair",
+        required=True,
+        help="the pair's id ("
+        + "; ".join(f"{name}: {what}" for name, what in PAIR_IDS.items())
+        + "), e.g. CLEVR_semantic_000001.png",
+    )
     parser.add_argument(
         "--dataset", default="clevr-change", choices=sorted(DATASETS), help="dataset layout (default clevr-change)"
     )
@@ -26,15 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--size", type=int, default=None, help="frame size when synthesizing (default: the VQGAN's)")
     parser.add_argument(
-        "--recursive", dest="direct", action="store_false", help="recursive midpoints as in the paper when synthesizing"
+        "--recursive",
+        dest="direct",
+        action="store_false",
+        help="recursive midpoints as in the paper when synthesizing (default: all l frames from one flow, faster)",
     )
     from procap.commands.cli_args import add_keyframes_argument
 
     add_keyframes_argument(parser, "keyframes to sample, k (default 2)", default=2)
-    parser.add_argument("--sampling", choices=KEYFRAME_SAMPLING, default="topk", help="keyframe sampling")
+    parser.add_argument(
+        "--sampling", choices=KEYFRAME_SAMPLING, default="topk", help="keyframe sampling (default topk)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --sampling multinomial (default 0)")
     parser.add_argument("--out", default="procedure.png", help="image to write (default procedure.png)")
-    parser.add_argument("--tile", type=int, default=None, help="side of each image in the strip, pixels")
+    parser.add_argument("--tile", type=int, default=None, help=TILE_HELP)
     parser.add_argument("--device", default=None, help="device of the VQGAN when synthesizing (default: cpu)")
 
 
@@ -69,10 +88,21 @@ def find_pair(dataset: str, root: str, pair_id: str):
     from procap.data import load_split
     from procap.data.datasets import SPLITS
 
+    holding: dict[str, list[str]] = {}  # role -> ids of the pairs whose image of that role has this file name
     for split in SPLITS:
         for pair in load_split(dataset, root, split):
             if pair.id == pair_id:
                 return pair, split
+            for role, path in (("before", pair.before_path), ("after", pair.after_path)):
+                if Path(path).name == pair_id and pair.id not in holding.setdefault(role, []):
+                    holding[role].append(pair.id)
+    if holding:  # a file name given for a pair id: say which ids are wanted (CLEVR-Change: a before image's name)
+        role, ids = next(iter(holding.items()))
+        pairs = " and ".join(ids) if len(ids) <= 2 else f"{ids[0]}, {ids[1]} and {len(ids) - 2} more"
+        raise ProCapError(
+            f"--pair {pair_id} is the {role} image of {pairs}; a {dataset} pair is named by {PAIR_IDS[dataset]}: "
+            f"give --pair {' or --pair '.join(ids[:2])}."
+        )
     raise ProCapError(f"--pair {pair_id} is not a pair of {dataset} in {root} (no split lists it).")
 
 

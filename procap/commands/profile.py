@@ -3,7 +3,8 @@
 The trace (Chrome JSON, open in chrome://tracing or https://ui.perfetto.dev) shows the NVTX / record_function
 ranges ``procap.vqgan``, ``procap.encoder``, ``procap.prefill`` and ``procap.decode``. It profiles the pipeline
 uncaptured: the same kernels launched one by one, because a replayed CUDA graph is one launch whose ranges were
-recorded once, at capture. The printed ``nsys`` line re-runs the workload as the Captioner runs it (the replayed
+recorded once, at capture. On a CPU there is no graph: the trace is the pipeline as the CPU runs it, and the Nsight
+lines (for CUDA kernels) are printed to be run on a GPU machine, without a CPU ``--device``. The printed ``nsys`` line re-runs the workload as the Captioner runs it (the replayed
 graph, per kernel with ``--cuda-graph-trace=node``); the ``ncu`` line runs it uncaptured (``--no-graphs``) so that
 its NVTX filter finds the decoding loop. Both pass ``--no-trace``, which keeps torch.profiler out of their way.
 """
@@ -17,25 +18,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procap.commands.hub_args import add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
 from procap.core import validate
 from procap.core.config import COMPUTE_DTYPES
 
 # Each profiled batch adds its events to the trace held in memory and written as one JSON file.
 MAX_PROFILED_STEPS = 1000
 
-HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print nsys / ncu command lines."
+HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print the nsys / ncu lines for a GPU."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, help="model checkpoint (.safetensors)")
+    parser.add_argument("--ckpt", required=True, help=CHECKPOINT_HELP)
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
     parser.add_argument(
         "--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3, at most 1000)"
     )
     parser.add_argument("--out", default="profiles", help="folder for the trace (default ./profiles)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype")
+    parser.add_argument(
+        "--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype (default: bf16 on CUDA, fp32 on CPU)"
+    )
     parser.add_argument(
         "--max-len",
         type=int,
@@ -48,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-graphs",
         action="store_true",
-        help="with --no-trace: launch the pipeline kernel by kernel instead of replaying its CUDA graph "
-        "(the torch.profiler trace always does)",
+        help="with --no-trace on CUDA: launch the pipeline kernel by kernel instead of replaying its CUDA graph "
+        "(the torch.profiler trace always does; a CPU has no graphs)",
     )
     add_hub_arguments(parser)
 
@@ -69,7 +72,7 @@ def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
     ]
     if args.max_len:
         base += ["--max-len", str(args.max_len)]
-    if args.device:
+    if args.device and not args.device.startswith("cpu"):  # the Nsight tools profile CUDA kernels, never a CPU's
         base += ["--device", args.device]
     if args.dtype:
         base += ["--dtype", args.dtype]
@@ -131,7 +134,15 @@ def _trace(args: argparse.Namespace, captioner: Any, batch: Any) -> None:
     sort = "self_cuda_time_total" if captioner.device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=12))
     print(f"trace: {path} ({args.steps} batch(es) of {args.batch_size} on {captioner.device}, {captioner.dtype})")
-    print("the trace shows the pipeline uncaptured (each stage in its range); nsys below profiles the replayed graph")
+    if captioner.device.type == "cuda":
+        print(
+            "the trace shows the pipeline uncaptured (each stage in its range); nsys below profiles the replayed graph"
+        )
+    else:
+        print(
+            f"the trace shows the pipeline as the {captioner.device.type.upper()} runs it, each stage in its range (no "
+            "CUDA graph there to replay); nsys and ncu profile CUDA kernels: run the lines below on a machine with a GPU"
+        )
     for tool, line in nsight_commands(args).items():
         print(f"{tool}: {line}")
     sys.stdout.flush()

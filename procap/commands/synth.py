@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder (images/, sc_images/, nsc_images/, JSON files)")
     parser.add_argument("--scenes", type=int, default=1000, help="number of scenes (default 1000)")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed; output is deterministic for a seed")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed; output is deterministic for a seed (default 0)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
     parser.add_argument(
         "--viewpoint",

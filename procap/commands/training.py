@@ -39,7 +39,8 @@ STAGES: dict[str, Stage] = {
         result="stage-1 checkpoint",
     ),
     "train": Stage(
-        help="Stage 2: train the captioner (procedure queries + decoder); keeps the best checkpoint by val CIDEr.",
+        help="Stage 2: train the captioner (procedure queries + decoder); keeps the best checkpoint by validation "
+        "CIDEr (or --select).",
         module="procap.train.stage2",
         function="train",
         result="best checkpoint",

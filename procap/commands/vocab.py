@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(f"{name} {spec.min_count}" for name, spec in sorted(DATASETS.items()))
         + ")",
     )
-    parser.add_argument("--split", default="train", choices=SPLITS, help="split whose captions are counted")
+    parser.add_argument(
+        "--split", default="train", choices=SPLITS, help="split whose captions are counted (default train)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

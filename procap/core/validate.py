@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from procap.core.config import GENERATED_FRAME_COUNTS
@@ -88,6 +89,24 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
             raise ProCapError(f"{flag} {path} is not a writable folder.")
         return path
     _check_creatable(path, flag)
+    return path
+
+
+def fresh_output_dir(path: str | os.PathLike, names: Sequence[str], flag: str, overwrite: bool, what: str) -> Path:
+    """:func:`output_dir`, and that it holds none of the files ``names`` a command writes there unless ``overwrite``:
+    an earlier run's output is replaced only when asked, as ``procap caption --out`` refuses an existing file.
+
+    Args:
+        names: the files the command writes into the folder.
+        what: what they are, for the message (``"an evaluation"``).
+    """
+    path = output_dir(path, flag)
+    found = [name for name in names if (path / name).exists()]
+    if found and not overwrite:
+        raise ProCapError(
+            f"{flag} {path} already holds {what} ({', '.join(found)}); add --overwrite to replace it, or give "
+            f"another {flag}."
+        )
     return path
 
 

@@ -22,13 +22,16 @@ images' size nor whether they were synthetic, nothing is said. Otherwise an imag
 
 The check sees sizes and EXIF only: a photograph already resized to the training size, with its EXIF stripped,
 passes unnoticed. Identical before and after images are legal input and never warned about. The warning is an
-:class:`~procap.core.errors.OutOfDomainWarning`; :class:`procap.fast.Captioner` gives it once.
+:class:`~procap.core.errors.OutOfDomainWarning`; :class:`procap.fast.Captioner` gives it once. It names the pairs
+that are far (the first :data:`SHOWN_PAIRS` of them, and how many more), each with its sizes or camera, so that a
+folder of mixed images says which pairs to look at rather than one size.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +46,20 @@ from procap.data.images import open_image
 TRAINED_ON = "trained_on"  # the key of the record in a checkpoint's ``extra`` metadata
 SIZE_FACTOR = 2.0  # a side this many times larger or smaller than the training images' is far from them
 SYNTHETIC_MARK = "scenes.json"  # what `procap synth` writes into every benchmark folder
+SHOWN_PAIRS = 3  # the warning names this many far pairs, then says how many more there are
 _EXIF_MAKE, _EXIF_MODEL = 0x010F, 0x0110
 
 Size = tuple[int, int]
+ImageFacts = tuple[Size | None, str | None]  # ((width, height), camera) of one input, None for what cannot be told
+
+
+@dataclass(frozen=True)
+class PairFacts:
+    """What the rule sees of one (before, after) pair, and how a message names it."""
+
+    name: str | None  # ``before.png -> after.png`` for files; None for images given as pixels
+    before: ImageFacts
+    after: ImageFacts
 
 
 def is_synthetic_folder(folder: str | os.PathLike) -> bool:
@@ -168,11 +182,19 @@ def _camera(image: Image.Image) -> str | None:
         exif = image.getexif()
     except (OSError, ValueError, SyntaxError):
         return None
-    words = [str(exif.get(tag, "")).strip("\x00 ") for tag in (_EXIF_MAKE, _EXIF_MODEL)]
-    return " ".join(w for w in words if w) or None
+    make, model = (str(exif.get(tag, "")).strip("\x00 ") for tag in (_EXIF_MAKE, _EXIF_MODEL))
+    return camera_name(make, model)
 
 
-def image_facts(image: Any) -> tuple[Size | None, str | None]:
+def camera_name(make: str, model: str) -> str | None:
+    """``Canon`` + ``EOS 5D`` -> ``Canon EOS 5D``; a model that already names its maker (``Canon`` + ``Canon EOS
+    5D``, ``NIKON CORPORATION`` + ``NIKON D750``) is written alone, so that the make is not said twice."""
+    if make and model and model.split()[0].casefold() == make.split()[0].casefold():
+        return model
+    return " ".join(word for word in (make, model) if word) or None
+
+
+def image_facts(image: Any) -> ImageFacts:
     """``((width, height), camera)`` of one input as given, before any resize; None for what cannot be told.
 
     Takes what the Captioner takes: a path (its header is read, never the pixels), a PIL image, a numpy array
@@ -194,7 +216,7 @@ def image_facts(image: Any) -> tuple[Size | None, str | None]:
     return None, None
 
 
-def batch_facts(images: Any) -> list[tuple[Size | None, str | None]]:
+def batch_facts(images: Any) -> list[ImageFacts]:
     """:func:`image_facts` of each image of a Captioner argument (one image, a sequence, or a (B, 3, H, W) batch)."""
     if isinstance(images, torch.Tensor) and images.ndim == 4:
         height, width = (images.shape[1], images.shape[2]) if images.shape[-1] in (3, 4) else images.shape[-2:]
@@ -206,32 +228,98 @@ def batch_facts(images: Any) -> list[tuple[Size | None, str | None]]:
     return []
 
 
+def _file_names(images: Any) -> list[str | None]:
+    """The path of each image of a Captioner argument as given, None for one given as pixels (or an iterator)."""
+    if isinstance(images, (str, os.PathLike)):
+        return [os.fspath(images)]
+    if isinstance(images, Sequence) and not isinstance(images, str):
+        return [os.fspath(image) if isinstance(image, (str, os.PathLike)) else None for image in images]
+    return []
+
+
+def pair_facts(befores: Any, afters: Any) -> list[PairFacts]:
+    """:class:`PairFacts` of each pair of a Captioner call (``befores[i]`` -> ``afters[i]``), named by their paths
+    where both are files. Unequal counts are left to loading, which refuses them: only whole pairs are returned."""
+    before_facts, after_facts = batch_facts(befores), batch_facts(afters)
+    before_names, after_names = _file_names(befores), _file_names(afters)
+    pairs = []
+    for index, (before, after) in enumerate(zip(before_facts, after_facts)):
+        names = (before_names[index : index + 1] or [None])[0], (after_names[index : index + 1] or [None])[0]
+        name = f"{names[0]} -> {names[1]}" if None not in names else None
+        pairs.append(PairFacts(name, before, after))
+    return pairs
+
+
 # ----------------------------------------------------------------------------------------------- the rule
-def _far(size: Size, reference: Size) -> bool:
-    return any(max(a / b, b / a) > SIZE_FACTOR for a, b in zip(size, reference))
+def _far(size: Size | None, references: Sequence[Size]) -> bool:
+    """Whether ``size`` is far from every reference size (one side more than :data:`SIZE_FACTOR` off)."""
+    # an image without pixels has no ratio to the training size: loading it refuses it, naming it
+    if not size or min(size) <= 0 or not references:
+        return False
+    return all(any(max(a / b, b / a) > SIZE_FACTOR for a, b in zip(size, reference)) for reference in references)
 
 
-def domain_problem(record: dict[str, Any] | None, facts: Sequence[tuple[Size | None, str | None]]) -> str | None:
-    """One sentence on the first input that is far from the training domain (the module's rule), else None."""
+@dataclass(frozen=True)
+class _FarPair:
+    """A pair the rule flags: its number in the call (from 1), its name, why, and its far sizes."""
+
+    number: int
+    name: str | None
+    reasons: tuple[str, ...]
+    sizes: tuple[Size, ...]
+
+
+def _far_pair(number: int, pair: PairFacts, synthetic: bool, references: Sequence[Size]) -> _FarPair | None:
+    """Why one pair is far from the training domain (a camera, a far size), None when it is not."""
+    reasons: list[str] = []
+    sizes: list[Size] = []
+    for size, camera in (pair.before, pair.after):
+        if synthetic and camera:
+            reason = f"taken with {'an' if camera[0] in 'AEIOUaeiou' else 'a'} {camera}"  # a photograph
+        elif _far(size, references):
+            reason = f"{size[0]} x {size[1]} px"
+            sizes.append(size)
+        else:
+            continue
+        if reason not in reasons:
+            reasons.append(reason)
+    return _FarPair(number, pair.name, tuple(reasons), tuple(sizes)) if reasons else None
+
+
+def domain_problem(record: dict[str, Any] | None, pairs: Sequence[PairFacts]) -> str | None:
+    """One sentence naming the pairs that are far from the training domain (the module's rule), else None.
+
+    One pair given is named with why (``the pair a.png -> b.png (640 x 480 px) is far ...``); of several, the first
+    :data:`SHOWN_PAIRS` far ones are named with theirs, then how many more, and far images of several sizes are
+    said to be so (with the smallest and the largest) rather than one size standing for all.
+    """
     if not record:
         return None
     source = record.get("source_image_size")
     side = record.get("image_size")
-    references = [tuple(source)] if source else []
+    references: list[Size] = [(source[0], source[1])] if source else []
     if references and side:
         references.append((side, side))
     synthetic = record.get("synthetic") is True
-    trained = describe_domain(record)
-    for size, camera in facts:
-        if synthetic and camera:
-            return (
-                f"an image taken by a camera ({camera}) was given to a model trained on synthetic scenes ({trained}); "
-                "its captions of photographs are guesses, not descriptions (README: Caption your own images)."
-            )
-        # an image without pixels has no ratio to the training size: loading it refuses it, naming it
-        if size and min(size) > 0 and references and all(_far(size, reference) for reference in references):
-            return (
-                f"images of {size[0]} x {size[1]} px are far from what this model was trained on ({trained}); "
-                "its captions of them are guesses, not descriptions (README: Caption your own images)."
-            )
-    return None
+    flagged = [far for number, pair in enumerate(pairs, 1) if (far := _far_pair(number, pair, synthetic, references))]
+    if not flagged:
+        return None
+    trained = f"far from what this model was trained on ({describe_domain(record)})"
+    readme = "(README: Caption your own images)"
+    if len(pairs) == 1:
+        named = f"the pair {flagged[0].name}" if flagged[0].name else "the pair given"
+        reasons = ", ".join(flagged[0].reasons)
+        return f"{named} ({reasons}) is {trained}; its caption is a guess, not a description {readme}."
+    listed = ", ".join(
+        f"{far.name or f'pair {far.number}'} ({', '.join(far.reasons)})" for far in flagged[:SHOWN_PAIRS]
+    )
+    more = f" and {len(flagged) - SHOWN_PAIRS} more" if len(flagged) > SHOWN_PAIRS else ""
+    sizes = sorted({size for far in flagged for size in far.sizes}, key=lambda size: (size[0] * size[1], size))
+    mixed = ""
+    if len(sizes) > 1:
+        (small_w, small_h), (large_w, large_h) = sizes[0], sizes[-1]
+        mixed = f", with images of {len(sizes)} sizes from {small_w} x {small_h} to {large_w} x {large_h} px"
+    return (
+        f"{len(flagged)} of the {len(pairs)} pairs are {trained}{mixed}: {listed}{more}; their captions are "
+        f"guesses, not descriptions {readme}."
+    )

@@ -450,6 +450,11 @@ def check_type_names(change_types: dict[str, str | None], predictions: dict[str,
             )
 
 
+# The files of an evaluation folder (procap.eval.split.write_evaluation), in the order they are moved into place; here,
+# torch-free, so that `procap evaluate` refuses a folder holding them before it loads anything.
+EVALUATION_FILES = ("results.json", "references.json", "metrics.json")
+
+
 def write_results(path: str | os.PathLike, predictions: dict[str, str]) -> None:
     """COCO-style result file: ``[{"image_id": id, "caption": text}, ...]``, written atomically."""
     atomic_write_json(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])
@@ -492,10 +497,11 @@ def read_references(path: str | os.PathLike) -> dict[str, list[str]]:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """A small text table of the scores of :func:`paper_scale` (x100, the table's names), one row for all pairs and
-    one per change type when present."""
+    """A small text table of the scores of :func:`paper_scale` (x100, the table's names): the ``total`` row of all
+    pairs, then one per group of the breakdown when present (whose own ``total`` is that row, shown once)."""
     columns = [name for name in METRIC_TABLE if name in results]
-    rows = [("all", results)] + list(results.get("by_type", {}).items())
+    groups = [(name, values) for name, values in results.get("by_type", {}).items() if name != "total"]
+    rows = [("total", results), *groups]
     lines = [f"{'':<12}" + "".join(f"{c:>10}" for c in columns)]
     for name, values in rows:
         lines.append(f"{name:<12}" + "".join(f"{values[c]:>10.1f}" for c in columns))

@@ -14,6 +14,7 @@ from procap.data.images import ImageCache
 from procap.data.records import ChangePair
 from procap.eval.correctness import caption_accuracy
 from procap.eval.metrics import (
+    EVALUATION_FILES,
     METRIC_TABLE,
     METRICS,
     SCORE_SCALE,
@@ -174,9 +175,6 @@ def breakdown(predictions: dict[str, str], pairs: Sequence[Any], metrics: Sequen
         counts[group] = counts.get(group, 0) + 1
     groups = score_captions(predictions, pairs, metrics, by_type=True)
     return {name: {**values, "pairs": counts.get(name, 0)} for name, values in groups.items()}
-
-
-EVALUATION_FILES = ("results.json", "references.json", "metrics.json")  # in the order they are moved into place
 
 
 def write_evaluation(

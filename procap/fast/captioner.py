@@ -47,7 +47,7 @@ import torch
 from procap.core import validate
 from procap.core.errors import OutOfDomainWarning, ProCapError, shown
 from procap.core.hub_files import PretrainedSource
-from procap.data.domain import batch_facts, domain_problem, read_domain
+from procap.data.domain import domain_problem, pair_facts, read_domain
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
@@ -499,7 +499,7 @@ class Captioner:
                 tensors, or (B, 3, S, S) float tensors in [0, 1].
         """
         self._require_vocab()
-        self._check_domain(befores, afters)
+        self.check_domain(befores, afters, stacklevel=3)
         return self._caption(befores, afters)
 
     def _caption(self, befores: Any, afters: Any) -> list[str]:
@@ -509,18 +509,25 @@ class Captioner:
         tokens = self.generate(before, after).cpu().tolist()
         return [self.model.caption_text(self.vocab, row) for row in tokens]
 
-    def _check_domain(self, befores: Any, afters: Any) -> None:
-        """Warn once (:class:`~procap.core.errors.OutOfDomainWarning`) when images are far from the training domain.
+    def check_domain(self, befores: Any, afters: Any, stacklevel: int = 2) -> None:
+        """Warn once (:class:`~procap.core.errors.OutOfDomainWarning`) when pairs are far from the training domain,
+        naming them (the first few and how many more).
 
         The rule is :func:`procap.data.domain.domain_problem`: sizes before the resize, and a camera's EXIF given to a
-        synthetic-scene model. Paths are read for their header only; after one warning nothing more is read.
+        synthetic-scene model. Paths are read for their header only; after one warning nothing more is read. Every
+        call of the Captioner checks its own pairs; ``procap caption`` calls this once with all of its pairs, so
+        that the warning counts them all rather than one batch's.
+
+        Args:
+            befores, afters: what :meth:`__call__` takes.
+            stacklevel: as :func:`warnings.warn`'s; the default points at the line that called this method.
         """
         if self._domain_warned or self.domain is None:
             return
-        problem = domain_problem(self.domain, [*batch_facts(befores), *batch_facts(afters)])
+        problem = domain_problem(self.domain, pair_facts(befores, afters))
         if problem is not None:
             self._domain_warned = True
-            warnings.warn(problem, OutOfDomainWarning, stacklevel=3)  # the line that called the Captioner
+            warnings.warn(problem, OutOfDomainWarning, stacklevel=stacklevel)
 
     def _require_vocab(self) -> None:
         if self.vocab is None:
@@ -529,5 +536,5 @@ class Captioner:
     def caption(self, before: Any, after: Any) -> str:
         """Caption one pair (a path, PIL image, numpy array or tensor each)."""
         self._require_vocab()
-        self._check_domain([before], [after])
+        self.check_domain([before], [after], stacklevel=3)
         return self._caption([before], [after])[0]
