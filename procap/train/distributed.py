@@ -109,10 +109,12 @@ def resume_after_restart(cfg: Any) -> Any:
     """``cfg`` with ``resume=True`` when torchrun restarted the workers and ``<out>`` holds a saved state.
 
     ``torchrun --max-restarts N`` runs the same command again after a failure; without this the restarted job
-    would start from step 0 (or, with ``--resume`` on the first attempt, fail for lack of a checkpoint).
+    would start from step 0 (or, with ``--resume`` on the first attempt, fail for lack of a checkpoint). A run
+    with ``--overwrite`` trains beside ``<out>`` until it ends, so ``<out>``'s saved state is the replaced run's:
+    its restart starts over.
     """
     last = Path(cfg.out) / "last.safetensors"
-    if cfg.resume or restart_count() == 0 or not has_resumable(last):
+    if cfg.resume or cfg.overwrite or restart_count() == 0 or not has_resumable(last):
         return cfg
     return dataclasses.replace(cfg, resume=True)
 

@@ -2,7 +2,8 @@
 
 Every run writes ``run.json`` into its folder, naming the command that trains it (``vqgan``, ``pretrain``,
 ``train``) and its state (``running`` until the last checkpoint is written, then ``finished``). A new run may use a
-folder that holds no run; ``--resume`` continues a run of its own command; ``--overwrite`` replaces a run, by
+folder that holds no run; ``--resume`` continues a run of its own command (and so does a ``torchrun
+--max-restarts`` restart, without ``--resume``: :func:`procap.train.distributed.resume_after_restart`); ``--overwrite`` replaces a run, by
 training in a folder beside it and swapping the two only when the new run has finished, so an interrupted or
 failed replacement leaves the old run as it was. The swap is :func:`procap.core.files.swap_folder`: two renames with
 Ctrl-C deferred between them; a process killed outright between them leaves the old run beside the folder, and the
@@ -31,6 +32,7 @@ from procap.core.files import atomic_write_json, beside, input_overlap, recover_
 from procap.core.json_files import read_json
 from procap.core.validate import output_apart
 from procap.train.config import TrainConfig
+from procap.train.distributed import resume_after_restart
 from procap.train.state import state_paths
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ def check_run_folder(cfg: TrainConfig) -> None:
     Raises:
         ProCapError: one sentence naming ``--out`` and what to do.
     """
+    # A torchrun restart continues its own run (its command line has no --resume): not a second run in the folder.
+    cfg = resume_after_restart(cfg)
     out = Path(cfg.out)
     note = recover_swap(out)  # a replacement killed between its two renames left the old run beside the folder
     if note:
