@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU run in a few commands of under 10 minutes each, on a machine that starts bare and has no network.
 #
-#   bash bench/gpu_check.sh setup     # the extension (carried, or built in place), the GPU-facing tests with -n
+#   bash bench/gpu_check.sh setup     # the compiled ops (carried, or compiled there), the GPU-facing tests with -n
 #   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
 #   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
 #   bash bench/gpu_check.sh train     # one optimizer step of stage 1 and stage 2, fused kernels against eager
@@ -16,16 +16,16 @@
 #   a reserve for the report, so the step always ends with its results written, inside a 10-minute command.
 # - Results go to --out, by default $OUT when it is set (the only folder a lent machine sends back, at most 8
 #   files): result.json (device, versions, commands, test counts, benchmarks, summary), parts.tgz (logs, JUnit XML,
-#   benchmark JSON), caches.tgz (the Triton and Inductor caches) and the built extension (_C*.so).
-# - Carried between calls: copy caches.tgz and the .so into .gpu-carry/ (ignored by git) and name .gpu-carry in the
-#   next call's carry; the caches are unpacked and the extension is used instead of building it again.
+#   benchmark JSON) and caches.tgz (the Triton and Inductor caches and procap's compiled ops, PROCAP_CACHE).
+# - Carried between calls: copy caches.tgz into .gpu-carry/ (ignored by git) and name .gpu-carry in the next call's
+#   carry; the caches are unpacked and the compiled ops are loaded instead of compiled again.
 # - Packages the image lacks (pycocoevalcap): wheels downloaded beforehand into .whl/ (ignored by git; docs/gpu.md
 #   says how) and named in the carry; the suite step installs them into /tmp/site and puts it on PYTHONPATH.
 #
 #   --dry-run   every step on a CPU (a small test selection, the benchmark suites at their CPU shapes, no tuning)
 #   --out DIR   where the results go (default: $OUT, else a new temporary directory)
 # Environment: PYTHON (default python3), STEP_DEADLINE, GPU_CHECK_TESTS (test paths for setup), GPU_CHECK_BUILD=0
-# (use no extension rather than build one), GPU_CHECK_KERNELS_K (a pytest -k filter for the kernel benchmarks),
+# (no compiled ops rather than compile them: PROCAP_SKIP_EXT=1), GPU_CHECK_KERNELS_K (a pytest -k filter for the kernel benchmarks),
 # GPU_TUNE_ARGS (arguments for bench/gpu_tune.py in the profile step), GPU_CHECK_CARRY (the carry folder),
 # GPU_CHECK_SUITE_TESTS (test paths for suite), GPU_CHECK_SUITE_WORKERS (default 14), GPU_CHECK_WHEELS (default
 # .whl), GPU_CHECK_SITE (where the wheels go, default /tmp/site).
@@ -67,6 +67,10 @@ REPORT_RESERVE=30  # seconds kept back from every step for the report and the pa
 CARRY="${GPU_CHECK_CARRY:-$ROOT/.gpu-carry}"
 export TRITON_CACHE_DIR="$CARRY/cache/triton" TORCHINDUCTOR_CACHE_DIR="$CARRY/cache/inductor"
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
+# procap's compiled ops live with those caches, so they are carried too; a dry run keeps the user's cache, which the
+# test suite has filled, so that its commands do not compile them each into an empty one
+[ "$DRY_RUN" = 1 ] || export PROCAP_CACHE="${PROCAP_CACHE:-$CARRY/cache/procap}"
+[ "${GPU_CHECK_BUILD:-1}" != 0 ] || export PROCAP_SKIP_EXT=1
 [ -f "$CARRY/caches.tgz" ] && tar -xzf "$CARRY/caches.tgz" -C "$CARRY/cache" 2>/dev/null
 export GPU_CHECK_DRY="$DRY_RUN"
 
@@ -113,18 +117,9 @@ xdist_args() {  # parallel tests where pytest-xdist is installed (the GPU image 
   if "$PYTHON" -c "import xdist" 2>/dev/null; then echo "-n ${GPU_CHECK_WORKERS:-8}"; fi
 }
 
-extension() {  # the carried extension if there is one, else an in-place build (skipped with GPU_CHECK_BUILD=0)
-  local carried
-  carried=$(ls "$CARRY"/_C*.so 2>/dev/null | head -n 1)
-  if [ -n "$carried" ]; then
-    cp "$carried" "$ROOT/kernels/"
-    record setup extension_carried 0 0 "cp $carried kernels/"
-  elif [ "${GPU_CHECK_BUILD:-1}" != 0 ]; then
-    run_bounded setup extension_build env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS=16 \
-      "$PYTHON" setup.py build_ext --inplace
-  fi
-  run_bounded setup extension_load "$PYTHON" -c "from procap.kernels import _ext; \
-print('extension loaded:', _ext.AVAILABLE, _ext.LOAD_ERROR or ''); \
+extension() {  # the compiled ops: from the carried cache, else compiled into it (for the visible GPU's architecture)
+  run_bounded setup extension_load env MAX_JOBS=16 "$PYTHON" -c "from procap.kernels import _ext; \
+print('compiled ops loaded:', _ext.load(), _ext.load_error() or ''); \
 print('cpu ops:', _ext.has_kernel('vq_nearest', 'cpu'), 'cuda ops:', _ext.has_kernel('vq_nearest', 'cuda'))"
 }
 
@@ -261,7 +256,7 @@ print(d, 'with its jars' if glob.glob(d + '/tokenizer/*.jar') else 'without its 
     -o junit_family=xunit1 --junitxml="$PARTS/suite.xml"
 }
 
-finish() {  # the results of the steps so far into OUT_DIR: result.json, parts.tgz, caches.tgz, the extension
+finish() {  # the results of the steps so far into OUT_DIR: result.json, parts.tgz, caches.tgz
   "$PYTHON" bench/gpu_check_report.py --parts "$PARTS" --out "$OUT_DIR/result.json"
   tar -czf "$OUT_DIR/parts.tgz" -C "$PARTS" .
   tar -czf "$OUT_DIR/caches.tgz.tmp" -C "$CARRY/cache" . 2>/dev/null
@@ -271,7 +266,6 @@ finish() {  # the results of the steps so far into OUT_DIR: result.json, parts.t
     rm -f "$OUT_DIR/caches.tgz.tmp"
     echo "gpu_check: the caches are over 16 MiB and are not returned"
   fi
-  cp "$ROOT"/kernels/_C*.so "$OUT_DIR/" 2>/dev/null || true
 }
 
 for step in "${STEPS[@]}"; do

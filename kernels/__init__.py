@@ -1,13 +1,14 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
 Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``) holds the op's whole story: its contract, the plain PyTorch reference,
-the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/.
+the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/
+(compiled on first use by ``_ext.py``).
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
 and ``impl=`` / ``PROCAP_KERNELS``) and warns once when it falls back; :func:`chosen_impl` tells which ran.
 Nothing here imports ``procap.model``: the model imports the kernels, never the reverse.
 
 Adding an op: one ``kernels/<op>.py`` (registering a ``FusedOp``), one ``csrc/<op>_cpu.cpp`` (plus its schema in
-``csrc/module.cpp``) and one export line below; docs/architecture.md lists the steps.
+``csrc/module.cpp``, both under ``kernels/``) and one export line below; docs/architecture.md lists the steps.
 """
 
 from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch

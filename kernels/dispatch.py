@@ -2,12 +2,14 @@
 
 A :class:`FusedOp` names the plain PyTorch reference (the truth, runs anywhere), the Triton implementation
 (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``), the compiled implementation (``torch.ops.procap.*``
-from csrc/, C++ on CPU and CUDA when built) and the dtypes the fused versions take. :func:`run` picks one:
+from csrc/, compiled on first use by ``_ext``: C++ on CPU, CUDA where a GPU and nvcc are there) and the dtypes the
+fused versions take. :func:`run` picks one:
 
 * an explicit ``impl=`` ("reference", "triton", "cpp", "cuda") is checked and used, or raises ``ValueError``;
 * otherwise the choice is made once per (op, device type, dtype, requires grad) and remembered: on CUDA the
   Triton kernel (the compiled CUDA op first only for ops registered with ``prefer_cuda_ext``), on CPU the compiled
-  C++ op, else the reference, with one ``RuntimeWarning`` per op and device when falling back;
+  C++ op, else the reference, with one ``RuntimeWarning`` per op and device when falling back (none when the only
+  reason is that the compiled ops could not be had: ``_ext`` says that once for all of them);
 * ``PROCAP_KERNELS=reference`` forces the references everywhere; ``PROCAP_KERNELS=triton|cpp|cuda`` prefers that one
   where it can run (call :func:`reset_dispatch` after changing it).
 
@@ -63,6 +65,7 @@ def triton_can_take(tensor: torch.Tensor) -> bool:
 
 
 IMPLS = ("reference", "triton", "cpp", "cuda")
+NOT_LOADED = "the compiled ops are not loaded"
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -122,9 +125,11 @@ def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype, requir
     want = "cpu" if impl == "cpp" else "cuda"
     if device_type != want:
         return f"impl={impl!r} runs on {want} tensors, got {device_type}"
+    error = _ext.load_error()  # compiles the ops on their first use
+    if error is not None:
+        return f"{NOT_LOADED} ({error})"
     if not _ext.has_kernel(op.compiled_name, want):
-        error = _ext.LOAD_ERROR
-        return f"the compiled extension has no {want} kernel for {op.name}" + (f" ({error})" if error else "")
+        return f"the compiled ops have no {want} kernel for {op.name}"
     return None
 
 
@@ -182,7 +187,8 @@ def _choose(name: str, device_type: str, dtype: torch.dtype, requires_grad: bool
                     stacklevel=5,
                 )
             return impl
-        reasons.append(f"{impl}: {reason}")
+        if not reason.startswith(NOT_LOADED):  # procap.kernels._ext has said why, once for every op
+            reasons.append(f"{impl}: {reason}")
     raise AssertionError("unreachable: the reference always runs")
 
 

@@ -415,8 +415,7 @@ def _register_compiled() -> None:
     )
 
 
-if _ext.AVAILABLE:
-    _register_compiled()
+_ext.on_load(_register_compiled)  # the ops exist once the library is loaded (compiled on first use)
 
 
 def masking_compiled(

@@ -174,11 +174,15 @@ def vq_nearest_triton(
 
 
 # ----------------------------------------------------------------------------------------------- compiled op
-if _ext.AVAILABLE:
+def _register_compiled() -> None:
+    """The fake (meta) kernel, so that the compiled op traces under torch.compile."""
 
     @torch.library.register_fake("procap::vq_nearest")
     def _vq_nearest_fake(z, codebook):
         return z.new_empty(z.shape[0], dtype=torch.int64)
+
+
+_ext.on_load(_register_compiled)  # the op exists once the library is loaded (compiled on first use)
 
 
 def vq_nearest_compiled(

@@ -33,6 +33,16 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_ops():
+    # The compiled ops are loaded once, before the first test: from the cache, or compiled into it the first time
+    # on a machine (about a minute on 2 cores), so that no test, and no test's subprocess with its own timeout,
+    # pays for the compile. PROCAP_SKIP_EXT=1 runs the suite on the references (the C++ cases skip).
+    from procap.kernels import _ext
+
+    _ext.load()
+
+
 @pytest.fixture
 def fresh_dispatch(monkeypatch):
     """The kernels' implementation choice made afresh (no ``PROCAP_KERNELS`` override) before and after a test;

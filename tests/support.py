@@ -57,8 +57,9 @@ requires_triton = pytest.mark.skipif(_triton_skip() is not None, reason=str(_tri
 
 
 def _cpp_skip() -> str | None:
-    if not _ext.AVAILABLE:
-        return f"the C++ extension is not built ({_ext.LOAD_ERROR}); pip install -e . --no-build-isolation"
+    error = _ext.load_error()  # compiled on first use (once per torch, Python and device, then cached)
+    if error is not None:
+        return f"the compiled ops are not loaded ({error})"
     return None
 
 
@@ -73,7 +74,7 @@ def _cuda_ext_skip(op: str) -> str | None:
 def impl_params(ext_op: str, cuda_kernel: bool = True) -> list:
     """pytest params over the implementations of one op, each skipped with its reason when it cannot run.
 
-    ``cuda_kernel=False``: csrc/cuda has no kernel for the op (Triton serves CUDA), so there is no "cuda" param to
+    ``cuda_kernel=False``: kernels/csrc/cuda has no kernel for the op (Triton serves CUDA), so there is no "cuda" param to
     skip on a GPU machine.
     """
     skips = {"reference": None, "triton": _triton_skip(), "cpp": _cpp_skip()}

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOP_FOLDERS = ("bench", "csrc", "docs", "kernels", "procap", "tests", "tools")
+TOP_FOLDERS = ("bench", "docs", "kernels", "procap", "tests", "tools")
 
 # a top folder, then path characters; not inside another path or word; a trailing ``:name``, ``::name`` or
 # ``:Class.name`` (``*`` after it: a prefix) names something the file defines
@@ -90,7 +90,7 @@ def test_the_check_catches_a_moved_file_and_a_renamed_name():
         "See `procap/fast/lean_decode.py` and `procap/model/sequence.py:SequenceAssembly.embed_frames`,\n"
         "`procap/model/procap.py:ProCap.embed_frames`, `tests/kernels/test_groupnorm.py::test_in_bias_*`,\n"
         "`tests/kernels/test_groupnorm.py::test_no_such_*` and kernels/vq.py:vq_nearest.\n"
-        "Not checked: runs/demo/procap/best.safetensors, `kernels/<op>.py`, `csrc/cuda/*.cu`, procap.fast, "
+        "Not checked: runs/demo/procap/best.safetensors, `kernels/<op>.py`, `kernels/csrc/cuda/*.cu`, procap.fast, "
         "bench/results/cpu-$(date +%F).json.\n"
     )
     assert path_problems(text, "planted") == [

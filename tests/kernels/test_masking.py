@@ -13,7 +13,7 @@ from procap.kernels.masking import ENTIRE, IN_BLOCK, OUT_OF_BLOCK, RANDOM_PATCH,
 from procap.model.masking import sample_mask_params
 from tests.support import DTYPES, impl_device, impl_params, max_abs_err
 
-IMPLS = impl_params("masking_fwd", cuda_kernel=False)  # CUDA runs the Triton kernel; csrc/cuda has none
+IMPLS = impl_params("masking_fwd", cuda_kernel=False)  # CUDA runs the Triton kernel; kernels/csrc/cuda has none
 # (B, T, H, W, D): odd sizes so rows and D are never multiples of the kernels' blocks.
 SHAPES = [(4, 2, 3, 5, 97), (3, 4, 2, 2, 16), (2, 1, 2, 3, 300), (1, 1, 1, 1, 1)]
 

@@ -1,7 +1,8 @@
-"""The CUDA sources (csrc/cuda/*.cu) compile for sm_90 with nvcc, without spills; skipped where nvcc is missing.
+"""The CUDA sources (kernels/csrc/cuda/*.cu) compile for sm_90 with nvcc, without spills; skipped where nvcc is
+missing.
 
-Device code only (``nvcc -cubin``, the flags of ``torch.utils.cpp_extension`` and setup.py): the host half of the
-extension build is the C++ one the CPU tests already exercise. ``ptxas -v`` gives registers, spills and shared memory
+Device code only (``nvcc -cubin``, the flags of ``torch.utils.cpp_extension`` and ``kernels/_ext.py``): the host
+half of the build is the C++ one the CPU tests already exercise. ``ptxas -v`` gives registers, spills and shared memory
 per kernel instantiation; they are printed (``pytest -s``). nvcc comes from PATH, ``CUDA_HOME`` or the
 ``nvidia-cuda-nvcc`` wheel (``pip install nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl``).
 """
@@ -20,7 +21,7 @@ import torch
 from torch.utils import cpp_extension
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted(ROOT.glob("csrc/cuda/*.cu"))
+SOURCES = sorted(ROOT.glob("kernels/csrc/cuda/*.cu"))
 SHARED_MEMORY_LIMIT = 227 * 1024
 
 

@@ -104,7 +104,7 @@ def test_codebook_with_grad_gives_plain_indices(impl):
     assert torch.equal(indices, vq_nearest_ref(z, codebook.detach()))
 
 
-@pytest.mark.skipif(not _ext.AVAILABLE, reason="the C++ extension is not built")
+@pytest.mark.skipif(_ext.load_error() is not None, reason=f"the compiled ops are not loaded ({_ext.load_error()})")
 def test_cpp_portable_scan_matches():
     # The C++ op picks an AVX2 scan at run time; PROCAP_DISABLE_AVX2=1 exercises the portable one (fresh process).
     code = (

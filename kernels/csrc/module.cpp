@@ -1,16 +1,10 @@
-// The extension module procap.kernels._C: operator schemas of the `procap` namespace.
+// Operator schemas of the `procap` namespace, compiled with the CPU/CUDA files into one shared library.
 //
-// Importing the shared library runs the static registrations (TORCH_LIBRARY here, TORCH_LIBRARY_IMPL in the
-// CPU/CUDA files); afterwards the ops are torch.ops.procap.*. Python needs a module init symbol to import the
-// library at all, so PyInit__C creates an empty module (no pybind11: keeps the build small and fast).
-#include <Python.h>
+// procap.kernels._ext compiles it on first use (torch.utils.cpp_extension.load) and loads it with
+// torch.ops.load_library: loading runs the static registrations (TORCH_LIBRARY here, TORCH_LIBRARY_IMPL in the
+// CPU/CUDA files) and the ops become torch.ops.procap.*. It is a plain library, not a Python module: no module
+// init symbol, no pybind11, so the build stays small and fast.
 #include <torch/library.h>
-
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "ProCap C++/CUDA ops, see torch.ops.procap", -1,
-                                   nullptr};
-  return PyModule_Create(&module_def);
-}
 
 TORCH_LIBRARY(procap, m) {
   // out = where(mask, e_m, x) + ((pos_frame[t] + pos_row[h]) + pos_col[w]) in fp32, and the bool mask.
