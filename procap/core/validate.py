@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from procap.core.errors import ProCapError, shown
@@ -149,6 +150,15 @@ def integer(value: object, name: str, minimum: int | None = None, maximum: int |
         raise ProCapError(f"{name} must be an integer, got {shown(value)}.")
     number(value, name, minimum=minimum, maximum=maximum)
     return value
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (``procap prepare --shard``) -> ``(I, N)`` with ``0 <= I < N``; ProCapError naming ``--shard``
+    otherwise. Here rather than beside the shards' code, which imports torch, so that it is checked before it."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+    if not match or not 0 <= int(match[1]) < int(match[2]):
+        raise ProCapError(f"--shard {text!r}: give I/N with 0 <= I < N (e.g. 0/4 ... 3/4)")
+    return int(match[1]), int(match[2])
 
 
 def environment_integer(variable: str, default: int, minimum: int = 0) -> int:
