@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core import validate
 from procap.core.config import COMPUTE_DTYPES
 from procap.core.errors import ProCapError
@@ -150,8 +150,9 @@ def pairs_from_args(args: argparse.Namespace) -> list[tuple[Path, Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The checks that need no torch (pairs, numbers, flags, a local --ckpt, --out) come before the device's
+    # (_caption's first line), which imports it: a wrong argument is one sentence in the first second (docs/errors.md).
     pairs = pairs_from_args(args)
-    validate.device(args.device)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.caption_length(args.max_len, "--max-len")  # its ceiling is the model's, checked once loaded
     strategy = strategy_from_args(args)
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"{'--resume' if args.resume else '--overwrite'} applies to an --out file; give one.")
     if args.out is not None and args.json:
         raise ProCapError("--json prints the captions; with --out they go to the file (.jsonl for JSON).")
+    local_checkpoint(args)
     output = None
     if args.out is not None:
         from procap.fast.caption_file import CaptionFile
@@ -196,6 +198,7 @@ def _caption(
 ) -> int:
     from procap.data.pair_lists import pair_key
 
+    device = validate.device(args.device)  # the first check that imports torch, before a download or the model
     done = [pair for pair in pairs if output is not None and pair_key(*pair) in output.done]
     todo = [pair for pair in pairs if output is None or pair_key(*pair) not in output.done]
     checkpoint = checkpoint_file(args)
@@ -209,7 +212,6 @@ def _caption(
     from procap.train.batch_memory import check_checkpoint_batch
 
     # a batch is never larger than the pairs given (a CUDA bucket of --batch-size rows would be allocated whole)
-    device = validate.device(args.device)
     batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(todo), device, "pairs given", "caption")
     from procap.fast import Captioner
     from procap.fast.caption_file import caption_batches

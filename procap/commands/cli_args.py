@@ -308,8 +308,6 @@ def check_args(args: argparse.Namespace) -> None:
             f"--procedures truth renders the frames of a benchmark written by `procap synth`, and --data {args.data} "
             "holds no scenes.json."
         )
-    if getattr(args, "device", None):
-        validate.device(args.device)
 
 
 def check_init_preset(init: str, preset: str) -> None:
@@ -433,20 +431,26 @@ def config_from_args(stage: str, args: argparse.Namespace, notes: list[str] | No
                 "(--preset tiny for a small CPU run)"
             )
     check_args(args)
-    if given_preset and stage != "vqgan" and getattr(args, "init", None):
-        check_init_preset(args.init, given_preset)
     try:
         config = TrainConfig.from_args(stage, args)
     except (ValueError, TypeError) as exc:
         raise ProCapError(str(exc)) from None
     from procap.core.extras import require_all
-    from procap.train.batch_memory import check_training_batch
 
     require_all(config.optional_packages(), f"procap {stage}")  # a missing extra fails now, not at a validation
     if stage == "train":
         from procap.eval.metrics import require_java
 
         require_java(config.val_metrics, "of the config file's val_metrics")
+    # The checks above need no torch; the device's imports it, and so do those below (they read weight files).
+    if getattr(args, "device", None):
+        from procap.core import validate
+
+        validate.device(args.device)
+    if given_preset and stage != "vqgan" and getattr(args, "init", None):
+        check_init_preset(args.init, given_preset)
+    from procap.train.batch_memory import check_training_batch
+
     tokenizer_note = default_tokenizer(stage, args)  # after the cheap checks: it reads the shipped file's header
     if getattr(args, "vqgan", None) != config.vqgan:
         config = dataclasses.replace(config, vqgan=args.vqgan)

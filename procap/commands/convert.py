@@ -36,11 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from procap.convert import convert_authors_checkpoint
     from procap.core import validate
     from procap.core.hub_files import parse_hub_path, resolve_file
-    from procap.data.domain import TRAINED_ON, describe_domain, domain_record
-    from procap.loading.checkpoint import save_checkpoint
 
     out = Path(args.out)
     validate.output_file(out, "--out")  # before the (slow) conversion or a download: nothing is written on a bad --out
@@ -50,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
         parse_hub_path(value, what)  # a malformed hf:// path fails before anything is fetched
     checkpoint = resolve_file(args.checkpoint, "authors' checkpoint")
     vocab_file = resolve_file(args.vocab, "--vocab file")
+    # torch and the model only now: a wrong argument is one sentence in the first second
+    from procap.convert import convert_authors_checkpoint
+    from procap.data.domain import TRAINED_ON, describe_domain, domain_record
+    from procap.loading.checkpoint import save_checkpoint
+
     model, vocab, info = convert_authors_checkpoint(checkpoint, vocab_file)
     c = model.config
     domain = {}

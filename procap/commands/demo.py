@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from procap.core.config import DEMO_PROCEDURES, VIEWPOINTS
+from procap.core.config import DEMO_MAX_SEEDS, DEMO_MODELS, DEMO_PROCEDURES, VIEWPOINTS
 
 HELP = "Run the whole pipeline on the embedded synthetic benchmark: ProCap and its 2 x 2 ablation compared."
 
@@ -85,16 +85,17 @@ def run(args: argparse.Namespace) -> int:
 
     require_all(demo_packages(args.procedures), "procap demo")  # before the pipeline's imports: the first second
     from procap.core import validate
-    from procap.experiments.demo import MAX_SEEDS, MODELS, run_demo
-    from procap.experiments.report import REPORT_NAME
 
-    validate.number(args.seeds, "--seeds", minimum=1, maximum=MAX_SEEDS)
+    validate.number(args.seeds, "--seeds", minimum=1, maximum=DEMO_MAX_SEEDS)
     # the runs use seeds seed .. seed + seeds - 1
     validate.seed(args.seed, "--seed", count=args.seeds)
     validate.number(args.workers, "--workers", minimum=0, maximum=validate.MAX_WORKERS)
-    validate.number(args.jobs, "--jobs", minimum=1, maximum=len(MODELS))
-    validate.device(args.device)
+    validate.number(args.jobs, "--jobs", minimum=1, maximum=len(DEMO_MODELS))
     validate.output_dir(args.out, "--out")
+    validate.device(args.device)  # the one check that imports torch comes last
+    from procap.experiments.demo import run_demo
+    from procap.experiments.report import REPORT_NAME
+
     run_demo(
         args.out,
         quick=args.quick,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core.config import ABLATABLE_PARTS
 from procap.eval.metrics import EVALUATION_FILES, METRICS_SPELLING_HELP
 
@@ -84,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from procap.commands.caption import strategy_from_args
     from procap.core import validate
     from procap.core.errors import ProCapError
-    from procap.eval.split import evaluate_model
-    from procap.loading.checkpoint import check_can_caption, load_checkpoint
     from procap.model.decoding import strategy_record
 
+    # Every check that needs no torch (flags, a local --ckpt, --out, the split's pairs) comes before the device's,
+    # which imports it: a wrong argument is one sentence in the first second (docs/errors.md).
     metrics = _checked_metrics(args)
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.max_pairs, "--max-pairs", minimum=1)
@@ -96,16 +96,17 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(
             "--ablate runs with the oracle's greedy decoding: leave out --fast and --beams or --strategy."
         )
-    device = validate.device(args.device)
-    from procap.core.hub_files import parse_hub_path
-
-    checkpoint = checkpoint_file(args)
+    local = local_checkpoint(args)
     # Next to a local checkpoint; a Hub checkpoint lives in the download cache, so its results go to the cwd.
-    beside = Path() if parse_hub_path(args.ckpt, "--ckpt") else checkpoint.parent
+    beside = Path() if local is None else local.parent
     out = validate.fresh_output_dir(
         args.out or beside / f"eval_{args.split}", EVALUATION_FILES, "--out", args.overwrite, "an evaluation"
     )
     split_pairs, pairs = _pairs_to_evaluate(args)
+    device = validate.device(args.device)
+    checkpoint = checkpoint_file(args)
+    from procap.eval.split import evaluate_model
+    from procap.loading.checkpoint import check_can_caption, load_checkpoint
     from procap.train.batch_memory import check_checkpoint_batch
 
     what = f"{args.split} pairs"

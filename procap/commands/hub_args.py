@@ -1,6 +1,6 @@
 """The Hub flags of every command that takes ``--ckpt`` (``caption``, ``evaluate``, ``imagine``, ``profile``), and
 the one call that turns ``--ckpt`` into a local checkpoint file with them. Imports nothing heavy: ``--help`` stays
-fast."""
+fast, and a missing local ``--ckpt`` is refused before torch is imported (:func:`local_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,14 @@ def checkpoint_file(args: argparse.Namespace, what: str = "--ckpt") -> Path:
     from procap.core.hub_files import resolve_checkpoint
 
     return resolve_checkpoint(args.ckpt, what, token=args.hf_token, force_download=args.force_download)
+
+
+def local_checkpoint(args: argparse.Namespace, what: str = "--ckpt") -> Path | None:
+    """The checkpoint file behind a local ``args.ckpt``, checked without torch and without a download; None for
+    ``hf://``, whose syntax is checked here and whose files :func:`checkpoint_file` fetches once the checks that need
+    torch (the device) have passed."""
+    from procap.core.hub_files import parse_hub_path
+
+    if parse_hub_path(args.ckpt, what) is not None:
+        return None
+    return checkpoint_file(args, what)

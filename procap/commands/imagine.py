@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core.errors import ProCapError
 
 HELP = "Decode the procedure a checkpoint's encoder imagines between two images into a before | frames | after strip."
@@ -37,12 +37,13 @@ def run(args: argparse.Namespace) -> int:
         raise ProCapError(f"--tile must be between 8 and 2048 pixels, got {args.tile}")
     from procap.core import validate
 
-    checkpoint = checkpoint_file(args, "checkpoint file")
+    local_checkpoint(args, "checkpoint file")
     for image in (args.before, args.after):
         validate.input_file(image, "image file")
     validate.output_file(out, "--out")
     validate.seed(args.seed, "--seed")
-    device_name = validate.device(args.device) if args.device else "cpu"
+    device_name = validate.device(args.device) if args.device else "cpu"  # the first check that imports torch
+    checkpoint = checkpoint_file(args, "checkpoint file")  # an hf:// checkpoint is fetched once all checks passed
     import torch
 
     from procap.core.files import atomic_write

@@ -21,9 +21,10 @@ def run(args: argparse.Namespace) -> int:
         config = get_preset(args.preset)
     except KeyError as exc:
         raise ProCapError(exc.args[0]) from None
+    from procap.core.weights import meta_build
     from procap.model.procap import ProCap, count_parameters
 
-    with __import__("torch").device("meta"):
+    with meta_build():  # shapes only: the counts need no weights, their initialisation nor torch._dynamo
         model = ProCap(config)
     counts = count_parameters(model)
     if args.json:

@@ -89,9 +89,7 @@ def check_args(args: argparse.Namespace) -> None:
     validate.input_dir(args.root, "--root")
     validate.output_dir(args.out, "--out")
     if args.shard is not None:
-        from procap.procedure.shards import parse_shard
-
-        parse_shard(args.shard)
+        validate.parse_shard(args.shard)
         if args.merge:
             raise ProCapError("--shard builds one shard and --merge joins them; pass one of the two")
     if args.merge:
@@ -117,10 +115,10 @@ def default_size(vqgan: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_args(args)  # before the pipeline's imports, which bring torch: a wrong argument fails in the first second
     from procap.procedure.pipeline import options_from_args, prepare
     from procap.train.distributed import env_context
 
-    check_args(args)
     if args.merge:
         return _merge(args)
     if args.size is None:

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Paths, ranges and flag combinations, before anything is loaded or written."""
+    """Paths, ranges and flag combinations, before anything is loaded or written (``--device``, which needs torch,
+    is checked by :func:`run` once the pair is found)."""
     from procap.commands.imagine import IMAGE_SUFFIXES
     from procap.core import validate
 
@@ -79,8 +80,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise ProCapError("--cache DIR or --vqgan CKPT is needed: read a prepared procedure or synthesize one now.")
     else:
         validate.input_file(args.vqgan, "--vqgan")
-    if args.device:
-        validate.device(args.device)
 
 
 def find_pair(dataset: str, root: str, pair_id: str):
@@ -135,6 +134,11 @@ def load_procedure(args: argparse.Namespace, pair):
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
+    pair, split = find_pair(args.dataset, args.data, args.pair)  # reads the split lists: no torch yet
+    if args.device:  # the one check that imports torch comes after those that do not
+        from procap.core import validate
+
+        validate.device(args.device)
     import torch
 
     from procap.commands.imagine import image_format
@@ -142,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
     from procap.core.files import atomic_write
     from procap.viz.figures import explicit_procedure, flat_scores_note
 
-    pair, split = find_pair(args.dataset, args.data, args.pair)
     frames, s_bef, s_aft, source = load_procedure(args, pair)
     count = frames.shape[0] - 2
     validate.keyframe_count(args.num_keyframes, "--num-keyframes", frames=count)

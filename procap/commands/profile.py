@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file
+from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core import validate
 from procap.core.config import COMPUTE_DTYPES
 
@@ -152,13 +152,14 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.steps, "--steps", minimum=1, maximum=MAX_PROFILED_STEPS)
     validate.caption_length(args.max_len, "--max-len")  # its ceiling is the model's, checked once loaded
-    validate.device(args.device)
+    local_checkpoint(args)
+    if not args.no_trace:
+        validate.output_dir(args.out, "--out")
+    device = validate.device(args.device)  # the first check that imports torch: the others come before it
     checkpoint = checkpoint_file(args)
     from procap.train.batch_memory import check_checkpoint_batch
 
-    check_checkpoint_batch(checkpoint, args.batch_size, None, validate.device(args.device), "", "profile")
-    if not args.no_trace:
-        validate.output_dir(args.out, "--out")
+    check_checkpoint_batch(checkpoint, args.batch_size, None, device, "", "profile")
     captioner, batch = _captioning_batch(args, checkpoint)
     batch()  # warm-up: cuDNN autotuning and graph capture stay out of the trace
     if args.no_trace:

@@ -39,6 +39,17 @@ PROCEDURE_SOURCES = ("crossfade", "truth")
 UNTRAINED_VQGAN = "untrained"
 # What the demo trains stage 1 on: a source above, or "interpolated" (it builds a cache with procap prepare).
 DEMO_PROCEDURES = ("interpolated", *PROCEDURE_SOURCES)
+# The demo's models, (run folder, label): the cells of the paper's 2 x 2; the report names the same runs
+# (procap.experiments.report.RUNS), and `procap demo --jobs` runs at most one process per model.
+DEMO_MODELS = (
+    ("procap", "ProCap (k=2)"),
+    ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
+    ("stage1_static", "stage 1, static pair (k=0)"),
+    ("static", "static pair (k=0)"),
+)
+# Seeds of one demo: each trains the four models again (about 7.5 min with --quick, an hour or more without), so
+# more than this is a typo rather than a study.
+DEMO_MAX_SEEDS = 64
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -188,6 +189,15 @@ def caption_length(value: object, name: str, ceiling: int | None = None, default
     if value is None:
         return default
     return integer(value, name, minimum=MIN_CAPTION_LENGTH, maximum=ceiling)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (``procap prepare --shard``) -> ``(I, N)`` with ``0 <= I < N``; ProCapError naming ``--shard``
+    otherwise. Here rather than beside the shards' code, which imports torch, so that it is checked before it."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+    if not match or not 0 <= int(match[1]) < int(match[2]):
+        raise ProCapError(f"--shard {text!r}: give I/N with 0 <= I < N (e.g. 0/4 ... 3/4)")
+    return int(match[1]), int(match[2])
 
 
 def environment_integer(variable: str, default: int, minimum: int = 0) -> int:

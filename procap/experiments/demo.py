@@ -44,7 +44,7 @@ import torch
 from typing_extensions import Self
 
 from procap.core import validate
-from procap.core.config import DEMO_PROCEDURES, PROCEDURE_SOURCES
+from procap.core.config import DEMO_MAX_SEEDS, DEMO_MODELS, DEMO_PROCEDURES, PROCEDURE_SOURCES
 from procap.core.errors import ProCapError
 from procap.core.json_files import read_json, read_json_lines
 from procap.core.logs import LOGGER_NAME, TO_STDOUT, start_console_logging
@@ -55,18 +55,13 @@ if TYPE_CHECKING:
     from procap.data.vocab import Vocabulary
 
 PRESET = "tiny"
-# Seeds of one demo: each trains the four models again (about 7.5 min with --quick, an hour or more without), so
-# more than this is a typo rather than a study.
-MAX_SEEDS = 64
+# The models and the seed ceiling live with the named choices, so that `procap demo` checks --jobs and --seeds
+# before torch is imported.
+MAX_SEEDS = DEMO_MAX_SEEDS
 IMAGE_SIZE = 64
 # The demo's table keeps the four columns its README results quote; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
-MODELS = (  # (run folder, label); the report names the same runs (procap.experiments.report.RUNS)
-    ("procap", "ProCap (k=2)"),
-    ("procap_no_stage1", "ProCap, no stage 1 (k=2)"),
-    ("stage1_static", "stage 1, static pair (k=0)"),
-    ("static", "static pair (k=0)"),
-)
+MODELS = DEMO_MODELS  # (run folder, label)
 # correctness figures averaged over seeds (procap.eval.correctness.caption_accuracy), the failure kinds included
 ACCURACY_KEYS = (
     "change",

@@ -23,6 +23,7 @@ import torch
 from procap.core.config import FRAME_SIMILARITIES
 from procap.core.errors import ProCapError
 from procap.core.files import atomic_write_json, sha256_of
+from procap.core.validate import parse_shard
 from procap.data import load_image, load_split
 from procap.data.datasets import score_subkey
 from procap.data.images import open_image
@@ -38,7 +39,7 @@ from procap.procedure.cache import (
     stored_sources,
 )
 from procap.procedure.interpolate import FlowInterpolator, Interpolator, generate_procedure, levels_for
-from procap.procedure.shards import parse_shard, shard_dir, shard_pairs
+from procap.procedure.shards import shard_dir, shard_pairs
 from procap.procedure.sources import check_unchanged, record
 
 

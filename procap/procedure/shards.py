@@ -4,7 +4,8 @@
 ``OUT/shards/I-of-N/`` (a complete, resumable cache of its own). ``procap prepare --merge`` then checks that every
 pair of the split list is complete in exactly one shard, that all shards were built with the same settings, and
 copies them into ``OUT/<group>.h5`` (each file written under a temporary name and renamed) with the manifest and
-``scores.json``. Under ``torchrun`` the ranks pick their shard from ``RANK``/``WORLD_SIZE`` and rank 0 merges
+``scores.json`` (the ``--shard`` value itself is read by :func:`procap.core.validate.parse_shard`, without torch).
+Under ``torchrun`` the ranks pick their shard from ``RANK``/``WORLD_SIZE`` and rank 0 merges
 once all are done.
 """
 
@@ -30,14 +31,6 @@ from procap.procedure.cache import (
 
 SHARDS_DIR = "shards"
 _SHARD_NAME = re.compile(r"^(\d+)-of-(\d+)$")
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; ProCapError naming ``--shard`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
-    if not match or not 0 <= int(match[1]) < int(match[2]):
-        raise ProCapError(f"--shard {text!r}: give I/N with 0 <= I < N (e.g. 0/4 ... 3/4)")
-    return int(match[1]), int(match[2])
 
 
 def shard_dir(out: str | Path, index: int, count: int) -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 from procap.core import validate
 from procap.core.config import ProCapConfig, config_from_dict, get_preset
 from procap.core.errors import ProCapError
+from procap.core.weights import meta_build
 from procap.loading.checkpoint import read_checkpoint_metadata
 from procap.train.common import load_pairs
 from procap.train.distributed import env_context
@@ -75,8 +76,9 @@ def vqgan_training_footprint(vq: Any) -> tuple[int, int]:
             saved[id(tensor)] = tensor
             return tensor
 
-        with torch.device("meta"):
+        with meta_build():  # initialisation skipped: the parameters' values are no part of the count
             model = VQGAN(vq).train()
+        with torch.device("meta"):
             images = torch.empty(1, vq.in_channels, vq.resolution, vq.resolution)
             with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
                 model.reconstruction_loss(images)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from procap.core.errors import ProCapError
+from procap.core.validate import parse_shard
 from procap.procedure.interpolate import CrossFade
 from procap.procedure.pipeline import prepare
-from procap.procedure.shards import merge_shards, parse_shard, shard_dir
+from procap.procedure.shards import merge_shards, shard_dir
 from tests.support import prepare_options, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
