@@ -5,7 +5,8 @@
 #   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
 #   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
 #   bash bench/gpu_check.sh train     # one optimizer step of stage 1 and stage 2, fused kernels against eager
-#   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, a top-kernel table each, the table last
+#   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, every kernel at b1 and b32, the table last
+#   bash bench/gpu_check.sh ncu       # ncu of the GN statistics kernel (largest b32 launch) and finalize (b1)
 #   bash bench/gpu_check.sh suite     # the whole test suite with -n 14 (the quick demo deselected), wheels from .whl/
 #
 # `all` runs setup, e2e, kernels and train in a row. What a lent machine needs (docs/gpu.md, "Running on a lent machine"):
@@ -40,16 +41,16 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
     --out) OUT_DIR="$2"; shift ;;
-    setup|e2e|kernels|train|profile|suite) STEPS+=("$1") ;;
+    setup|e2e|kernels|train|profile|ncu|suite) STEPS+=("$1") ;;
     all) STEPS+=(setup e2e kernels train) ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, train, profile, suite, all;" \
+    *) echo "gpu_check.sh: unknown argument '$1' (steps: setup, e2e, kernels, train, profile, ncu, suite, all;" \
          "options: --dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
   shift
 done
 if [ ${#STEPS[@]} -eq 0 ]; then
-  echo "gpu_check.sh: name a step: setup, e2e, kernels, train, profile, suite or all" >&2
+  echo "gpu_check.sh: name a step: setup, e2e, kernels, train, profile, ncu, suite or all" >&2
   exit 2
 fi
 PYTHON="${PYTHON:-python3}"
@@ -179,6 +180,39 @@ step_profile() {
   run_bounded profile tune "$PYTHON" bench/gpu_tune.py --deadline $(($(seconds_left) - 120)) \
     --out "$PARTS/tune.json" ${GPU_TUNE_ARGS:-}
   cat "$PARTS/tune.log"  # the compact table is the tail of the command's output
+}
+
+# ncu's sections for the GroupNorm kernels: launch configuration, achieved occupancy (and what limits it), DRAM and
+# cache throughput, and where warps stall (barriers, memory dependencies).
+NCU_SECTIONS=(--section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats)
+
+ncu_command() {  # ncu_command NAME KERNEL BATCH: the ncu line for KERNEL's first launch in a BATCH-pair call
+  # The workload is `procap profile` on the clevr preset with random weights, uncaptured (--no-graphs): its first
+  # call launches each kernel in pipeline order, so the statistics kernel's first launch is the first norm's, on
+  # the level-0 tensor (the largest), and the finalize's first launch merges the most chunks. --clock-control none:
+  # the clocks the timed runs had, not ncu's locked base clock.
+  echo ncu --clock-control none "${NCU_SECTIONS[@]}" -k "regex:$2" --launch-count 1 -f -o "$PARTS/ncu_$1" \
+    "$PYTHON" -m procap profile --preset clevr --batch-size "$3" --steps 1 --no-trace --no-graphs
+}
+
+step_ncu() {
+  local name kernel batch
+  for spec in "gn_stats_b32 _group_norm_stats_kernel 32" "gn_finalize_b1 _group_norm_finalize_kernel 1"; do
+    read -r name kernel batch <<<"$spec"
+    # shellcheck disable=SC2207  # the command's words (no spaces inside them)
+    local cmd=($(ncu_command "$name" "$kernel" "$batch"))
+    if [ "$DRY_RUN" = 1 ]; then  # ncu needs a GPU: the dry run says what would run
+      echo "gpu_check: [ncu] $name: ${cmd[*]}"
+      record ncu "$name" 0 0 "dry run, not run: ${cmd[*]}"
+    elif ! command -v ncu >/dev/null; then
+      echo "gpu_check: [ncu] no ncu on PATH: $name not profiled"
+      record ncu "$name" 1 0 "ncu missing: ${cmd[*]}"
+    else
+      run_bounded ncu "ncu_$name" "${cmd[@]}"
+      # the report's details as text beside it, for reading without Nsight Compute
+      run_bounded ncu "ncu_${name}_details" ncu --import "$PARTS/ncu_$name.ncu-rep" --page details --csv
+    fi
+  done
 }
 
 carried_wheels() {  # install .whl/*.whl into GPU_CHECK_SITE and put it on PYTHONPATH (subprocesses inherit it)

@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-STEPS = ("setup", "e2e", "kernels", "train", "profile", "suite")  # the steps of bench/gpu_check.sh
+STEPS = ("setup", "e2e", "kernels", "train", "profile", "ncu", "suite")  # the steps of bench/gpu_check.sh
 
 
 def _run(cmd: list[str]) -> str | None:

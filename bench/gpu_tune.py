@@ -1,5 +1,6 @@
-"""A/B timing of named fast-path variants in one process on one model: CUDA events at batch 1 and 32, a correctness
-gate per variant, a top-kernel table per variant, and a compact table printed last.
+"""A/B timing of named fast-path variants in one process on one model: CUDA events at batch 1 and 32, the NVML SM
+clock beside each, a correctness gate per variant, every kernel of a call per variant and batch, and a compact table
+printed last.
 
     python bench/gpu_tune.py --variants all,readable_encoder,encoder_gelu_epilogue --batches 1,32 --out tune.json
     python bench/gpu_tune.py --list
@@ -9,11 +10,15 @@ with the variant's options, and may carry a written estimate of the milliseconds
 prints it; the results keep it beside the measurement). Per variant and batch: the first call
 (capture, cuDNN autotuning, compilation) is timed apart as ``setup_s``, then ``--iters`` calls are timed with CUDA
 events, one pair of events around each call (the median is reported, with TPS counting 24 tokens per caption as
-the paper does, and MFU from the model FLOPs of the reference graph). The gate: the decoder memory of the largest
-batch against the fp32 oracle's (``ProCap.memory`` in fp32, TF32 off), as ``||delta|| / ||oracle||``, and the
-fraction of tokens equal to the first variant's. With ``--profile-batch``, one profiled call per variant gives its
-top kernels by device time. No new variant starts after ``--deadline`` seconds; the JSON is written in any case,
-and the compact table is the last thing printed (a remote run returns the tail of its output).
+the paper does, and MFU from the model FLOPs of the reference graph). Beside each batch's timing, the SM clock NVML
+sampled during the timed calls (``nvidia-ml-py``; without it the clocks are left out and the run says so once): a
+power-capped GPU runs below its maximum clock, and a slower variant may only have run at a lower one. The gate: the
+decoder memory of the largest batch against the fp32 oracle's (``ProCap.memory`` in fp32, TF32 off), as
+``||delta|| / ||oracle||``, and the fraction of tokens equal to the first variant's. At each of
+``--profile-batches`` (default 1 and 32), one profiled call per variant records every kernel with device time (no
+cut: the JSON holds them all; ``--top`` only shortens the printed tables). No new variant starts after
+``--deadline`` seconds; the JSON is written in any case, and the compact table is the last thing printed (a remote
+run returns the tail of its output).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,13 +47,15 @@ FUSED_ENCODER_ONLY_BIAS = {"downsample_4x4": False, "input_channels": None}
 class Variant:
     """One configuration of the fast path: Captioner keyword arguments, and kernel switches set around its run.
 
-    ``estimate_ms_b32``: the written prediction of the milliseconds it saves at batch 32 against ``all`` (from the
-    profile of docs/gpu.md), recorded before it is measured and kept beside the measurement in the results.
+    ``estimate_ms_b32`` / ``estimate_ms_b1``: the written prediction of the milliseconds it saves at batch 32 (and
+    1) against ``all`` (from the profile of docs/gpu.md), recorded before it is measured and kept beside the
+    measurement in the results.
     """
 
     description: str
     captioner: dict[str, Any] = field(default_factory=dict)
     estimate_ms_b32: float | None = None
+    estimate_ms_b1: float | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -83,6 +90,15 @@ VARIANTS: dict[str, Variant] = {
         {"fused_encoder": {"add_norm": True, "gelu_epilogue": True}},
         estimate_ms_b32=1.1,
     ),
+    # Issue 51 item 4a, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"): the fp32 logits GEMM
+    # ran 24 x 15 us at b32 (sgemm_largek); a GEMV of 80 x 512 from L2 with the pick is about 3-5 us a launch.
+    "decode_logits_pick": Variant(
+        "all + the decoding step's fp32 logits GEMV and per-tile greedy pick in one Triton kernel (the decoder's "
+        "logits_pick), instead of the cuBLAS GEMM",
+        {"fused_decoder": {"logits_pick": True}},
+        estimate_ms_b32=0.25,
+        estimate_ms_b1=0.05,
+    ),
 }
 DEFAULT_VARIANTS = ("all", "readable_encoder", "encoder_gelu_epilogue", "baseline")
 
@@ -98,8 +114,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="timed calls per variant and batch (default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first (default 2)")
     parser.add_argument("--deadline", type=float, default=480.0, help="start no variant after this many seconds")
-    parser.add_argument("--profile-batch", type=int, default=32, help="profile one call at this batch (0: none)")
-    parser.add_argument("--top", type=int, default=12, help="kernels per profile table (default 12)")
+    parser.add_argument(
+        "--profile-batches",
+        default="1,32",
+        help="profile one call per variant at each of these batches, every kernel recorded (default 1,32; 0: none)",
+    )
+    parser.add_argument("--top", type=int, default=12, help="kernels per printed profile table (default 12)")
     parser.add_argument("--out", type=Path, help="write the results JSON here")
     args = parser.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -108,10 +128,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     try:
         args.batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+        args.profile_batches = sorted({int(b) for b in args.profile_batches.split(",") if b.strip()} - {0})
     except ValueError:
-        parser.error(f"--batches takes comma-separated integers, got {args.batches!r}")
+        parser.error(f"--batches and --profile-batches take comma-separated integers, got {args.batches!r}")
     if not args.batches or min(args.batches) < 1 or args.iters < 1 or args.warmup < 0 or args.k < 1:
         parser.error("batches, --iters and --k must be positive, --warmup not negative")
+    if args.profile_batches and min(args.profile_batches) < 1:
+        parser.error("--profile-batches must be positive (0 alone: no profile)")
     return args
 
 
@@ -173,7 +196,8 @@ def _cell(value: Any, fmt: str) -> str:
 def compact_table(results: dict[str, dict[str, Any]], batches: Sequence[int]) -> str:
     """One line per variant: median ms per batch, TPS and MFU at the largest batch, the gate, the setup time."""
     top = max(batches)
-    header = ["variant"] + [f"b{b} ms" for b in batches] + [f"b{top} TPS", "MFU", "mem rel", "tokens", "setup s"]
+    header = ["variant"] + [f"b{b} ms" for b in batches]
+    header += [f"b{top} TPS", "MFU", "SM MHz", "mem rel", "tokens", "setup s"]
     rows = [header]
     for name, result in results.items():
         if "error" in result:
@@ -187,6 +211,7 @@ def compact_table(results: dict[str, dict[str, Any]], batches: Sequence[int]) ->
             + [
                 _cell(largest.get("tps"), ",.0f"),
                 _cell(largest.get("mfu"), ".1%"),
+                _cell(largest.get("sm_clock_mhz"), ".0f"),
                 _cell(result.get("memory_rel_diff"), ".1e"),
                 _cell(result.get("token_match"), ".1%"),
                 _cell(sum(v.get("setup_s", 0.0) for v in per_batch.values()) or None, ".1f"),
@@ -204,12 +229,66 @@ def compact_table(results: dict[str, dict[str, Any]], batches: Sequence[int]) ->
     return "\n".join(lines)
 
 
-def kernel_table(name: str, kernels: list[dict[str, Any]]) -> str:
-    """A variant's top kernels: ms per call, launches per call, name."""
-    lines = [f"top kernels, {name}:"]
-    for k in kernels:
+def kernel_list(averages: Iterable[Any], calls: int = 1) -> dict[str, Any]:
+    """Every kernel of ``calls`` profiled calls, per call, longest first: none is cut.
+
+    Args:
+        averages: ``torch.profiler``'s ``key_averages()`` rows (``key``, ``device_type``, ``self_device_time_total``
+            in microseconds, ``count``). Only the device's rows are kernels: a CPU op's row carries the time of the
+            kernels it launched, which the kernels' own rows hold already.
+
+    Returns:
+        ``{"device_ms", "launches", "kernels": [{"name", "ms_per_call", "launches_per_call"}, ...]}``.
+    """
+    from torch.autograd import DeviceType
+
+    rows = [e for e in averages if e.device_type != DeviceType.CPU and e.self_device_time_total > 0]
+    rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    kernels = [
+        {"name": e.key, "ms_per_call": e.self_device_time_total / 1e3 / calls, "launches_per_call": e.count / calls}
+        for e in rows
+    ]
+    return {
+        "device_ms": sum(k["ms_per_call"] for k in kernels),
+        "launches": sum(k["launches_per_call"] for k in kernels),
+        "kernels": kernels,
+    }
+
+
+def kernel_table(name: str, batch: int, profile: dict[str, Any], top: int) -> str:
+    """A variant's ``top`` longest kernels at one batch (ms per call, launches per call, name), and what the rest
+    hold: the results JSON keeps every row."""
+    kernels = profile["kernels"]
+    lines = [f"kernels, {name}, b{batch}: {profile['device_ms']:.3f} ms in {profile['launches']:.0f} launches"]
+    for k in kernels[:top]:
         lines.append(f"  {k['ms_per_call']:8.3f} ms  {k['launches_per_call']:6.0f}x  {k['name'][:100]}")
+    rest = kernels[top:]
+    if rest:
+        rest_ms = sum(k["ms_per_call"] for k in rest)
+        lines.append(f"  {rest_ms:8.3f} ms  in {len(rest)} more kernels (every one in the results JSON)")
     return "\n".join(lines)
+
+
+NO_NVML = "gpu_tune: NVML is not available (pip install nvidia-ml-py): the SM clock is not recorded"
+
+
+def clock_fields(summary: dict[str, float] | None) -> dict[str, float | None]:
+    """The SM clock of one batch's timed calls from a :class:`telemetry.GPUTelemetry` summary (None: no NVML)."""
+    if summary is None:
+        return {"sm_clock_mhz": None}
+    return {
+        "sm_clock_mhz": summary.get("sm_clock_mhz_mean"),
+        "sm_clock_mhz_min": summary.get("sm_clock_mhz_min"),
+        "sm_clock_max_mhz": summary.get("sm_clock_max_mhz"),
+        "power_w": summary.get("power_w_mean"),
+    }
+
+
+def clocks_missing(results: dict[str, dict[str, Any]]) -> bool:
+    """Whether any measured batch went without an SM clock (then the run says :data:`NO_NVML` once)."""
+    return any(
+        batch.get("sm_clock_mhz") is None for result in results.values() for batch in result.get("batches", {}).values()
+    )
 
 
 # -- the GPU side ----------------------------------------------------------------------------------------------------
@@ -231,7 +310,7 @@ class TuneSession:
             self.model = ProCap(config).eval().requires_grad_(False)
         size = config.image_size
         generator = torch.Generator(device=self.device).manual_seed(0)
-        top = max(args.batches)
+        top = max(args.batches + args.profile_batches)
         self.images = tuple(torch.rand(top, 3, size, size, device=self.device, generator=generator) for _ in range(2))
         matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
         saved = (matmul.allow_tf32, cudnn.allow_tf32)
@@ -260,7 +339,7 @@ class TuneSession:
 
     def measure(self, name: str) -> dict[str, Any]:
         import torch
-        from telemetry import mfu  # bench/ is on sys.path (see the end of this file)
+        from telemetry import GPUTelemetry, mfu  # bench/ is on sys.path (see the end of this file)
 
         from procap.fast import Captioner
 
@@ -269,11 +348,12 @@ class TuneSession:
             options = copy.deepcopy(variant.captioner)
             captioner = Captioner(
                 self.model, None, device=self.device, dtype=torch.bfloat16, max_len=STEPS + 1,
-                batch_sizes=tuple(args.batches), copy_model=True, **options,
+                batch_sizes=tuple(sorted(set(args.batches + args.profile_batches))), copy_model=True, **options,
             )  # fmt: skip
             result: dict[str, Any] = {
                 "description": variant.description,
                 "estimate_ms_b32": variant.estimate_ms_b32,
+                "estimate_ms_b1": variant.estimate_ms_b1,
                 "batches": {},
             }
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -286,13 +366,15 @@ class TuneSession:
                 setup_s = time.perf_counter() - start
                 for _ in range(args.warmup):
                     call()
-                ms = statistics.median(time_calls(call, args.iters, cuda_event_timer))
+                with GPUTelemetry(self.device, interval=0.01) as telemetry:
+                    ms = statistics.median(time_calls(call, args.iters, cuda_event_timer))
                 pairs_per_s = batch / (ms / 1e3)
                 result["batches"][str(batch)] = {
                     "median_ms": ms,
                     "tps": pairs_per_s * STEPS,
                     "mfu": mfu(self.flops_per_pair, pairs_per_s, self.device),
                     "setup_s": setup_s,
+                    **clock_fields(telemetry.summary()),
                 }
             result["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
             with torch.no_grad():
@@ -303,13 +385,12 @@ class TuneSession:
             result["token_match"] = (
                 token_match(tokens, self.reference_tokens) if tokens.shape == self.reference_tokens.shape else None
             )
-            if args.profile_batch:
-                result["top_kernels"] = self._profile(captioner, args.profile_batch, args.top)
+            result["kernels"] = {str(b): self._profile(captioner, b) for b in args.profile_batches}
             return result
         finally:
             torch.cuda.empty_cache()
 
-    def _profile(self, captioner: Any, batch: int, top: int) -> list[dict[str, Any]]:
+    def _profile(self, captioner: Any, batch: int) -> dict[str, Any]:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -319,23 +400,17 @@ class TuneSession:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             captioner.generate(before, after)
             torch.cuda.synchronize(self.device)
-        events = sorted(
-            (e for e in prof.key_averages() if e.self_device_time_total > 0),
-            key=lambda e: e.self_device_time_total,
-            reverse=True,
-        )
-        return [
-            {"name": e.key, "ms_per_call": e.self_device_time_total / 1e3, "launches_per_call": e.count}
-            for e in events[:top]
-        ]
+        return kernel_list(prof.key_averages())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
         for name, variant in VARIANTS.items():
-            estimate = "" if variant.estimate_ms_b32 is None else f" [estimate: -{variant.estimate_ms_b32} ms at b32]"
-            print(f"{name:<22} {variant.description}{estimate}")
+            estimate = "" if variant.estimate_ms_b32 is None else f" [estimate: -{variant.estimate_ms_b32} ms at b32"
+            if estimate and variant.estimate_ms_b1 is not None:
+                estimate += f", -{variant.estimate_ms_b1} ms at b1"
+            print(f"{name:<22} {variant.description}{estimate}{']' if estimate else ''}")
         return 0
     import torch
 
@@ -362,8 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
         os.replace(tmp, args.out)
     for name, result in results.items():
-        if result.get("top_kernels"):
-            print(kernel_table(name, result["top_kernels"]))
+        for batch, profile in result.get("kernels", {}).items():
+            print(kernel_table(name, int(batch), profile, args.top))
+    if clocks_missing(results):
+        print(NO_NVML)
     if not_started:
         print(f"gpu_tune: the deadline left out {', '.join(not_started)}")
     print(compact_table(results, args.batches))

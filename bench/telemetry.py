@@ -98,7 +98,7 @@ def _sample(pynvml, handle) -> dict[str, float]:
 class GPUTelemetry:
     """Sample NVML counters on a background thread while a ``with`` block runs.
 
-    ``summary()`` returns the mean and max of each counter plus the GPU's max SM clock, or None when NVML is
+    ``summary()`` returns the mean, min and max of each counter plus the GPU's max SM clock, or None when NVML is
     not available (no ``nvidia-ml-py``, no CUDA). The thread stops when the block exits.
 
     Args:
@@ -140,6 +140,7 @@ class GPUTelemetry:
         for key in self.samples[0]:
             values = [s[key] for s in self.samples]
             out[f"{key}_mean"] = sum(values) / len(values)
+            out[f"{key}_min"] = min(values)  # a clock that dropped during the run shows here
             out[f"{key}_max"] = max(values)
         try:
             out["sm_clock_max_mhz"] = float(

@@ -1,6 +1,7 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
-Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``) holds the op's whole story: its contract, the plain PyTorch reference,
+Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``,
+``logits_pick.py``) holds the op's whole story: its contract, the plain PyTorch reference,
 the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/
 (compiled on first use by ``_ext.py``).
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
@@ -15,6 +16,7 @@ from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch
 from procap.kernels.greedy import greedy_step, greedy_step_ref
 from procap.kernels.groupnorm import group_norm, group_norm_ref
 from procap.kernels.layernorm import add_layer_norm, add_layer_norm_ref
+from procap.kernels.logits_pick import greedy_logits_step, greedy_logits_step_ref
 from procap.kernels.masking import MaskParams, masking, masking_ref
 from procap.kernels.residual import bias_add, bias_add_ref
 from procap.kernels.vq import vq_nearest, vq_nearest_ref
@@ -27,6 +29,8 @@ __all__ = [
     "bias_add",
     "bias_add_ref",
     "chosen_impl",
+    "greedy_logits_step",
+    "greedy_logits_step_ref",
     "greedy_step",
     "greedy_step_ref",
     "group_norm",

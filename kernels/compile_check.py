@@ -216,6 +216,31 @@ def _launch_decode(config: Any, pairs: int) -> None:
         )
 
 
+def _launch_logits_pick(config: Any, pairs: int) -> None:
+    from procap.kernels import logits_pick
+
+    d, v, steps = config.dec_dim, config.vocab_size, config.max_caption_len - 1
+    tiles = logits_pick.logits_tiles(v)
+    hidden, bias, logits = torch.empty(pairs, d), torch.empty(v), torch.empty(pairs, v)
+    for dtype in DTYPES:  # the projection's weights and the activations in one dtype (the step passes fp32 weights)
+        logits_pick.greedy_logits_step_triton(
+            hidden,
+            torch.empty(v, d, dtype=dtype),
+            bias,
+            logits,
+            torch.empty(pairs, tiles),
+            torch.empty(pairs, tiles, dtype=torch.long),
+            torch.empty(pairs, dtype=torch.bool),
+            torch.empty(pairs, dtype=torch.long),
+            torch.empty(pairs, steps, dtype=torch.long),
+            torch.empty(1, dtype=torch.long),
+            torch.empty(pairs, d, dtype=dtype),
+            torch.empty(32, dtype=dtype),
+            torch.empty(v, d, dtype=dtype),
+            torch.empty(config.max_caption_len, d, dtype=dtype),
+        )
+
+
 def _launch_encoder(config: Any, pairs: int) -> None:
     from procap.kernels import layernorm
 
@@ -227,7 +252,15 @@ def _launch_encoder(config: Any, pairs: int) -> None:
         layernorm.add_layer_norm_triton(x, x, weight, weight, 1e-5)  # residual + LayerNorm between encoder blocks
 
 
-LAUNCHERS = (_launch_masking, _launch_vq, _launch_group_norm, _launch_bias_add, _launch_decode, _launch_encoder)
+LAUNCHERS = (
+    _launch_masking,
+    _launch_vq,
+    _launch_group_norm,
+    _launch_bias_add,
+    _launch_decode,
+    _launch_logits_pick,
+    _launch_encoder,
+)
 
 
 def kernel_modules() -> list[str]:

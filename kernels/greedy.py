@@ -64,6 +64,7 @@ def greedy_step_ref(
 @triton_jit
 def _greedy_step_kernel(
     Logits_ptr,
+    Candidates_ptr,
     Finished_ptr,
     Tokens_ptr,
     Out_ptr,
@@ -81,6 +82,7 @@ def _greedy_step_kernel(
     PAD: tl.constexpr,
     EOS: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    FROM_CANDIDATES: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -102,6 +104,8 @@ def _greedy_step_kernel(
             better = chunk_best > best  # strictly: an equal value later keeps the earlier index, as torch.argmax
             best_index = tl.where(better, chunk_index, best_index)
             best = tl.where(better, chunk_best, best)
+        if FROM_CANDIDATES:  # the scores were tile maxima (procap.kernels.logits_pick): the winner's own index
+            best_index = tl.load(Candidates_ptr + rows.to(tl.int64) * V + best_index, mask=row_ok, other=0)
         done = tl.load(Finished_ptr + rows, mask=row_ok, other=0).to(tl.int1)
         token = tl.where(done, PAD, best_index)
         tl.store(Out_ptr + rows.to(tl.int64) * T + pos, token, mask=row_ok)
@@ -132,18 +136,27 @@ def greedy_step_triton(
     mask: torch.Tensor,
     embed: torch.Tensor,
     pos_embed: torch.Tensor,
+    candidates: torch.Tensor | None = None,
 ) -> None:
-    """Triton version of :func:`greedy_step_ref` (same arguments, same in-place results, no host sync)."""
+    """Triton version of :func:`greedy_step_ref` (same arguments, same in-place results, no host sync).
+
+    ``candidates`` (B, C) int64: ``logits`` are then (B, C) maxima of vocabulary tiles in vocabulary order and
+    ``candidates`` each tile's first index of its maximum (``procap.kernels.logits_pick``); the first maximum over the
+    tiles picks that tile's index, the first index of the row's maximum.
+    """
     batch, vocab = logits.shape
     dim = x.shape[1]
     if logits.dtype != torch.float32 or out.shape[0] != batch or x.shape[0] != batch or embed.shape[1] != dim:
         raise ValueError("greedy_step: logits (B, V) fp32, out (B, T), x (B, D) and embed (V, D) must fit together")
+    if candidates is not None and (candidates.shape != logits.shape or candidates.dtype != torch.long):
+        raise ValueError("greedy_step: candidates must be int64 of the logits' shape")
     if not all(t.is_contiguous() for t in (logits, finished, tokens, out, x, mask, embed, pos_embed)):
         raise ValueError("greedy_step writes its buffers in place and needs them contiguous")
     if not triton_can_take(logits):
         raise ValueError(f"the Triton greedy step needs CUDA tensors, got {logits.device}")
     _greedy_step_kernel[(1,)](
         logits,
+        logits if candidates is None else candidates,  # not read without candidates
         finished,
         tokens,
         out,
@@ -161,6 +174,7 @@ def greedy_step_triton(
         PAD=PAD_ID,
         EOS=EOS_ID,
         ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
+        FROM_CANDIDATES=candidates is not None,
         BLOCK_B=BLOCK_ROWS,
         BLOCK_V=min(triton.next_power_of_2(vocab), MAX_BLOCK),
         BLOCK_D=min(triton.next_power_of_2(dim), MAX_BLOCK),

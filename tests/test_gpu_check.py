@@ -69,11 +69,30 @@ def test_results_go_to_out_as_few_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["caches.tgz", "parts.tgz", "result.json"]
     report = json.loads((out / "result.json").read_text())
     assert [s["step"] for s in report["steps"]] == ["profile"] and report["steps"][0]["ok"]
-    assert report["missing"] == ["setup", "e2e", "kernels", "train", "suite"]
+    assert report["missing"] == ["setup", "e2e", "kernels", "train", "ncu", "suite"]
     with tarfile.open(out / "parts.tgz") as parts:
         names = {Path(n).as_posix().lstrip("./") for n in parts.getnames()}
     assert {"steps/profile.json", "tune.log"} <= names
     assert (tmp_path / "carry" / "cache" / "triton").is_dir()  # the caches live in the carried folder
+
+
+def test_the_ncu_step_is_prepared_for_the_group_norm_kernels(tmp_path):
+    env = {**os.environ, "GPU_CHECK_CARRY": str(tmp_path / "carry"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", "ncu"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    named = [line.split("[ncu] ", 1)[1].split(": ", 1) for line in done.stdout.splitlines() if "[ncu]" in line]
+    lines = dict(named)
+    assert set(lines) == {"gn_stats_b32", "gn_finalize_b1"}
+    sections = "--section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats"
+    for name, kernel, batch in (("gn_stats_b32", "stats", 32), ("gn_finalize_b1", "finalize", 1)):
+        line = lines[name]
+        assert line.startswith("ncu --clock-control none " + sections)
+        assert f"-k regex:_group_norm_{kernel}_kernel --launch-count 1" in line
+        assert line.endswith(f"-m procap profile --preset clevr --batch-size {batch} --steps 1 --no-trace --no-graphs")
+    report = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert [c["name"] for c in report["steps"][0]["commands"]] == ["gn_stats_b32", "gn_finalize_b1"]
 
 
 def test_the_step_deadline_skips_what_does_not_fit_and_still_reports(tmp_path):
@@ -118,7 +137,7 @@ def test_report_assembles_the_parts(tmp_path):
     assert report["commands"] == ["bash bench/gpu_check.sh setup"] and report["date"]
     counts = {"tests": 5, "failures": 1, "errors": 0, "skipped": 2, "passed": 2, "failed_ids": [], "error_ids": []}
     assert report["tests"]["tests"] == counts
-    assert report["missing"] == ["e2e", "kernels", "train", "profile", "suite"] and report["tune"] is None
+    assert report["missing"] == ["e2e", "kernels", "train", "profile", "ncu", "suite"] and report["tune"] is None
     assert report["summary"]["suite"] is None  # no suite step ran
     assert report["summary"]["e2e_k2"][0]["tps_paper"] == 76800.0
     assert report["summary"]["train"] == [{**train, "peak_memory_gb": None}]
@@ -153,6 +172,7 @@ def test_report_runs_as_a_script(tmp_path):
         "kernels",
         "train",
         "profile",
+        "ncu",
         "suite",
     ]
 

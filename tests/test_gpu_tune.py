@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,8 +31,12 @@ tune = _tune()
 def test_arguments_are_parsed_and_checked(capsys):
     args = tune.parse_args(["--variants", "baseline, all", "--batches", "32,1,32"])
     assert args.variants == ["baseline", "all"] and args.batches == [1, 32]
+    assert args.profile_batches == [1, 32]  # every kernel at batch 1 as well as 32 unless told otherwise
     assert tune.parse_args([]).variants == list(tune.DEFAULT_VARIANTS)
-    for bad in (["--variants", "baseline,fast"], ["--batches", "1,x"], ["--batches", "0"], ["--iters", "0"]):
+    assert tune.parse_args(["--profile-batches", "0"]).profile_batches == []
+    assert tune.parse_args(["--profile-batches", "8"]).profile_batches == [8]
+    bad_lists = (["--variants", "baseline,fast"], ["--batches", "1,x"], ["--batches", "0"], ["--iters", "0"])
+    for bad in (*bad_lists, ["--profile-batches", "-1"], ["--profile-batches", "x"]):
         with pytest.raises(SystemExit) as exit_info:
             tune.parse_args(bad)
         assert exit_info.value.code == 2
@@ -51,7 +57,18 @@ def test_default_variants_compare_the_defaults_with_the_measured_alternatives(ca
     assert tune.VARIANTS["readable_encoder"].captioner == {"fused_encoder": False}
     assert tune.VARIANTS["encoder_gelu_epilogue"].captioner["fused_encoder"]["gelu_epilogue"] is True
     assert tune.main(["--list"]) == 0
-    assert "[estimate: -1.1 ms at b32]" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "[estimate: -1.1 ms at b32]" in listed
+    assert "[estimate: -0.25 ms at b32, -0.05 ms at b1]" in listed  # written before any GPU ran it
+
+
+def test_the_logits_pick_variant_is_the_defaults_with_the_decoders_option():
+    from procap.model.decoder import CaptionDecoder
+
+    variant = tune.VARIANTS["decode_logits_pick"]
+    assert variant.captioner == {"fused_decoder": {"logits_pick": True}}
+    assert set(variant.captioner["fused_decoder"]) <= set(CaptionDecoder.fused_options)
+    assert variant.estimate_ms_b32 is not None and variant.estimate_ms_b1 is not None
 
 
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
@@ -96,7 +113,7 @@ def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
         "baseline": {
             "batches": {
                 "1": {"median_ms": 7.561, "tps": 3174.0, "mfu": 0.018, "setup_s": 2.0},
-                "32": {"median_ms": 51.6, "tps": 14883.7, "mfu": 0.232, "setup_s": 3.5},
+                "32": {"median_ms": 51.6, "tps": 14883.7, "mfu": 0.232, "setup_s": 3.5, "sm_clock_mhz": 1755.2},
             },
             "memory_rel_diff": 0.0123,
             "token_match": 1.0,
@@ -114,18 +131,72 @@ def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
         "b32",
         "TPS",
         "MFU",
+        "SM",
+        "MHz",
         "mem",
         "rel",
         "tokens",
         "setup",
         "s",
     ]
-    assert lines[1].split() == ["baseline", "7.56", "51.60", "14,884", "23.2%", "1.2e-02", "100.0%", "5.5"]
-    assert lines[2].split() == ["all", "-", "30.25", "25,388", "-", "-", "-", "-"]
+    assert lines[1].split() == ["baseline", "7.56", "51.60", "14,884", "23.2%", "1755", "1.2e-02", "100.0%", "5.5"]
+    assert lines[2].split() == ["all", "-", "30.25", "25,388", "-", "-", "-", "-", "-"]
     assert lines[3].split()[:2] == ["compile", "failed:"] and "boom" in lines[3]
     assert len({len(line.rstrip()) for line in lines[:3]}) == 1  # aligned columns
 
 
-def test_kernel_table():
-    text = tune.kernel_table("all", [{"name": "cudnn_conv", "ms_per_call": 9.0, "launches_per_call": 29}])
-    assert text.splitlines() == ["top kernels, all:", "     9.000 ms      29x  cudnn_conv"]
+def _recorded_averages():
+    """torch.profiler ``key_averages()`` rows as recorded on the H100 (bench/results/h100-2026-11-26-run2.json, the
+    ``all`` variant's batch-32 call), with the CPU-side rows a trace also holds: ops whose row carries the time of
+    the kernels they launched, and host-only ops."""
+    from torch.autograd import DeviceType
+
+    recorded = json.loads((ROOT / "bench" / "results" / "h100-2026-11-26-run2.json").read_text())
+    kernels = recorded["variants"]["call_2"]["all"]["top_kernels"]
+    rows = [
+        SimpleNamespace(
+            key=k["name"],
+            device_type=DeviceType.CUDA,
+            self_device_time_total=k["ms_per_call"] * 1e3,
+            count=k["launches_per_call"],
+        )
+        for k in kernels
+    ]
+    rows.insert(0, SimpleNamespace(key="tiny_kernel", device_type=DeviceType.CUDA, self_device_time_total=0.9, count=1))
+    rows.append(SimpleNamespace(key="aten::addmm", device_type=DeviceType.CPU, self_device_time_total=4182.2, count=63))
+    rows.append(SimpleNamespace(key="cudaGraphLaunch", device_type=DeviceType.CPU, self_device_time_total=0.0, count=1))
+    return rows, kernels
+
+
+def test_every_recorded_kernel_is_listed_longest_first_and_cpu_rows_are_not_kernels():
+    rows, recorded = _recorded_averages()
+    listed = tune.kernel_list(rows)
+    names = [k["name"] for k in listed["kernels"]]
+    assert names[-1] == "tiny_kernel" and len(names) == len(recorded) + 1  # no cut, however short
+    assert "aten::addmm" not in names and "cudaGraphLaunch" not in names  # counted once, as kernels
+    assert names[:3] == [k["name"] for k in recorded[:3]]
+    times = [k["ms_per_call"] for k in listed["kernels"]]
+    assert times == sorted(times, reverse=True)
+    assert listed["device_ms"] == pytest.approx(sum(k["ms_per_call"] for k in recorded) + 0.0009)
+    assert listed["launches"] == sum(k["launches_per_call"] for k in recorded) + 1
+    halved = tune.kernel_list(rows, calls=2)  # two profiled calls: per call
+    assert halved["device_ms"] == pytest.approx(listed["device_ms"] / 2)
+
+
+def test_kernel_table_prints_the_top_and_sums_the_rest():
+    rows, _ = _recorded_averages()
+    text = tune.kernel_table("all", 32, tune.kernel_list(rows), top=2).splitlines()
+    assert text[0].startswith("kernels, all, b32: ") and "launches" in text[0]
+    assert text[1].split()[:3] == ["9.133", "ms", "27x"] and len(text) == 4
+    assert text[3].endswith("more kernels (every one in the results JSON)")
+
+
+def test_the_sm_clock_is_recorded_beside_each_batch_or_its_absence_said_once():
+    summary = {"sm_clock_mhz_mean": 1700.0, "sm_clock_mhz_min": 1590.0, "sm_clock_max_mhz": 1980.0, "power_w_mean": 650}
+    fields = tune.clock_fields(summary)
+    assert fields == {"sm_clock_mhz": 1700.0, "sm_clock_mhz_min": 1590.0, "sm_clock_max_mhz": 1980.0, "power_w": 650}
+    assert tune.clock_fields(None) == {"sm_clock_mhz": None}  # no nvidia-ml-py
+    with_clock = {"all": {"batches": {"32": {"median_ms": 1.0, **fields}}}, "broken": {"error": "x"}}
+    assert not tune.clocks_missing(with_clock)
+    assert tune.clocks_missing({"all": {"batches": {"1": {"median_ms": 1.0, "sm_clock_mhz": None}}}})
+    assert "nvidia-ml-py" in tune.NO_NVML

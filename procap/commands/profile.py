@@ -1,12 +1,19 @@
-"""`procap profile --ckpt C`: record a torch.profiler trace of a few captioning batches; print Nsight commands.
+"""`procap profile --ckpt C` (or `--preset NAME`, random weights): a torch.profiler trace of a few captioning
+batches; the Nsight commands printed.
 
 The trace (Chrome JSON, open in chrome://tracing or https://ui.perfetto.dev) shows the NVTX / record_function
 ranges ``procap.vqgan``, ``procap.encoder``, ``procap.prefill`` and ``procap.decode``. It profiles the pipeline
 uncaptured: the same kernels launched one by one, because a replayed CUDA graph is one launch whose ranges were
 recorded once, at capture. On a CPU there is no graph: the trace is the pipeline as the CPU runs it, and the Nsight
 lines (for CUDA kernels) are printed to be run on a GPU machine, without a CPU ``--device``. The printed ``nsys`` line re-runs the workload as the Captioner runs it (the replayed
-graph, per kernel with ``--cuda-graph-trace=node``); the ``ncu`` line runs it uncaptured (``--no-graphs``) so that
-its NVTX filter finds the decoding loop. Both pass ``--no-trace``, which keeps torch.profiler out of their way.
+graph, per kernel with ``--cuda-graph-trace=node``); the two ``ncu`` lines run it uncaptured (``--no-graphs``) so that
+their NVTX filters find the decoding loop (``ncu``) and the VQGAN and procedure encoder (``ncu-encoder``), with
+``--clock-control none``: kernels at the clocks the timed runs have, not ncu's locked base clock. All pass
+``--no-trace``, which keeps torch.profiler out of their way.
+
+``--preset NAME`` profiles that preset's model with random weights (seed 0) instead of a checkpoint: kernel timings
+depend on the shapes, not on the weights, so the fast path can be profiled before any model is trained (captions of
+random weights are one token repeated; only the time counts).
 """
 
 from __future__ import annotations
@@ -20,16 +27,26 @@ from typing import Any
 
 from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core import validate
-from procap.core.config import COMPUTE_DTYPES
+from procap.core.config import COMPUTE_DTYPES, PRESETS, get_preset
+from procap.core.errors import ProCapError
 
 # Each profiled batch adds its events to the trace held in memory and written as one JSON file.
 MAX_PROFILED_STEPS = 1000
 
 HELP = "Profile captioning batches with torch.profiler (Chrome trace) and print the nsys / ncu lines for a GPU."
+# ncu reports on these ranges (procap.fast's NVTX annotations) besides the decoding loop
+ENCODER_RANGES = ("procap.vqgan", "procap.encoder")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, help=CHECKPOINT_HELP)
+    parser.add_argument("--ckpt", default=None, help=f"{CHECKPOINT_HELP}; or --preset")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="profile this preset's model with random weights instead of a checkpoint (the timings depend on the "
+        "shapes only)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
     parser.add_argument(
         "--steps", type=int, default=3, help="profiled batches after one warm-up batch (default 3, at most 1000)"
@@ -58,12 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
-    """The nsys and ncu command lines that profile this workload."""
+    """The nsys and ncu command lines that profile this workload: ``nsys``, ``ncu`` (the decoding loop) and
+    ``ncu-encoder`` (the VQGAN's and the procedure encoder's NVTX ranges)."""
+    model = ["--preset", args.preset] if args.preset else ["--ckpt", str(args.ckpt)]
     base = [
         "procap",
         "profile",
-        "--ckpt",
-        str(args.ckpt),
+        *model,
         "--batch-size",
         str(args.batch_size),
         "--steps",
@@ -77,11 +95,16 @@ def nsight_commands(args: argparse.Namespace) -> dict[str, str]:
     if args.dtype:
         base += ["--dtype", args.dtype]
     cmd = shlex.join(base)
+    # --clock-control none: ncu otherwise locks the clocks at base, and its figures would not be the timed runs'
+    ncu = "ncu --clock-control none --set full --launch-count 200 --nvtx"
+    encoder = " ".join(f"--nvtx-include {name}/" for name in ENCODER_RANGES)
     return {
         # Per-kernel rows inside replayed CUDA graphs need --cuda-graph-trace=node.
         "nsys": f"nsys profile --trace=cuda,nvtx,cublas,cudnn --cuda-graph-trace=node -o procap_nsys --force-overwrite true {cmd}",
-        # Kernels of the decoding loop only (NVTX push/pop range "procap.decode"); drop the filter for the encoder.
-        "ncu": f"ncu --nvtx --nvtx-include procap.decode/ --set full --launch-count 200 -o procap_ncu {cmd} --no-graphs",
+        # Kernels of the decoding loop only (NVTX push/pop range "procap.decode").
+        "ncu": f"{ncu} --nvtx-include procap.decode/ -o procap_ncu {cmd} --no-graphs",
+        # The VQGAN's and the encoder's kernels (either range), where most of a call's time goes.
+        "ncu-encoder": f"{ncu} {encoder} -o procap_ncu_encoder {cmd} --no-graphs",
     }
 
 
@@ -92,22 +115,36 @@ def _export_trace(prof, out_dir: Path) -> Path:
     return atomic_write(out_dir / f"procap_trace_{time.strftime('%Y%m%d-%H%M%S')}.json", prof.export_chrome_trace)
 
 
-def _captioning_batch(args: argparse.Namespace, checkpoint) -> tuple[Any, Any]:
-    """The Captioner to profile and a function that captions one random batch and waits for the device."""
+def _random_model(preset: str) -> Any:
+    """The preset's model with random weights (seed 0), for profiling without a checkpoint."""
+    import torch
+
+    from procap.model.procap import ProCap
+
+    torch.manual_seed(0)
+    return ProCap(get_preset(preset))
+
+
+def _captioning_batch(args: argparse.Namespace, checkpoint: Path | None) -> tuple[Any, Any]:
+    """The Captioner to profile (the checkpoint's model, or with ``checkpoint`` None the preset's with random
+    weights) and a function that captions one random batch and waits for the device."""
     import torch
 
     from procap.fast import Captioner
 
     # The trace profiles the pipeline uncaptured: inside a replayed graph no range is recorded (module docstring).
     uncaptured = {"use_graphs": False} if args.no_graphs or not args.no_trace else {}
-    captioner = Captioner.from_checkpoint(
-        checkpoint,
-        device=args.device,
-        dtype=args.dtype,
-        max_len=args.max_len,
-        batch_sizes=(args.batch_size,),
+    options = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "max_len": args.max_len,
+        "batch_sizes": (args.batch_size,),
         **uncaptured,
-    )
+    }
+    if checkpoint is None:
+        captioner = Captioner(_random_model(args.preset), None, copy_model=False, **options)
+    else:
+        captioner = Captioner.from_checkpoint(checkpoint, **options)
     size = captioner.config.image_size
     gen = torch.Generator().manual_seed(0)
     before, after = (torch.rand(args.batch_size, 3, size, size, generator=gen) for _ in range(2))
@@ -152,14 +189,21 @@ def run(args: argparse.Namespace) -> int:
     validate.number(args.batch_size, "--batch-size", minimum=1)
     validate.number(args.steps, "--steps", minimum=1, maximum=MAX_PROFILED_STEPS)
     validate.caption_length(args.max_len, "--max-len")  # its ceiling is the model's, checked once loaded
-    local_checkpoint(args)
+    if (args.ckpt is None) == (args.preset is None):
+        raise ProCapError("give --ckpt CHECKPOINT or --preset NAME (random weights), exactly one of them.")
+    if args.ckpt is not None:
+        local_checkpoint(args)
     if not args.no_trace:
         validate.output_dir(args.out, "--out")
     device = validate.device(args.device)  # the first check that imports torch: the others come before it
-    checkpoint = checkpoint_file(args)
-    from procap.train.batch_memory import check_checkpoint_batch
+    from procap.train.batch_memory import check_batch, check_checkpoint_batch
 
-    check_checkpoint_batch(checkpoint, args.batch_size, None, device, "", "profile")
+    if args.preset:
+        checkpoint = None
+        check_batch(get_preset(args.preset), args.batch_size, "inference", device)
+    else:
+        checkpoint = checkpoint_file(args)
+        check_checkpoint_batch(checkpoint, args.batch_size, None, device, "", "profile")
     captioner, batch = _captioning_batch(args, checkpoint)
     batch()  # warm-up: cuDNN autotuning and graph capture stay out of the trace
     if args.no_trace:

@@ -172,7 +172,9 @@ class Captioner:
             values), False (the readable stack), or a dict of its options (e.g. ``{"gelu_epilogue": True}``: also
             the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so opt-in).
         fused_decoder: the decoder's fused cached step (:meth:`procap.model.decoder.CaptionDecoder.use_fused`;
-            True, the default) or False: every step the readable whole-prefix pass (slower; for comparison).
+            True, the default), a dict of its options (``{"logits_pick": True}``: the greedy step's logits and
+            pick in one Triton kernel, opt-in) or False: every step the readable whole-prefix pass (slower; for
+            comparison).
             The three go to :meth:`procap.model.procap.ProCap.use_fused` together.
 
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
@@ -208,7 +210,7 @@ class Captioner:
         strategy_options: Mapping[str, Any] | None = None,
         fused_vqgan: bool | dict[str, Any] = True,
         fused_encoder: bool | dict[str, Any] = True,
-        fused_decoder: bool = True,
+        fused_decoder: bool | dict[str, Any] = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
     ) -> None:

@@ -229,6 +229,9 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         layers: :class:`DecoderLayer` stack; ``norm`` the final LayerNorm.
     """
 
+    fused_options = ("logits_pick",)
+    fused_logits_pick = False  # the fused form's option, set by use_fused
+
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
         d = config.dec_dim
@@ -275,14 +278,18 @@ class CaptionDecoder(FusedForm, CachedDecoder):
     def use_fused(self, enabled: bool = True, **options: Any) -> None:
         """Decode with the fused step of :mod:`procap.model.decoder_step` (True, the default), or with ``False`` run
         every cached step as the readable :meth:`forward` over the whole prefix (:class:`PrefixCache`: the oracle's
-        computation, a position's logits read from it; slower, exact, for comparison). No options.
+        computation, a position's logits read from it; slower, exact, for comparison). Option ``logits_pick``
+        (default False): the greedy step's fp32 logits and the pick of each vocabulary tile in one Triton kernel
+        instead of the logits GEMM (:func:`procap.kernels.greedy_logits_step`; the same tokens, the logits in
+        another summation order), opt-in until a GPU has timed it.
 
         The choice is taken by the next :meth:`setup_caches`: a state keeps the form it was set up in.
         """
         super().use_fused(enabled, **options)
 
-    def _choose_fused(self, enabled: bool) -> None:
-        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`."""
+    def _choose_fused(self, enabled: bool, logits_pick: bool = False) -> None:
+        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused` and :attr:`fused_logits_pick`."""
+        self.fused_logits_pick = enabled and bool(logits_pick)
 
     def setup_caches(
         self,
@@ -306,7 +313,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             prefix = PrefixCache(batch, max_len, n, weight.shape[1], dtype, weight.device)
             return DecodingState(prefix, batch, max_len, weight.shape[0], weight.device)
         backend = resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
-        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID)
+        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID, self.fused_logits_pick)
         return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n)
 
     @torch.no_grad()

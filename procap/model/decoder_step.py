@@ -17,7 +17,9 @@ the layers written out op by op take about 60):
   with the final norm, writing the fp32 hidden state the logits read;
 - the logits as one fp32 GEMM whose bias is 0 or -inf (the suppressed ids), written into the state;
 - the pick, the EOS bookkeeping, the next token's embedding + position and the mask entry in one launch
-  (``procap.kernels.greedy_step``).
+  (``procap.kernels.greedy_step``); with the decoder's ``logits_pick`` option the logits GEMV and the pick of each
+  vocabulary tile in one Triton kernel instead of the GEMM, the greedy step reducing the tiles
+  (``procap.kernels.greedy_logits_step``; opt-in until a GPU has timed it).
 
 Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
 Attention goes through :func:`procap.kernels.attention.attention`, like every other layer's, with the backend
@@ -36,6 +38,7 @@ from torch import nn
 
 from procap import kernels
 from procap.kernels.attention import attention, backend_for_mask
+from procap.kernels.logits_pick import logits_tiles
 
 KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligned mask rows for fused kernels)
 
@@ -64,15 +67,17 @@ class FusedWeights:
     """
 
     @torch.no_grad()
-    def __init__(self, decoder: nn.Module, backend: str, bos_id: int, pad_id: int) -> None:
+    def __init__(self, decoder: nn.Module, backend: str, bos_id: int, pad_id: int, logits_pick: bool = False) -> None:
         """``decoder``: a :class:`~procap.model.decoder.CaptionDecoder`; ``backend``: a resolved attention backend
-        (not ``auto``)."""
-        self.backend, self.bos_id, self.pad_id = backend, bos_id, pad_id
+        (not ``auto``); ``logits_pick``: the greedy step's logits and pick through
+        :func:`procap.kernels.greedy_logits_step`."""
+        self.backend, self.bos_id, self.pad_id, self.logits_pick = backend, bos_id, pad_id, logits_pick
         self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
         self.layers = [_LayerWeights(layer) for layer in decoder.layers]
         self.final_norm = decoder.norm
-        self.logits_weight_t = decoder.embed.weight.float().t()
+        self.logits_weight = decoder.embed.weight.float()  # (V, D): the fused pick reads rows
+        self.logits_weight_t = self.logits_weight.t()
         suppress = torch.zeros(self.embed_weight.shape[0], dtype=torch.float32, device=self.embed_weight.device)
         self.suppress_bias = suppress.masked_fill(decoder.suppressed, float("-inf"))
         self.first_input = decoder.embed.weight[bos_id] + decoder.pos_embed[0]  # rounded like the eager add
@@ -100,6 +105,9 @@ class FusedDecodingState:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.out = torch.zeros(batch, self.steps, dtype=torch.long, device=device)
         self.logits = torch.zeros(batch, weight.shape[0], dtype=torch.float32, device=device)
+        tiles = logits_tiles(weight.shape[0])  # the fused pick's per-tile maxima and indices
+        self.tile_max = torch.zeros(batch, tiles, dtype=torch.float32, device=device)
+        self.tile_index = torch.zeros(batch, tiles, dtype=torch.long, device=device)
         self.x = torch.zeros(batch, dim, dtype=dtype, device=device)
         self.mask = torch.zeros(keys, dtype=dtype, device=device)
         self.mask_view = self.mask.view(1, 1, 1, keys)
@@ -158,9 +166,9 @@ def _add_norm(x: torch.Tensor, h: torch.Tensor, norm: torch.nn.LayerNorm, fp32: 
     return kernels.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps, torch.float32 if fp32 else None)
 
 
-def logits_step(state: FusedDecodingState) -> None:
-    """The layers over the input ``state.x`` at position ``state.pos``: fp32 logits (suppressed ids at -inf) into
-    ``state.logits``, the position's keys/values into the self-attention caches."""
+def hidden_step(state: FusedDecodingState) -> torch.Tensor:
+    """The layers over the input ``state.x`` at position ``state.pos``: the final norm's fp32 output (B, D), the
+    position's keys/values into the self-attention caches."""
     w_all, x, rows = state.weights, state.x, state.batch
     norm = w_all.layers[0].norms[0]
     h = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
@@ -177,13 +185,38 @@ def logits_step(state: FusedDecodingState) -> None:
         last = index + 1 == len(w_all.layers)
         following = w_all.final_norm if last else w_all.layers[index + 1].norms[0]
         h = _add_norm(x, torch.addmm(w.fc2_bias, hidden, w.fc2_weight_t), following, last)
-    torch.addmm(w_all.suppress_bias, h, w_all.logits_weight_t, out=state.logits)
+    return h
+
+
+def logits_step(state: FusedDecodingState) -> None:
+    """:func:`hidden_step`, then its fp32 logits (suppressed ids at -inf) into ``state.logits``."""
+    w = state.weights
+    torch.addmm(w.suppress_bias, hidden_step(state), w.logits_weight_t, out=state.logits)
 
 
 def greedy_step(state: FusedDecodingState) -> None:
-    """One greedy step: :func:`logits_step`, then the pick, the EOS bookkeeping, the next input and mask entry."""
-    logits_step(state)
+    """One greedy step: :func:`logits_step`, then the pick, the EOS bookkeeping, the next input and mask entry
+    (with ``logits_pick``: the logits and the pick of each vocabulary tile in one kernel, then the rest)."""
     w = state.weights
+    if w.logits_pick:
+        kernels.greedy_logits_step(
+            hidden_step(state),
+            w.logits_weight,
+            w.suppress_bias,
+            state.logits,
+            state.tile_max,
+            state.tile_index,
+            state.finished,
+            state.tokens,
+            state.out,
+            state.pos,
+            state.x,
+            state.mask,
+            w.embed_weight,
+            w.pos_embed,
+        )
+        return
+    logits_step(state)
     kernels.greedy_step(
         state.logits,
         state.finished,

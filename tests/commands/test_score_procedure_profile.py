@@ -75,5 +75,27 @@ def test_profile_on_a_cpu_says_what_it_does_there(checkpoint, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "replayed graph" not in printed
     assert "the trace shows the pipeline as the CPU runs it" in printed and "on a machine with a GPU" in printed
-    nsight = [line for line in printed.splitlines() if line.startswith(("nsys:", "ncu:"))]
-    assert len(nsight) == 2 and all("--device" not in line for line in nsight)  # a CPU device profiles no kernel
+    nsight = [line for line in printed.splitlines() if line.startswith(("nsys:", "ncu:", "ncu-encoder:"))]
+    assert len(nsight) == 3 and all("--device" not in line for line in nsight)  # a CPU device profiles no kernel
+
+
+def test_profile_of_a_preset_with_random_weights_runs_on_a_cpu(tmp_path, capsys):
+    argv = ["profile", "--preset", "tiny", "--batch-size", "1", "--steps", "1", "--max-len", "4", "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "prof")]) == 0
+    printed = capsys.readouterr().out
+    assert len(list((tmp_path / "prof").glob("procap_trace_*.json"))) == 1
+    lines = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in printed.splitlines() if line.startswith("n")}
+    assert set(lines) >= {"nsys", "ncu", "ncu-encoder"}
+    for tool in ("ncu", "ncu-encoder"):  # ncu at the clocks the timed runs have, the same random-weight workload
+        assert "--clock-control none" in lines[tool] and "--preset tiny" in lines[tool] and "--ckpt" not in lines[tool]
+        assert lines[tool].endswith("--no-graphs")
+    assert "--nvtx-include procap.decode/" in lines["ncu"]
+    assert "--nvtx-include procap.vqgan/ --nvtx-include procap.encoder/" in lines["ncu-encoder"]
+
+
+@pytest.mark.parametrize("model", [[], ["--ckpt", "model.safetensors", "--preset", "tiny"]], ids=["neither", "both"])
+def test_profile_takes_a_checkpoint_or_a_preset(model, capsys):
+    assert main(["profile", *model, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "procap: error: give --ckpt CHECKPOINT or --preset NAME (random weights), exactly one of them.\n"
+    )

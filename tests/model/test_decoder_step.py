@@ -120,6 +120,30 @@ def test_bf16_triton_step_follows_the_model_step(trained, pairs, monkeypatch):
     assert (got[finite] - ref[finite]).abs().max() <= 0.05 * ref[finite].abs().max()
 
 
+@pytest.mark.parametrize(
+    "impl,dtype", [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.bfloat16)], ids=str
+)
+def test_the_fused_logits_pick_decodes_as_the_step_before_it(trained, pairs, impl, dtype, monkeypatch):
+    # logits_pick replaces the logits GEMM and the pick's full scan (kernels.greedy_logits_step): the same tokens as
+    # the step without it, and the same fp32 logits up to the summation order.
+    decoder = CaptionDecoder(trained[0].config)
+    decoder.load_state_dict(trained[0].decoder.state_dict())
+    decoder.eval().to(dtype)
+    with torch.no_grad():
+        memory = trained[0].memory(pairs[0][:3], pairs[1][:3]).to(dtype)
+    monkeypatch.setenv("PROCAP_KERNELS", impl)
+    kernels.reset_dispatch()
+    before_logits, _, before_out = _decode_both(decoder, memory, 6)
+    decoder.use_fused(logits_pick=True)
+    after_logits, oracle_out, after_out = _decode_both(decoder, memory, 6)
+    assert torch.equal(after_out, before_out)
+    if dtype == torch.float32:
+        assert torch.equal(after_out, oracle_out)
+    for (_, before), (_, after) in zip(before_logits, after_logits):
+        assert torch.equal(torch.isinf(after), torch.isinf(before))
+        torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
 class _KernelCount(TorchDispatchMode):
     """Counts ATen ops that launch work (views excluded); a fused op counts once, however it runs here."""
 
@@ -144,11 +168,11 @@ def _count_step(step, monkeypatch) -> list[str]:
             return real_run(name, impl, like, requires_grad, *args)
 
     monkeypatch.setattr(dispatch, "run", one_launch)
-    for module in (kernels.layernorm, kernels.greedy):
+    for module in (kernels.layernorm, kernels.greedy, kernels.logits_pick):
         monkeypatch.setattr(module, "run", one_launch)
     with torch.no_grad(), counter:
         step()
-    return counter.ops
+    return list(counter.ops)  # a copy: a later count's patched run wraps this one's and would append to it
 
 
 def test_the_step_stays_under_the_op_ceiling(monkeypatch):
@@ -164,3 +188,10 @@ def test_the_step_stays_under_the_op_ceiling(monkeypatch):
     # The layers as written take more for one position even without caches, a pick or the EOS bookkeeping.
     layer_ops = _count_step(lambda: decoder(torch.full((2, 1), BOS_ID), memory), monkeypatch)
     assert len(layer_ops) > len(step_ops) + 10, (len(layer_ops), len(step_ops))
+    # logits_pick: the logits GEMM is gone into the pick's op
+    decoder.use_fused(logits_pick=True)
+    state = decoder.setup_caches(2, 24, torch.float32, "cpu")
+    decoder.prefill(memory, state)
+    pick_ops = _count_step(lambda: decoder.decode_step(state), monkeypatch)
+    assert "fused:greedy_logits_step" in pick_ops and "fused:greedy_step" not in pick_ops
+    assert len(pick_ops) == len(step_ops) - 1 and pick_ops.count("addmm") == step_ops.count("addmm") - 1
