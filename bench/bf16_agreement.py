@@ -30,35 +30,12 @@ import torch
 
 from procap.core.config import get_preset
 from procap.fast import Captioner
+from procap.fast.agreement import agreement, lengths_to_eos
 from procap.loading.checkpoint import load_checkpoint
-from procap.model.decoder import EOS_ID, PAD_ID
 from procap.model.procap import ProCap
 
 MAX_LEN = 25  # 24 decoding steps after BOS, the paper's counting
 CHUNK = 64
-
-
-def _oracle_lengths(oracle: torch.Tensor) -> torch.Tensor:
-    """Tokens per row up to and including EOS (all steps where there is no EOS)."""
-    is_eos = oracle == EOS_ID
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(oracle[:, 0], oracle.shape[1]))
-    return first
-
-
-def agreement(fast: torch.Tensor, oracle: torch.Tensor) -> dict[str, float]:
-    """Token-, caption- and prefix-level agreement of two (N, L) token tensors, the oracle's EOS bounding each row."""
-    lengths = _oracle_lengths(oracle)
-    positions = torch.arange(oracle.shape[1], device=oracle.device)[None, :]
-    counted = (positions < lengths[:, None]) & (oracle != PAD_ID)
-    equal = fast == oracle
-    mismatch = (~equal) & counted
-    first_diff = torch.where(mismatch.any(1), mismatch.int().argmax(1), lengths)
-    return {
-        "pairs": int(oracle.shape[0]),
-        "token_agreement": float((equal & counted).sum() / counted.sum()),
-        "caption_agreement": float(equal.all(1).float().mean()),
-        "prefix_fraction": float((first_diff.float() / lengths.float()).mean()),
-    }
 
 
 def _chunks(fn, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -83,7 +60,7 @@ def compare(model: ProCap, vocab: Any, before: torch.Tensor, after: torch.Tensor
     fast = _chunks(bf16.generate, before, after)
     result = agreement(fast, oracle)
     result["fp32_fast_caption_agreement"] = agreement(fast32, oracle)["caption_agreement"]
-    result["oracle_mean_tokens"] = float(_oracle_lengths(oracle).float().mean())
+    result["oracle_mean_tokens"] = float(lengths_to_eos(oracle).float().mean())
     return {"figures": result, "oracle": oracle.cpu(), "fast": fast.cpu()}
 
 

@@ -19,22 +19,33 @@ from procap.core.validate import device_index
 
 # Dense bf16 tensor-core peaks in FLOP/s (vendor datasheets): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A40": 150e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+# Dense FP8 (e4m3) tensor-core peaks in FLOP/s (vendor datasheets, without sparsity): MFU's denominator where FP8
+# GEMMs run (``Captioner(precision="fp8")``). Twice the bf16 peak on Hopper and Ada; the A100 and A10 have no FP8.
+PEAK_FP8_FLOPS = {"H100": 1979e12, "H200": 1979e12, "L40S": 733e12}
 # The paper's end-to-end TPS on one A40 (fp32, batch 32, 24 tokens counted per caption); docs/gpu.md lists them.
 PAPER_A40_TPS = {1: 766.02, 2: 699.04, 4: 461.24, 7: 270.55}
 
 
-def peak_flops(device: torch.device | str) -> float | None:
-    """The bf16 dense peak of ``device`` from :data:`PEAK_BF16_FLOPS`, or None (CPU, unknown GPU)."""
+def peak_flops(device: torch.device | str, precision: str = "bf16") -> float | None:
+    """The dense peak of ``device`` in ``precision`` (``"bf16"``: :data:`PEAK_BF16_FLOPS`, ``"fp8"``:
+    :data:`PEAK_FP8_FLOPS`), or None (CPU, unknown GPU, a GPU without FP8)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
+    table = {"bf16": PEAK_BF16_FLOPS, "fp8": PEAK_FP8_FLOPS}[precision]
     name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+    return next((peak for key, peak in table.items() if key in name), None)
 
 
-def mfu(flops_per_item: float | None, items_per_second: float, device: torch.device | str) -> float | None:
-    """Model FLOPs utilisation: achieved FLOP/s over the device's bf16 peak (None when the peak is unknown)."""
-    peak = peak_flops(device)
+def mfu(
+    flops_per_item: float | None, items_per_second: float, device: torch.device | str, precision: str = "bf16"
+) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's dense peak in ``precision`` (None when unknown).
+
+    With FP8 in use report both: against the bf16 peak (comparable with the bf16 runs) and against the FP8 peak
+    (how far the FP8 hardware is used; a lower bound, since only the encoder's GEMMs run in FP8).
+    """
+    peak = peak_flops(device, precision)
     if peak is None or not flops_per_item:
         return None
     return flops_per_item * items_per_second / peak

@@ -27,6 +27,16 @@ def test_cpu_has_no_peak_and_no_telemetry():
     assert set(telemetry.PAPER_A40_TPS) == {1, 2, 4, 7}
 
 
+def test_mfu_against_the_fp8_peak_halves_it_on_hopper_and_is_none_without_fp8(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    bf16 = telemetry.mfu(1e12, 100.0, "cuda")
+    fp8 = telemetry.mfu(1e12, 100.0, "cuda", "fp8")
+    assert bf16 == 1e14 / 989e12 and fp8 == 1e14 / 1979e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert telemetry.peak_flops("cuda", "fp8") is None and telemetry.mfu(1e12, 100.0, "cuda", "fp8") is None
+    assert telemetry.peak_flops("cuda") == 312e12
+
+
 class _FakeNVML:
     """Records what the handle lookups receive; real NVML reads a non-string bus id as a pointer (segfault)."""
 

@@ -118,7 +118,10 @@ def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
             "memory_rel_diff": 0.0123,
             "token_match": 1.0,
         },
-        "all": {"batches": {"32": {"median_ms": 30.25, "tps": 25388.0}}, "memory_rel_diff": None},
+        "all": {
+            "batches": {"32": {"median_ms": 30.25, "tps": 25388.0, "mfu_fp8_peak": 0.116}},
+            "memory_rel_diff": None,
+        },
         "compile": {"error": "RuntimeError: boom"},
     }
     lines = tune.compact_table(results, [1, 32]).splitlines()
@@ -131,6 +134,8 @@ def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
         "b32",
         "TPS",
         "MFU",
+        "MFU",
+        "fp8",
         "SM",
         "MHz",
         "mem",
@@ -139,8 +144,8 @@ def test_compact_table_has_one_line_per_variant_and_marks_what_is_missing():
         "setup",
         "s",
     ]
-    assert lines[1].split() == ["baseline", "7.56", "51.60", "14,884", "23.2%", "1755", "1.2e-02", "100.0%", "5.5"]
-    assert lines[2].split() == ["all", "-", "30.25", "25,388", "-", "-", "-", "-", "-"]
+    assert lines[1].split() == ["baseline", "7.56", "51.60", "14,884", "23.2%", "-", "1755", "1.2e-02", "100.0%", "5.5"]
+    assert lines[2].split() == ["all", "-", "30.25", "25,388", "-", "11.6%", "-", "-", "-", "-"]
     assert lines[3].split()[:2] == ["compile", "failed:"] and "boom" in lines[3]
     assert len({len(line.rstrip()) for line in lines[:3]}) == 1  # aligned columns
 

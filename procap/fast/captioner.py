@@ -51,11 +51,19 @@ from procap.data.domain import domain_problem, pair_facts, read_domain
 from procap.fast.bucket import Bucket
 from procap.fast.inputs import as_float_pixels, pixel_stats, raise_for_pixel_stats, to_image_batch
 from procap.fast.nvtx import annotate_module, nvtx_range
-from procap.fast.settings import Settings, configured_type, default_dtype, resolve_settings
+from procap.fast.settings import (
+    Settings,
+    check_fp8_choices,
+    configured_type,
+    default_dtype,
+    fp8_decoder_choice,
+    resolve_settings,
+)
 from procap.kernels.attention import BACKENDS
 from procap.loading.checkpoint import check_can_caption, load_checkpoint
 from procap.loading.hub import load_pretrained
 from procap.model.decoding import DecodingStrategy, resolve_strategy
+from procap.model.fp8_linear import quantize_encoder_linears
 from procap.model.fused_form import fused_options
 
 if TYPE_CHECKING:
@@ -176,6 +184,13 @@ class Captioner:
             pick in one Triton kernel, opt-in) or False: every step the readable whole-prefix pass (slower; for
             comparison).
             The three go to :meth:`procap.model.procap.ProCap.use_fused` together.
+        precision: ``"bf16"`` (the default: the procedure encoder's GEMMs in the compute dtype) or ``"fp8"``: its
+            q/k/v/out, fc1 and fc2 GEMMs in e4m3 (weights quantised once here, per output channel; activations per
+            row; :mod:`procap.model.fp8_linear`), ``torch._scaled_mm`` on a GPU of compute capability 8.9 or newer,
+            the fake-quant reference on a CPU, refused on an older GPU. Check a model first with
+            :func:`procap.fast.fp8_gate.fp8_captioner` (docs/gpu.md: what FP8 changes in the captions).
+        kv_cache_dtype: None (the compute dtype) or ``"fp8"``: the decoder's cross-attention keys/values in e4m3
+            (one scale per token and head; needs ``fused_decoder``).
 
     Out of domain: :attr:`domain` is the ``trained_on`` record of the model's weights (:mod:`procap.data.domain`,
     read from ``model.pretrained_info``; None when they record none). When a call's images are far from it (a 64 px
@@ -213,6 +228,8 @@ class Captioner:
         fused_decoder: bool | dict[str, Any] = True,
         channels_last: bool | None = None,
         configure_as: str | None = None,
+        precision: str = "bf16",
+        kv_cache_dtype: str | None = None,
     ) -> None:
         self.strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
         self.device = _checked_device(device)
@@ -236,8 +253,11 @@ class Captioner:
             ("fused_decoder", fused_decoder),
         ):
             fused_options(choice, name)  # a choice of another type is refused before the model is copied
+        check_fp8_choices(precision, fused_encoder, fused_decoder, kv_cache_dtype)
         self.fused_vqgan, self.fused_encoder, self.fused_decoder = fused_vqgan, fused_encoder, fused_decoder
         self._requested = (use_graphs, pad_to_bucket, capture_memory, channels_last)
+        self.precision, self.kv_cache_dtype = precision, kv_cache_dtype
+        self.fp8_gate: object | None = None  # the gate's measurement, when procap.fast.agreement.fp8_captioner built it
         # what the weights record they were trained on (``procap.data.domain``); None: unknown, never warned about
         self.domain = read_domain(getattr(model, "pretrained_info", None))
         self._domain_warned = False
@@ -320,6 +340,8 @@ class Captioner:
             channels_last=channels_last,
             attention_backend=self.attention_backend,
             strategy=self.strategy,
+            precision=self.precision,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         self.use_graphs, self.pad_to_bucket = self.settings.use_graphs, self.settings.pad_to_bucket
         self.capture_memory = self.settings.capture_memory
@@ -331,6 +353,8 @@ class Captioner:
     def _prepare(self, model: ProCap) -> torch.nn.Module:
         model.eval().requires_grad_(False)
         model.use_fused(False)  # the fused VQGAN's derived buffers are made again after the move, below
+        if self.settings.fp8_gemm is not None:  # quantised from the weights as loaded, before the cast
+            quantize_encoder_linears(model.encoder, self.settings.fp8_gemm)
         model.to(device=self.device, dtype=self.dtype)
         model.set_attention_backend(self.attention_backend)
         channels_last = self.settings.channels_last
@@ -341,7 +365,7 @@ class Captioner:
         model.use_fused(
             vqgan=fused_vqgan and {"channels_last": channels_last, **vqgan},
             encoder=self.fused_encoder,
-            decoder=self.fused_decoder,
+            decoder=fp8_decoder_choice(self.fused_decoder, self.settings.kv_cache_dtype),
         )
         self._hooks = annotate_module(model.vqgan.encoder, "procap.vqgan", self.device)
         self._hooks += annotate_module(model.encoder, "procap.encoder", self.device)

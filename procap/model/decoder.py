@@ -35,8 +35,10 @@ import torch
 from torch import nn
 
 from procap.core.config import ProCapConfig
+from procap.core.errors import ProCapError
 from procap.core.validate import caption_length, same_device
 from procap.data.vocab import Vocabulary
+from procap.kernels import fp8
 from procap.kernels.attention import resolve_backend
 from procap.model import decoder_step
 from procap.model.fused_form import FusedForm
@@ -229,12 +231,13 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         layers: :class:`DecoderLayer` stack; ``norm`` the final LayerNorm.
     """
 
-    fused_options = ("logits_pick",)
+    fused_options = ("logits_pick", "kv_cache_dtype")
     fused_logits_pick = False  # the fused form's option, set by use_fused
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
         d = config.dec_dim
+        self.cross_kv_dtype: torch.dtype | None = None  # use_fused's kv_cache_dtype
         self.embed = nn.Embedding(config.vocab_size, d)
         self.pos_embed = nn.Parameter(torch.empty(config.max_caption_len, d))
         self.dropout = nn.Dropout(config.dropout)
@@ -278,18 +281,26 @@ class CaptionDecoder(FusedForm, CachedDecoder):
     def use_fused(self, enabled: bool = True, **options: Any) -> None:
         """Decode with the fused step of :mod:`procap.model.decoder_step` (True, the default), or with ``False`` run
         every cached step as the readable :meth:`forward` over the whole prefix (:class:`PrefixCache`: the oracle's
-        computation, a position's logits read from it; slower, exact, for comparison). Option ``logits_pick``
+        computation, a position's logits read from it; slower, exact, for comparison). Options: ``logits_pick``
         (default False): the greedy step's fp32 logits and the pick of each vocabulary tile in one Triton kernel
         instead of the logits GEMM (:func:`procap.kernels.greedy_logits_step`; the same tokens, the logits in
-        another summation order), opt-in until a GPU has timed it.
+        another summation order), opt-in until a GPU has timed it; ``kv_cache_dtype``: None (the default: the
+        memory's keys/values in the weights' dtype) or ``torch.float8_e4m3fn`` (e4m3 codes with one scale per token
+        and head, :class:`procap.model.decoder_step.Fp8CrossCache`).
 
         The choice is taken by the next :meth:`setup_caches`: a state keeps the form it was set up in.
         """
         super().use_fused(enabled, **options)
 
-    def _choose_fused(self, enabled: bool, logits_pick: bool = False) -> None:
-        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused` and :attr:`fused_logits_pick`."""
+    def _choose_fused(
+        self, enabled: bool, logits_pick: bool = False, kv_cache_dtype: torch.dtype | None = None
+    ) -> None:
+        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`, :attr:`fused_logits_pick` and the cross
+        cache's dtype."""
+        if kv_cache_dtype not in (None, fp8.E4M3):
+            raise ProCapError(f"kv_cache_dtype must be None or torch.float8_e4m3fn, got {kv_cache_dtype!r}.")
         self.fused_logits_pick = enabled and bool(logits_pick)
+        self.cross_kv_dtype = kv_cache_dtype
 
     def setup_caches(
         self,
@@ -314,7 +325,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             return DecodingState(prefix, batch, max_len, weight.shape[0], weight.device)
         backend = resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
         weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID, self.fused_logits_pick)
-        return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n)
+        return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n, self.cross_kv_dtype)
 
     @torch.no_grad()
     def prefill(self, memory: torch.Tensor, state: DecodingState | decoder_step.FusedDecodingState) -> None:

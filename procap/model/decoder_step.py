@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
+from procap.kernels import fp8
 from procap.kernels.attention import attention, backend_for_mask
 from procap.kernels.logits_pick import logits_tiles
 
@@ -93,7 +94,15 @@ class FusedDecodingState:
         mask: (K,) additive self-attention mask over K >= steps + 1 cached positions (0 visible, -inf not yet).
     """
 
-    def __init__(self, weights: FusedWeights, num_layers: int, batch: int, max_len: int, memory_len: int) -> None:
+    def __init__(
+        self,
+        weights: FusedWeights,
+        num_layers: int,
+        batch: int,
+        max_len: int,
+        memory_len: int,
+        cross_kv_dtype: torch.dtype | None = None,
+    ) -> None:
         weight = weights.embed_weight
         dtype, device = weight.dtype, weight.device
         dim, heads = weights.dim, weights.heads
@@ -117,12 +126,14 @@ class FusedDecodingState:
         self.q_cross_rows = torch.zeros(batch, dim, dtype=dtype, device=device)
         self.q_cross = self.q_cross_rows.view(batch, heads, 1, head_dim)
         self.self_kv, self.cross_kv, self.self_kv_heads, self.cross_kv_heads = [], [], [], []
-        for _ in range(num_layers):
+        e4m3 = cross_kv_dtype == fp8.E4M3  # FP8 cross keys/values: every layer attends from one working buffer
+        for index in range(num_layers):
             for length, flat, split in (
                 (keys, self.self_kv, self.self_kv_heads),
                 (memory_len, self.cross_kv, self.cross_kv_heads),
             ):
-                buffer = torch.zeros(batch, length, 2 * dim, dtype=dtype, device=device)
+                shared = e4m3 and flat is self.cross_kv and index > 0
+                buffer = flat[0] if shared else torch.zeros(batch, length, 2 * dim, dtype=dtype, device=device)
                 flat.append(buffer)
                 split.append(
                     tuple(
@@ -130,6 +141,7 @@ class FusedDecodingState:
                         for i in range(2)
                     )
                 )
+        self.cross_kv_e4m3 = Fp8CrossCache(self.cross_kv[0], num_layers, heads) if e4m3 else None
 
     def reset(self) -> None:
         """Back to "BOS at position 0, nothing finished", in place (captured graphs keep these buffers)."""
@@ -147,12 +159,38 @@ class FusedDecodingState:
             buffer.copy_(buffer.index_select(0, rows))
 
 
+class Fp8CrossCache:
+    """The cross-attention keys/values kept as e4m3 codes with one scale per token and head (``kv_cache_dtype``).
+
+    The reference path: every layer's cache is one bf16 working buffer (the state's ``cross_kv``, all layers sharing
+    it), which prefill writes and :meth:`store` quantises into that layer's codes, and which :meth:`load`
+    dequantises again before the layer attends. So the values attended are the FP8 ones on every device; the bytes
+    a step reads halve only once an attention kernel reads the codes itself (docs/gpu.md, issue 52).
+    """
+
+    def __init__(self, working: torch.Tensor, num_layers: int, heads: int) -> None:
+        batch, length, width = working.shape
+        self.working = working.view(batch, length, 2 * heads, width // (2 * heads))  # (B, N, K and V heads, Dh)
+        self.codes = [torch.zeros(self.working.shape, dtype=fp8.E4M3, device=working.device) for _ in range(num_layers)]
+        self.scales = [torch.ones(batch, length, 2 * heads, 1, device=working.device) for _ in range(num_layers)]
+
+    def store(self, index: int, rows: int) -> None:
+        """Quantise the first ``rows`` rows of the working buffer into layer ``index``'s codes and scales."""
+        fp8.quantize_rows_into(self.working[:rows], self.codes[index][:rows], self.scales[index][:rows])
+
+    def load(self, index: int) -> None:
+        """Dequantise layer ``index``'s codes into the working buffer, which the layer's attention reads."""
+        fp8.dequantize_into(self.codes[index], self.scales[index], self.working)
+
+
 def prefill(state: FusedDecodingState, memory: torch.Tensor) -> None:
     """Cross-attention keys/values of a memory (b, N, D), b <= state.batch, one GEMM per layer."""
     b, n, d = memory.shape
     rows = memory.reshape(b * n, d)
-    for weights, cache in zip(state.weights.layers, state.cross_kv):
+    for index, (weights, cache) in enumerate(zip(state.weights.layers, state.cross_kv)):
         torch.addmm(weights.cross_kv_bias, rows, weights.cross_kv_weight_t, out=cache[:b].view(b * n, 2 * d))
+        if state.cross_kv_e4m3 is not None:
+            state.cross_kv_e4m3.store(index, b)
 
 
 def _attend(
@@ -178,6 +216,8 @@ def hidden_step(state: FusedDecodingState) -> torch.Tensor:
         attended = _attend(w_all.backend, state.q_self, state.self_kv_heads[index], state.mask_view)
         h = _add_norm(x, torch.addmm(w.out_bias, attended.view(rows, w_all.dim), w.out_weight_t), w.norms[1])
         torch.addmm(w.cross_q_bias, h, w.cross_q_weight_t, out=state.q_cross_rows)
+        if state.cross_kv_e4m3 is not None:
+            state.cross_kv_e4m3.load(index)
         attended = _attend(w_all.backend, state.q_cross, state.cross_kv_heads[index], None)
         out = torch.addmm(w.cross_out_bias, attended.view(rows, w_all.dim), w.cross_out_weight_t)
         h = _add_norm(x, out, w.norms[2])

@@ -8,7 +8,8 @@ inference form of the same computation on the same weights:
 - :class:`procap.model.encoder.ProcedureEncoder`: its stack as written, or each residual add fused with the LayerNorm
   after it (no-grad calls); options ``add_norm``, ``gelu_epilogue``;
 - :class:`procap.model.decoder.CaptionDecoder`: its cached decoding interface runs the fused step of
-  :mod:`procap.model.decoder_step`, or the readable forward over the whole fixed-length prefix; option ``logits_pick``.
+  :mod:`procap.model.decoder_step`, or the readable forward over the whole fixed-length prefix; options
+  ``logits_pick`` and ``kv_cache_dtype`` (the cross-attention keys/values in e4m3).
 
 Each is a :class:`FusedForm`: :meth:`FusedForm.use_fused` checks the options against the part's
 :attr:`~FusedForm.fused_options` and hands them to the part's ``_choose_fused``; :attr:`~FusedForm.fused` says which

@@ -151,7 +151,7 @@ def test_one_part_at_a_time_and_options():
         (lambda m: m.use_fused(encoder={"add_nrom": False}), "ProcedureEncoder.use_fused has no option 'add_nrom'"),
         (
             lambda m: m.use_fused(decoder={"fast": True}),
-            r"CaptionDecoder.use_fused has no option 'fast' \(its options: logits_pick",
+            r"CaptionDecoder.use_fused has no option 'fast' \(its options: logits_pick, kv_cache_dtype",
         ),
         (lambda m: m.vqgan.use_fused(False, channels_last=True), r"VQGAN.use_fused\(False\) takes no options"),
     ],
