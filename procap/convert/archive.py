@@ -225,7 +225,7 @@ TENSOR_GLOBALS: dict[tuple[str, str], Any] = {
 _RUAMEL = "ruamel.yaml."
 # Every class the authors' YAML loader can leave in their options, by ruamel module; the set in a file depends on
 # the ruamel version.
-_RUAMEL_CLASSES = {
+_RUAMEL_CLASSES: dict[str, dict[str, type | None]] = {
     "scalarfloat": {"ScalarFloat": YamlFloat, "ExponentialFloat": YamlFloat, "ExponentialCapsFloat": YamlFloat},
     "scalarint": {n: YamlInt for n in ("ScalarInt", "BinaryInt", "OctalInt", "HexInt", "HexCapsInt", "DecimalInt")},
     "scalarbool": {"ScalarBoolean": YamlInt},
@@ -305,6 +305,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its 
     """
 
     dispatch: ClassVar[dict[int, Callable]] = dict(pickle._Unpickler.dispatch)
+    stack: list[Any]  # the pure-Python unpickler's value stack, set by load(); typeshed declares only its dispatch
 
     def __init__(
         self,
@@ -355,7 +356,8 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its 
             raise UnsafeCheckpointError(
                 f"{self.source} sets the state of a {type(target).__name__}, which the safe loader does not allow"
             )
-        pickle._Unpickler.load_build(self)
+        # typeshed stubs pickle._Unpickler's public methods and dispatch only; load_build, its BUILD opcode, exists
+        pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
 
     dispatch[pickle.BUILD[0]] = _load_build
 
@@ -383,6 +385,19 @@ def _archive_root(names: list[str], path: Path) -> str:
     return roots[0]
 
 
+def _zip_archive(path: str | Path, what: str) -> Path:
+    """``path`` when it is a zip file (the format of torch >= 1.6), else one sentence naming it as ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProCapError(f"{what} {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ProCapError(
+            f"{what} {path} is not a torch zip archive (a legacy torch.save file or not a torch file); "
+            f"re-save it with torch >= 1.6"
+        )
+    return path
+
+
 def load_archive(
     path: str | Path, allowed: Mapping[tuple[str, str], Any], torchscript: bool = False, what: str = "checkpoint"
 ) -> Any:
@@ -401,14 +416,7 @@ def load_archive(
         UnsafeCheckpointError: the pickle names a global outside ``allowed``.
         ProCapError: the file is missing, not a zip archive, big-endian or malformed.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ProCapError(f"{what} {path} does not exist")
-    if not zipfile.is_zipfile(path):
-        raise ProCapError(
-            f"{what} {path} is not a torch zip archive (a legacy torch.save file or not a torch file); "
-            f"re-save it with torch >= 1.6"
-        )
+    path = _zip_archive(path, what)
     with zipfile.ZipFile(path) as archive:
         root = _archive_root(archive.namelist(), path)
         names = set(archive.namelist())

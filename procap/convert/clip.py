@@ -26,13 +26,16 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from procap.convert.archive import TORCHSCRIPT_GLOBALS, ScriptModule, load_archive
 from procap.core.errors import ProCapError
 from procap.core.weights import read_tensors
+
+if TYPE_CHECKING:
+    from procap.model.procap import ProCap
 
 CLIP_HEAD_DIM = 64
 
@@ -226,7 +229,7 @@ def clip_config_overrides(clip: ClipBlocks, config: Any = None) -> dict[str, Any
     return {"enc_heads": clip.heads, "enc_activation": "quick_gelu"}
 
 
-def init_encoder_from_clip(model: torch.nn.Module, clip: ClipBlocks) -> int:
+def init_encoder_from_clip(model: ProCap, clip: ClipBlocks) -> int:
     """Copy the first ``enc_layers`` CLIP blocks into ``model.encoder.layers``; returns how many were copied.
 
     The model's config must already carry :func:`clip_config_overrides`; input embeddings, heads and the final

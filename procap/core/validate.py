@@ -12,10 +12,14 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from procap.core.config import GENERATED_FRAME_COUNTS
 from procap.core.errors import ProCapError, shown
 from procap.core.files import input_overlap
+
+if TYPE_CHECKING:  # torch only inside the functions that need it: the parsers are built without it
+    import torch
 
 # Seeds reach NumPy, whose generators take 0 .. 2**32 - 1, and torch.Generator.manual_seed (an int64 ... uint64).
 MAX_SEED = 2**32 - 1
@@ -111,7 +115,7 @@ def fresh_output_dir(path: str | os.PathLike, names: Sequence[str], flag: str, o
     return path
 
 
-def output_apart(path: str | os.PathLike, flag: str, inputs: list[tuple[str, str | os.PathLike]]) -> None:
+def output_apart(path: str | os.PathLike, flag: str, inputs: Sequence[tuple[str, str | os.PathLike]]) -> None:
     """Check that the output ``path`` is none of ``inputs`` (same path, symlink or hard link) and lies in none of
     the input folders: a command never writes over what it reads.
 
@@ -258,7 +262,7 @@ def same_device(requested, actual) -> bool:
     return requested.type == actual.type and device_index(requested) == device_index(actual)
 
 
-def device(name: str | None, flag: str = "--device"):
+def device(name: str | torch.device | None, flag: str = "--device") -> torch.device:
     """Parse a device name and check that it exists on this machine.
 
     ``None`` and ``"auto"`` mean CUDA when available, else the CPU.

@@ -261,7 +261,8 @@ def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mappi
     changes = [i for i in ids if truths[i].is_change]
     distractors = [i for i in ids if not truths[i].is_change]
     moves = [i for i in changes if truths[i].type == "move"]
-    with_object = [i for i in changes if truths[i].object is not None]
+    # (the object a caption names, the changed object) of every change pair whose changed object is known
+    objects = [(parsed[i].object, truth) for i in changes if (truth := truths[i].object) is not None]
     with_value = [i for i in changes if truths[i].new_value is not None]
     confusion: dict[str, dict[str, int]] = {}
     for i in ids:
@@ -275,12 +276,10 @@ def _accuracy_over(ids: list[str], predictions: Mapping[str, str], truths: Mappi
         "miss_rate": _fraction(sum(parsed[i].claims_no_change for i in changes), len(changes)),
         "false_positive_rate": _fraction(sum(parsed[i].claims_change for i in distractors), len(distractors)),
         "type": _fraction(sum(parsed[i].names_type_of(truths[i]) for i in changes), len(changes)),
-        "object": _fraction(sum(parsed[i].object == truths[i].object for i in with_object), len(with_object)),
+        "object": _fraction(sum(named == truth for named, truth in objects), len(objects)),
         # Each attribute of the changed object on its own: shows which one a model misses when "object" is low.
         "attributes": {
-            a: _fraction(
-                sum((parsed[i].object or {}).get(a) == truths[i].object[a] for i in with_object), len(with_object)
-            )
+            a: _fraction(sum((named or {}).get(a) == truth[a] for named, truth in objects), len(objects))
             for a in ATTRIBUTES
         },
         "new_value": _fraction(sum(parsed[i].new_value == truths[i].new_value for i in with_value), len(with_value)),

@@ -14,7 +14,8 @@ import torch
 
 from procap.fast.graphs import CapturedStep, EagerStep
 from procap.fast.inputs import pixel_stats
-from procap.model.decoder import DecodingState
+from procap.model.decoder import CachedDecoder
+from procap.model.procap import ProCap
 
 
 class Bucket:
@@ -36,7 +37,7 @@ class Bucket:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: ProCap,
         rows: int,
         max_len: int,
         dtype: torch.dtype,
@@ -45,8 +46,9 @@ class Bucket:
     ) -> None:
         self.model, self.rows, self.max_len = model, rows, max_len
         self.dtype, self.device, self.graph_pool = dtype, device, graph_pool
-        self.decoder = model.decoder
-        self.decoding: DecodingState = self.decoder.setup_caches(rows, max_len, dtype, device)
+        # the decoders' common interface: the paper's (readable or fused state) and the authors' decode alike
+        self.decoder: CachedDecoder = model.decoder
+        self.decoding = self.decoder.setup_caches(rows, max_len, dtype, device)
         self.before: torch.Tensor | None = None
         self.after: torch.Tensor | None = None
         self.pixel_stats = torch.zeros(2, 3, device=device)
@@ -79,7 +81,7 @@ class Bucket:
 
     def static_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (rows, 3, S, S) before/after buffers that ``encode`` reads."""
-        if self.before is None:
+        if self.before is None or self.after is None:
             s = self.model.config.image_size
             self.before, self.after = (
                 torch.zeros(self.rows, 3, s, s, device=self.device, dtype=self.dtype) for _ in range(2)
@@ -89,6 +91,7 @@ class Bucket:
     # -- graphs ----------------------------------------------------------------------------------------------------
     def _capture(self, fn: Callable[[], None]) -> CapturedStep | EagerStep:
         """A CUDA graph of ``fn`` on CUDA; elsewhere ``fn`` itself behind the same interface (the CPU has no graphs)."""
+        graph: CapturedStep | EagerStep
         if self.device.type == "cuda":
             graph = CapturedStep(fn, self.device, pool=self.graph_pool)
         else:

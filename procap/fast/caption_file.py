@@ -153,7 +153,7 @@ class CaptionFile:
         settings = {"checkpoint": dict(checkpoint), "decoding": dict(decoding)}
         recorded = self._recorded
         if recorded is not None:
-            before = recorded.get("checkpoint") if isinstance(recorded.get("checkpoint"), dict) else {}
+            before = _section(recorded, "checkpoint")
             if (before.get("sha256"), before.get("bytes")) != (checkpoint["sha256"], checkpoint["bytes"]):
                 raise ProCapError(
                     f"--resume: {self.path} was captioned with the checkpoint {before.get('file')} "
@@ -161,7 +161,7 @@ class CaptionFile:
                     f"(sha256 {checkpoint['sha256'][:12]}); resume with that checkpoint, or give --overwrite "
                     "or another --out."
                 )
-            decoded = recorded.get("decoding") if isinstance(recorded.get("decoding"), dict) else {}
+            decoded = _section(recorded, "decoding")
             # in the order given (the strategy before its options), then what only the file records
             for flag in [*decoding, *(flag for flag in decoded if flag not in decoding)]:
                 if decoded.get(flag) != decoding.get(flag):
@@ -199,14 +199,14 @@ class CaptionFile:
 
     def append(self, rows: Sequence[tuple[str | os.PathLike, str | os.PathLike, str]]) -> None:
         """Write ``(before, after, caption)`` rows as whole lines (the paths absolute), in one write, flushed."""
-        rows = [(*pair_key(before, after), caption) for before, after, caption in rows]
+        keyed = [(*pair_key(before, after), caption) for before, after, caption in rows]
         with writing(self.path):
             if self._stream:
-                self._append_to_stream(rows)
+                self._append_to_stream(keyed)
             else:
-                self._append_to_file(rows)
+                self._append_to_file(keyed)
         self._keep_bytes, self._started = None, True
-        self.done.update((before, after) for before, after, _ in rows)
+        self.done.update((before, after) for before, after, _ in keyed)
 
     def _target(self) -> Path:
         """Where the rows go: the file, or while replacing it, its copy in the staging folder beside it."""
@@ -280,6 +280,12 @@ class CaptionFile:
         if self._lock is not None:
             self._lock.__exit__(None, None, None)
             self._lock = None
+
+
+def _section(recorded: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """One section of a settings file; one of another type (a hand-edited file) reads as empty, so it differs."""
+    value = recorded.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _setting(value: Any) -> str:

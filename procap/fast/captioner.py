@@ -239,6 +239,7 @@ class Captioner:
         config = model.config
         ceiling = config.max_caption_len
         max_len = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
+        assert max_len is not None  # the default is the model's ceiling, an int: caption_length answers an int
         _check_batch_sizes(batch_sizes, config, self.device)
         self.config, self.vocab, self.max_len = config, vocab, max_len
         self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
@@ -350,7 +351,7 @@ class Captioner:
         captures = self.use_graphs and self.device.type == "cuda"
         self._graph_pool = torch.cuda.graph_pool_handle() if captures else None
 
-    def _prepare(self, model: ProCap) -> torch.nn.Module:
+    def _prepare(self, model: ProCap) -> ProCap:
         model.eval().requires_grad_(False)
         model.use_fused(False)  # the fused VQGAN's derived buffers are made again after the move, below
         if self.settings.fp8_gemm is not None:  # quantised from the weights as loaded, before the cast
@@ -359,11 +360,12 @@ class Captioner:
         model.set_attention_backend(self.attention_backend)
         channels_last = self.settings.channels_last
         if channels_last:
-            model.vqgan.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format (torch._C._nn._parse_to reads it), but torch's overloads of it omit it
+            model.vqgan.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         vqgan = fused_options(self.fused_vqgan, "fused_vqgan")  # the layout is the settings' unless given
         fused_vqgan = vqgan is not None
         model.use_fused(
-            vqgan=fused_vqgan and {"channels_last": channels_last, **vqgan},
+            vqgan=vqgan is not None and {"channels_last": channels_last, **vqgan},
             encoder=self.fused_encoder,
             decoder=fp8_decoder_choice(self.fused_decoder, self.settings.kv_cache_dtype),
         )
@@ -532,8 +534,9 @@ class Captioner:
         before, after = self.images(befores), self.images(afters)
         if before.shape[0] != after.shape[0]:
             raise ProCapError(f"got {before.shape[0]} before images but {after.shape[0]} after images")
+        vocab = self._require_vocab()
         tokens = self.generate(before, after).cpu().tolist()
-        return [self.model.caption_text(self.vocab, row) for row in tokens]
+        return [self.model.caption_text(vocab, row) for row in tokens]
 
     def check_domain(self, befores: Any, afters: Any, stacklevel: int = 2) -> None:
         """Warn once (:class:`~procap.core.errors.OutOfDomainWarning`) when pairs are far from the training domain,
@@ -555,9 +558,11 @@ class Captioner:
             self._domain_warned = True
             warnings.warn(problem, OutOfDomainWarning, stacklevel=stacklevel)
 
-    def _require_vocab(self) -> None:
+    def _require_vocab(self) -> Vocabulary:
+        """The vocabulary, which only captioning into words needs (``generate`` does not)."""
         if self.vocab is None:
             raise ProCapError("this Captioner was built without a vocabulary: give one to get words, or call generate")
+        return self.vocab
 
     def caption(self, before: Any, after: Any) -> str:
         """Caption one pair (a path, PIL image, numpy array or tensor each)."""

@@ -31,7 +31,8 @@ ImageLike = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 
 def _from_pil(image: Image.Image, size: int, what: str = "PIL image") -> torch.Tensor:
     """PIL image -> (3, size, size) float in [0, 1] through the very function load_image applies to a file."""
-    where = f" from {image.filename}" if getattr(image, "filename", "") else ""
+    filename = getattr(image, "filename", "")  # only images opened from a file have one (PIL's ImageFile)
+    where = f" from {filename}" if filename else ""
     try:
         return to_tensor(image, size, what + where)
     except ValueError as exc:

@@ -295,8 +295,29 @@ class CacheWriter:
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
             raise ValueError(f"frames must be uint8 (T, 3, H, W), got {frames.dtype} {frames.shape}")
         final = self.root / f"{group}.h5"
+        data = self._pair_file(key, frames, s_bef, s_aft, codes, pair_id, source)
+        # the pair, and room for it again when the group file is written anew with it
+        require_space(final, 2 * len(data) + SPACE_MARGIN, file_bytes=len(data))
+        try:
+            atomic_write(pending_folder(self.root, group) / _pending_name(key), lambda tmp: Path(tmp).write_bytes(data))
+        except OutputError as exc:  # named as the file the user knows, not the pending one
+            raise OutputError(exc.errno, exc.strerror, str(final)) from exc
+        self._stale.add(group)
+
+    def _pair_file(
+        self,
+        key: str,
+        frames: np.ndarray,
+        s_bef: np.ndarray | None,
+        s_aft: np.ndarray | None,
+        codes: np.ndarray | None,
+        pair_id: str | None,
+        source: str | None,
+    ) -> bytes:
+        """The bytes of an HDF5 file holding only this pair (the arguments of :meth:`write`), made in memory:
+        HDF5 itself never meets a failing disk."""
         image = io.BytesIO()
-        with h5py.File(image, "w") as f:  # in memory: HDF5 itself never meets a failing disk here
+        with h5py.File(image, "w") as f:
             dset = f.create_dataset(key, data=frames, compression=self.compression)
             if s_bef is not None:
                 dset.attrs["s_bef"] = np.asarray(s_bef, dtype=np.float32)
@@ -310,14 +331,7 @@ class CacheWriter:
             if source is not None:
                 dset.attrs["source"] = source
             dset.attrs["complete"] = 1  # last: its presence means everything above is in the file
-        data = image.getvalue()
-        # the pair, and room for it again when the group file is written anew with it
-        require_space(final, 2 * len(data) + SPACE_MARGIN, file_bytes=len(data))
-        try:
-            atomic_write(pending_folder(self.root, group) / _pending_name(key), lambda tmp: Path(tmp).write_bytes(data))
-        except OutputError as exc:  # named as the file the user knows, not the pending one
-            raise OutputError(exc.errno, exc.strerror, str(final)) from exc
-        self._stale.add(group)
+        return image.getvalue()
 
     def commit(self) -> None:
         """Write each group file with pending pairs anew (its complete pairs and the pending ones, which win), then
@@ -379,7 +393,8 @@ def stored_sources(root: str | Path, groups: Sequence[str]) -> dict[tuple[str, s
     found: dict[tuple[str, str], str | None] = {}
     for group in groups:
         path = Path(root) / f"{group}.h5"
-        files = [(path, None)] if path.is_file() else []
+        # (file, the one key to read in it: None for a group file, which holds many)
+        files: list[tuple[Path, str | None]] = [(path, None)] if path.is_file() else []
         files += [(pending, key) for key, pending in pending_pairs(root, group).items()]
         for file, only in files:
             try:
@@ -498,7 +513,7 @@ class ProcedureCache:
         """(s_bef (T,), s_aft (T,)) from our attributes, else from the score file."""
         attrs = self._open(group)[key].attrs
         if "s_bef" in attrs:
-            return tuple(self._scores(attrs, name, group, key) for name in ("s_bef", "s_aft"))
+            return self._scores(attrs, "s_bef", group, key), self._scores(attrs, "s_aft", group, key)
         if self.score_file is None:
             raise ProCapError(
                 f"{self.paths[group]} stores no scores for {key}; pass the authors' score file (scores_file=...)."
@@ -547,7 +562,8 @@ def keyframe_statistics(
     """
     source = CachedProcedures(cache_path, num_keyframes, confidence=confidence)
     try:
-        chosen, by_type = [], {}
+        chosen: list[tuple[int, ...]] = []  # each pair's keyframe indices, in 1..l
+        by_type: dict[str, list[int]] = {}  # change type -> the keyframe indices of its pairs
         for pair in pairs:
             middle = tuple(source.indices(str(getattr(pair, "id", pair)))[2][1:-1].tolist())
             chosen.append(middle)
@@ -671,8 +687,8 @@ class CachedProcedures:
         pair_id = getattr(pair, "id", pair)
         group, key, idx = self.indices(str(pair_id))
         frames = torch.from_numpy(self.cache.frames(group, key, idx.tolist())).float() / 255.0
-        codes = self.cache.codes(group, key)
-        codes = torch.from_numpy(codes[idx.numpy()].astype(np.int64)).reshape(-1) if codes is not None else None
+        stored = self.cache.codes(group, key)
+        codes = torch.from_numpy(stored[idx.numpy()].astype(np.int64)).reshape(-1) if stored is not None else None
         return frames, codes
 
     def __call__(

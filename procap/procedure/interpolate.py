@@ -464,14 +464,29 @@ def generate_procedure(
         before, after = before.unsqueeze(0), after.unsqueeze(0)
     _check_pair(before, after)
     if direct:
-        if not hasattr(interpolator, "frames_at"):
-            raise ValueError(
-                f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
-                f"only gives midpoints"
-            )
-        times = [i / (num_generated + 1) for i in range(1, num_generated + 1)]
-        out = interpolator.frames_at(before.float(), after.float(), times).to(before.device).float()
-        return out[0] if unbatched else out
+        out = _frames_at_times(before, after, interpolator, num_generated)
+    else:
+        out = _recursive_midpoints(before, after, interpolator, levels)
+    return out[0] if unbatched else out
+
+
+def _frames_at_times(
+    before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator, num_generated: int
+) -> torch.Tensor:
+    """(B, l, 3, H, W): the frames at t = i / (l + 1), all rendered from the one flow between (B, 3, H, W) endpoints."""
+    if not hasattr(interpolator, "frames_at"):
+        raise ValueError(
+            f"direct procedures need an interpolator with frames_at(); {type(interpolator).__name__} "
+            f"only gives midpoints"
+        )
+    times = [i / (num_generated + 1) for i in range(1, num_generated + 1)]
+    return interpolator.frames_at(before.float(), after.float(), times).to(before.device).float()
+
+
+def _recursive_midpoints(
+    before: torch.Tensor, after: torch.Tensor, interpolator: Interpolator, levels: int
+) -> torch.Tensor:
+    """(B, 2^levels - 1, 3, H, W): ``levels`` rounds of a midpoint between every adjacent pair, one call a round."""
     frames = [before.float(), after.float()]
     for _ in range(levels):
         left = torch.cat(frames[:-1], dim=0)
@@ -481,5 +496,4 @@ def generate_procedure(
         for mid, nxt in zip(mids, frames[1:]):
             merged += [mid, nxt]
         frames = merged
-    out = torch.stack(frames[1:-1], dim=1)  # (B, l, 3, H, W)
-    return out[0] if unbatched else out
+    return torch.stack(frames[1:-1], dim=1)

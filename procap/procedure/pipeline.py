@@ -9,13 +9,14 @@ interrupted run (Ctrl-C, SIGTERM, a crash) loses at most the pair in flight and 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -132,6 +133,21 @@ def to_uint8(frames: torch.Tensor) -> np.ndarray:
 _WORKER: dict[str, Any] = {}
 
 
+class Synthesized(NamedTuple):
+    """A pair's procedure, made in a worker: what the cache stores besides its scores and codes."""
+
+    pair_index: int  # the pair's place in the job list
+    frames: np.ndarray  # uint8 (l + 2, 3, S, S): before, the l generated frames, after
+    source: str  # the fingerprints of its two images (procap.procedure.sources.record)
+
+
+class Refused(NamedTuple):
+    """A pair a worker could not read (missing, unreadable or mismatched images)."""
+
+    pair_index: int
+    error: str  # one sentence naming the file or the pair
+
+
 def _init_worker(interpolator: Interpolator, num_generated: int, size: int, allow_mismatch: bool, direct: bool) -> None:
     # One thread per worker: the pool already uses every core, and oversubscription slows torch and OpenCV.
     import cv2
@@ -142,8 +158,8 @@ def _init_worker(interpolator: Interpolator, num_generated: int, size: int, allo
     _init_worker_inline(interpolator, num_generated, size, allow_mismatch, direct)
 
 
-def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | None, str | None]:
-    """(index, pair) -> (index, uint8 (l + 2, 3, S, S) or None, error message or None, source record or None).
+def _synthesize(job: tuple[int, Any]) -> Synthesized | Refused:
+    """(index, pair) -> its frames, or why it was refused.
 
     The source record (:func:`procap.procedure.sources.record`) fingerprints the two images read, here in the
     worker, where hashing them runs in parallel with the other pairs.
@@ -156,9 +172,9 @@ def _synthesize(job: tuple[int, Any]) -> tuple[int, np.ndarray | None, str | Non
         before, after = read_pair(pair, _WORKER["size"], _WORKER["allow_mismatch"])
         mids = generate_procedure(before, after, _WORKER["interpolator"], _WORKER["num_generated"], _WORKER["direct"])
         frames = torch.cat([before[None], mids, after[None]], dim=0)
-        return index, to_uint8(frames), None, record(pair)
+        return Synthesized(index, to_uint8(frames), record(pair))
     except ProCapError as exc:
-        return index, None, str(exc), None
+        return Refused(index, str(exc))
     finally:
         torch.set_num_threads(threads)
 
@@ -171,7 +187,7 @@ def synthesized(
     allow_mismatch: bool,
     workers: int,
     direct: bool = True,
-) -> Iterator[tuple[int, np.ndarray | None, str | None, str | None]]:
+) -> Iterator[Synthesized | Refused]:
     """Yield ``_synthesize`` results, in a process pool when ``workers > 1``."""
     init = (interpolator, num_generated, size, allow_mismatch, direct)
     if workers <= 1:
@@ -212,12 +228,12 @@ def _init_worker_inline(
 # ------------------------------------------------------------------------------------------- writer side
 
 
-def load_vqgan(path: str, device: torch.device) -> torch.nn.Module:
+def load_vqgan(path: str, device: torch.device) -> VQGAN:
     """A frozen VQGAN from ``procap vqgan`` output (.safetensors) or a taming checkpoint (.ckpt)."""
     return VQGAN.load(path).requires_grad_(False).to(device)
 
 
-def build_similarity(opts: PrepareOptions, vqgan: torch.nn.Module | None, device: torch.device):
+def build_similarity(opts: PrepareOptions, vqgan: VQGAN | None, device: torch.device) -> Any:
     if opts.similarity == "vqgan":
         if vqgan is None:
             raise ProCapError("--similarity vqgan needs --vqgan CKPT (the frozen VQGAN the model uses).")
@@ -238,7 +254,7 @@ def _score_and_code(
     batch: list[np.ndarray],
     keys: list[tuple[str | None, str]],
     similarity: Any,
-    vqgan: torch.nn.Module | None,
+    vqgan: VQGAN | None,
     device: torch.device,
 ) -> list[tuple[np.ndarray, np.ndarray, Any]]:
     """Similarities and codes for a batch of procedures (one model call for all their frames).
@@ -318,12 +334,7 @@ def prepare(
     """
     levels_for(opts.num_generated)  # ValueError early for bad l
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pairs = list(pairs) if pairs is not None else prepare_pairs(opts)
-    if opts.limit is not None:
-        pairs = pairs[: opts.limit]
-    if opts.shard is not None:
-        pairs = shard_pairs(pairs, *opts.shard)
-        opts = dataclasses.replace(opts, out=str(shard_dir(opts.out, *opts.shard)), shard=None)
+    opts, pairs = _selected_pairs(opts, pairs)
     vqgan = load_vqgan(opts.vqgan, device) if opts.vqgan else None
     similarity = build_similarity(opts, vqgan, device)
     keyed = [(authors_key(p.id, opts.dataset), p) for p in pairs]
@@ -343,56 +354,102 @@ def prepare(
     return {"written": written, "skipped": len(pairs) - len(todo), "total": len(pairs)}
 
 
+def _selected_pairs(opts: PrepareOptions, pairs: Sequence[Any] | None) -> tuple[PrepareOptions, list[Any]]:
+    """The pairs this run prepares (the first ``limit``, then this ``shard``'s share), and its options: a shard
+    writes into its own folder."""
+    selected = list(pairs) if pairs is not None else prepare_pairs(opts)
+    if opts.limit is not None:
+        selected = selected[: opts.limit]
+    if opts.shard is not None:
+        selected = shard_pairs(selected, *opts.shard)
+        opts = dataclasses.replace(opts, out=str(shard_dir(opts.out, *opts.shard)), shard=None)
+    return opts, selected
+
+
 def _run(opts, keyed, todo, interpolator, similarity, vqgan, device, writer) -> int:
     from tqdm import tqdm
 
+    bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair", disable=not opts.progress)
     coder = vqgan if opts.store_codes else None
-    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    batch = _ScoredBatch(keyed, similarity, coder, device, writer, bar.update)
+    written = 0
+    with _sigterm_raises() as main_thread:
+        try:
+            for result in synthesized(
+                todo,
+                interpolator,
+                opts.num_generated,
+                opts.image_size,
+                opts.allow_size_mismatch,
+                opts.workers,
+                opts.direct,
+            ):
+                if isinstance(result, Refused):
+                    written += batch.flush()  # keep the finished work, then report the bad input
+                    raise ProCapError(result.error)
+                batch.pending.append(result)
+                if len(batch.pending) >= opts.score_batch:
+                    written += batch.flush()
+            written += batch.flush()
+        except (KeyboardInterrupt, _Terminate):
+            if main_thread:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the final writes short
+            batch.flush()  # score and keep what is already synthesized (at most score_batch pairs)
+            raise KeyboardInterrupt from None
+        finally:
+            bar.close()
+    return written
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[bool]:
+    """SIGTERM raises :class:`_Terminate` inside the block, then the previous handler is back; yields whether this
+    is the main thread (signal handlers live there only: elsewhere nothing changes)."""
+    main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM)
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: Any) -> None:
         raise _Terminate()
 
     if main_thread:
         signal.signal(signal.SIGTERM, on_term)
-    bar = tqdm(total=len(keyed), initial=len(keyed) - len(todo), desc="prepare", unit="pair", disable=not opts.progress)
-    written = 0
-    pending: list[tuple[int, np.ndarray, str]] = []
-
-    def flush() -> int:
-        if not pending:
-            return 0
-        keys = [_score_key(keyed[i][0]) for i, _, _ in pending]
-        results = _score_and_code([f for _, f, _ in pending], keys, similarity, coder, device)
-        for (index, frames, source), (s_bef, s_aft, codes) in zip(pending, results):
-            (group, key), pair = keyed[index]
-            writer.write(group, key, frames, s_bef, s_aft, codes, pair_id=pair.id, source=source)  # complete + flushed
-            bar.update(1)
-        count = len(pending)
-        pending.clear()
-        return count
-
     try:
-        for index, frames, error, source in synthesized(
-            todo, interpolator, opts.num_generated, opts.image_size, opts.allow_size_mismatch, opts.workers, opts.direct
-        ):
-            if error is not None:
-                written += flush()  # keep the finished work, then report the bad input
-                raise ProCapError(error)
-            pending.append((index, frames, source))
-            if len(pending) >= opts.score_batch:
-                written += flush()
-        written += flush()
-    except (KeyboardInterrupt, _Terminate):
-        if main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the final writes short
-        flush()  # score and keep what is already synthesized (at most score_batch pairs)
-        raise KeyboardInterrupt from None
+        yield main_thread
     finally:
-        bar.close()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
-    return written
+
+
+class _ScoredBatch:
+    """Synthesised pairs waiting to be scored and coded in one model call, then written to the cache."""
+
+    def __init__(
+        self,
+        keyed: list[tuple[tuple[str, str], Any]],
+        similarity: Any,
+        coder: VQGAN | None,
+        device: torch.device,
+        writer: CacheWriter,
+        written: Callable[[int], object],
+    ) -> None:
+        self.keyed, self.similarity, self.coder, self.device = keyed, similarity, coder, device
+        self.writer, self.written = writer, written
+        self.pending: list[Synthesized] = []
+
+    def flush(self) -> int:
+        """Score, code and write every pending pair (each complete and flushed); returns how many."""
+        if not self.pending:
+            return 0
+        keys = [_score_key(self.keyed[item.pair_index][0]) for item in self.pending]
+        frames = [item.frames for item in self.pending]
+        results = _score_and_code(frames, keys, self.similarity, self.coder, self.device)
+        for item, (s_bef, s_aft, codes) in zip(self.pending, results):
+            (group, key), pair = self.keyed[item.pair_index]
+            self.writer.write(group, key, item.frames, s_bef, s_aft, codes, pair_id=pair.id, source=item.source)
+            self.written(1)
+        count = len(self.pending)
+        self.pending.clear()
+        return count
 
 
 def _score_key(group_key: tuple[str, str]) -> tuple[str | None, str]:

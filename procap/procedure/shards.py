@@ -66,10 +66,11 @@ def _find_shards(out: Path) -> list[Path]:
 
 def _common_manifest(shards: list[Path]) -> dict[str, Any]:
     """The shards' manifest; every shard must have been built with the same settings."""
-    manifests = [read_manifest(s) for s in shards]
-    for shard, manifest in zip(shards, manifests):
+    manifests: list[dict[str, Any]] = []
+    for shard, manifest in zip(shards, [read_manifest(s) for s in shards]):  # every one read before any is refused
         if manifest is None:
             raise ProCapError(f"--merge: shard {shard} has no {MANIFEST}; it never started")
+        manifests.append(manifest)
     first = {k: v for k, v in manifests[0].items() if k != "splits"}
     for shard, manifest in zip(shards[1:], manifests[1:]):
         other = {k: v for k, v in manifest.items() if k != "splits"}

@@ -15,13 +15,16 @@ l intermediates, after) it returns the similarity of every frame to the first an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from procap.core.errors import ProCapError
 from procap.core.json_files import read_json
+
+if TYPE_CHECKING:
+    from procap.model.vqgan import VQGAN
 
 
 @runtime_checkable
@@ -69,7 +72,7 @@ class VQGANSimilarity(EmbeddingSimilarity):
         device: where to run it (default: the module's device).
     """
 
-    def __init__(self, vqgan: torch.nn.Module, device: torch.device | str | None = None) -> None:
+    def __init__(self, vqgan: VQGAN, device: torch.device | str | None = None) -> None:
         self.vqgan = vqgan.eval().requires_grad_(False)
         self.device = torch.device(device) if device is not None else next(vqgan.parameters()).device
         self.vqgan.to(self.device)

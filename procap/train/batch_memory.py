@@ -123,8 +123,8 @@ def device_memory(device: Any = None) -> tuple[int, str] | None:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return None
-        _, total = torch.cuda.mem_get_info(device)
-        return total, f"the {_gib(total)} of {device}"
+        _, on_device = torch.cuda.mem_get_info(device)
+        return on_device, f"the {_gib(on_device)} of {device}"
     total = _physical_memory()
     return (total, f"the {_gib(total)} of memory of this machine") if total else None
 
@@ -194,7 +194,7 @@ def checkpoint_config(path: str | os.PathLike) -> Any:
     or the field.
     """
     try:
-        return config_from_dict(ProCapConfig, read_checkpoint_metadata(path)["config"])
+        return config_from_dict(ProCapConfig, read_checkpoint_metadata(Path(path))["config"])
     except (ValueError, ProCapError):
         return None
 

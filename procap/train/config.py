@@ -10,7 +10,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from procap.core import validate
 from procap.core.config import LR_DECAYS, PROCEDURE_SOURCES, UNTRAINED_VQGAN
@@ -150,6 +150,20 @@ def resumed_values(saved: dict[str, Any], given: dict[str, Any]) -> tuple[dict[s
         and comparable(field, value) != comparable(field, saved[field])
     ]
     return values, conflicts
+
+
+Filled = TypeVar("Filled")
+
+
+def filled(value: Filled | None, name: str) -> Filled:
+    """A hyper-parameter that :meth:`TrainConfig.resolved` fills in (``name`` is its field), as the loops read it.
+
+    Raises:
+        ValueError: it is None, so the config reached a training loop without being resolved.
+    """
+    if value is None:
+        raise ValueError(f"TrainConfig.{name} is None: a training stage takes a TrainConfig.resolved() copy")
+    return value
 
 
 def absolute_path(path: str) -> str:

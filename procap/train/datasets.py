@@ -75,7 +75,18 @@ def identical_training_pairs(pairs: Sequence[Any], share: float, seed: int = 0) 
     ]
 
 
-class PairDataset(Dataset):
+class EpochDataset(Dataset[dict[str, Any]]):
+    """A map-style dataset of dict items whose random draws follow the epoch: what :class:`procap.train.loop.Trainer`
+    reads (it sets the epoch before each one's loader)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class PairDataset(EpochDataset):
     """Stage-2 items: ``{"before": (3,S,S), "after": (3,S,S), "caption": (L,) long, "index": int}``.
 
     Args:
@@ -214,7 +225,7 @@ def make_procedure_source(spec: str, num_keyframes: int, root: str | None = None
     return CachedProcedures(spec, num_keyframes=num_keyframes)
 
 
-class ProcedureDataset(Dataset):
+class ProcedureDataset(EpochDataset):
     """Stage-1 items: ``{"frames": (T,3,S,S), "caption": (L,), "index": int}`` (+ ``"codes": (T*n,)`` when given).
 
     Args:
@@ -255,7 +266,7 @@ class ProcedureDataset(Dataset):
         return item
 
 
-class ImageDataset(Dataset):
+class ImageDataset(EpochDataset):
     """Every distinct image of a list of pairs, for VQGAN training: ``{"image": (3, S, S)}``."""
 
     def __init__(self, pairs: Sequence[Any], image_size: int, cache: ImageCache | None = None) -> None:

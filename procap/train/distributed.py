@@ -198,5 +198,8 @@ def wrap_ddp(
     # No buffer broadcast on every forward (the trained parts hold no running statistics); the name changed in
     # torch 2.13 (``forward_sync_buffers``), older releases only know ``broadcast_buffers``.
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=find_unused, **no_sync)
+    if "forward_sync_buffers" in params:
+        return DistributedDataParallel(
+            module, device_ids=ids, find_unused_parameters=find_unused, forward_sync_buffers=False
+        )
+    return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=find_unused, broadcast_buffers=False)

@@ -19,13 +19,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
 from procap.core.errors import ProCapError
 from procap.core.files import (
@@ -41,8 +42,8 @@ from procap.core.files import (
 from procap.core.json_files import read_json_lines
 from procap.core.logs import TO_STDOUT
 from procap.train import distributed
-from procap.train.config import MAX_STEPS, TrainConfig
-from procap.train.datasets import EpochBatchSampler
+from procap.train.config import MAX_STEPS, TrainConfig, filled
+from procap.train.datasets import EpochBatchSampler, EpochDataset
 from procap.train.run_folder import MARKER, RunFolder, run_files
 from procap.train.run_guard import StopRequests, TrainingInterrupted
 from procap.train.schedules import StepSchedule
@@ -62,7 +63,7 @@ logger = logging.getLogger(__name__)
 MIN_LOGGED_POINTS = 20  # a run logs at least this many training records (when it has that many steps)
 
 LossFn = Callable[[dict[str, Any]], dict[str, torch.Tensor]]
-SaveFn = Callable[[Path, dict[str, Any]], None]
+SaveFn = Callable[[Path, dict[str, Any]], object]  # what it returns (the path written) is not read
 LoadFn = Callable[[Path], None]
 ValidateFn = Callable[[int], dict[str, float]]
 WeightFn = Callable[[dict[str, Any]], torch.Tensor]
@@ -174,7 +175,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         model: torch.nn.Module,
-        dataset: Dataset,
+        dataset: EpochDataset,
         loss_fn: LossFn,
         make_optimizer: Callable[[int], tuple[torch.optim.Optimizer, StepSchedule]],
         save_weights: SaveFn,
@@ -190,27 +191,7 @@ class Trainer:
         self.weight_fn, self.name = weight_fn, name
         self.ctx, self.device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
         self.out = Path(cfg.out)
-        try:
-            self.sampler = EpochBatchSampler(
-                len(dataset),
-                cfg.batch_size,
-                cfg.seed,
-                num_replicas=self.ctx.world,
-                rank=self.ctx.rank,
-                accumulation=cfg.grad_accum,
-            )
-        except ValueError as exc:
-            raise ProCapError(f"--batch-size {cfg.batch_size}: {exc}") from None
-        if self.sampler.batch_size < cfg.batch_size and self.ctx.is_main:
-            # One process clamps to the data; say so, since a whole split per step can take gigabytes.
-            logger.warning(
-                "%s: --batch-size %d is more than the %d training items; each step takes all %d (lower --batch-size "
-                "to use less memory)",
-                name,
-                cfg.batch_size,
-                len(dataset),
-                len(dataset),
-            )
+        self.sampler = self._batch_sampler(len(dataset))
         self.total = total_steps(cfg, self.sampler.steps_per_epoch)
         # A short run logs more often than --log-every, so that its loss curve has points to draw (a 10-step stage 1
         # logged one point at step 10).
@@ -223,6 +204,33 @@ class Trainer:
         self.trackers = RunTrackers((), self.out, name, {})  # the real ones start with the run (fit)
         self.state = LoopState()
         self._saved_at = time.monotonic()
+
+    def _batch_sampler(self, items: int) -> EpochBatchSampler:
+        """This rank's part of every global batch of the ``items`` training items."""
+        cfg = self.cfg
+        batch_size = filled(cfg.batch_size, "batch_size")
+        try:
+            sampler = EpochBatchSampler(
+                items,
+                batch_size,
+                cfg.seed,
+                num_replicas=self.ctx.world,
+                rank=self.ctx.rank,
+                accumulation=cfg.grad_accum,
+            )
+        except ValueError as exc:
+            raise ProCapError(f"--batch-size {batch_size}: {exc}") from None
+        if sampler.batch_size < batch_size and self.ctx.is_main:
+            # One process clamps to the data; say so, since a whole split per step can take gigabytes.
+            logger.warning(
+                "%s: --batch-size %d is more than the %d training items; each step takes all %d (lower --batch-size "
+                "to use less memory)",
+                self.name,
+                batch_size,
+                items,
+                items,
+            )
+        return sampler
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -300,7 +308,7 @@ class Trainer:
         logger.debug("%s: resumed %s at step %d of %d", self.name, self.last_path, self.state.step, self.total)
 
     # ------------------------------------------------------------------ one step
-    def _autocast(self):
+    def _autocast(self) -> torch.autocast:
         enabled = self.cfg.amp and self.device.type == "cuda"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
@@ -328,7 +336,12 @@ class Trainer:
         record: dict[str, torch.Tensor] = {}
         for i, (micro, scale) in enumerate(zip(batches, self._micro_scales(batches))):
             last = i == len(batches) - 1
-            sync = self.wrapped.no_sync() if self.ctx.enabled and not last else contextlib.nullcontext()
+            wrapped = self.wrapped  # DDP under torchrun (distributed.wrap_ddp), the module itself otherwise
+            sync = (
+                wrapped.no_sync()
+                if isinstance(wrapped, DistributedDataParallel) and not last
+                else contextlib.nullcontext()
+            )
             with sync:
                 with self._autocast():
                     out = self.wrapped(to_device(micro, self.device))
@@ -361,13 +374,13 @@ class Trainer:
             distributed.barrier(self.ctx)
             return {}
         try:
-            return self._validate_main()
+            return self._validate_main(self.validate)
         finally:
             distributed.barrier(self.ctx)
 
-    def _validate_main(self) -> dict[str, float]:
+    def _validate_main(self, validate: ValidateFn) -> dict[str, float]:
         self.model.eval()
-        metrics = self.validate(self.state.step)
+        metrics = validate(self.state.step)
         record = {"step": self.state.step, "epoch": self.state.epoch, **{f"val/{k}": v for k, v in metrics.items()}}
         self.log.write(record)
         self.trackers.write(record)
@@ -431,67 +444,93 @@ class Trainer:
             finish: called by rank 0 with the run folder after the last step, to write the stage's final files
                 before the run is marked finished.
         """
-        run = RunFolder(self.cfg) if self.ctx.is_main else None  # refuses a folder this run may not write
-        if self.cfg.resume:
-            self._check_resumable()  # before anything is created
-        # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
-        refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
-        created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
+        run, created = self._claim_folder()
         lock = RunFolderLock(run.final) if run is not None else contextlib.nullcontext()
         with lock, StopRequests() as stop:
             try:
-                if run is not None and run.replacing:
-                    self._write_into(run.begin())
-                if self.cfg.resume:
-                    self.resume()
-                if run is not None:
-                    run.mark("running")
-                    config = {**self.cfg.replay_dict(), "data_parallel": self.layout()}
-                    atomic_write_text(self.config_path, json.dumps(config, indent=1))
-                    if self.sampler.parts > 1:
-                        logger.info("%s: %s", self.name, self.layout_text())
-                    self.trackers = RunTrackers(
-                        self.cfg.loggers, self.out, self.name, config, self.cfg.wandb_project, self.cfg.wandb_name
-                    )
+                self._start(run)
                 try:
                     state = self._fit(stop)
                 finally:
                     self.trackers.close()
                 if run is not None:
-                    if finish is not None:
-                        finish(self.out)
-                    run.finish()
-                    self._write_into(run.final)
+                    self._finish(run, finish)
             except OutputError as exc:
-                if run is not None and run.replacing:
-                    run.discard()
-                    exc.note = f"the run in {run.final} was left as it was"
-                    raise
-                if self.last_path.is_file():
-                    raise
-                if created:  # a new folder with a config and a log but no checkpoint would look like a run
-                    for path in (self.out / MARKER, self.config_path, self.log.path):
-                        path.unlink(missing_ok=True)
-                    remove_empty(created)
-                    exc.note = "nothing of this run was kept"
-                else:
-                    exc.note = f"{self.out} holds this run's config and log but no checkpoint to --resume from"
+                self._clean_after_output_error(exc, run, created)
                 raise
             except TrainingInterrupted as exc:
                 if run is None or not run.replacing:
                     raise
-                run.discard()  # its `last` cannot be resumed: the folder it was saved in is not the run's
-                raise TrainingInterrupted(
-                    f"stopped at step {self.state.step}; the replacing run was discarded and the run in {run.final} "
-                    "was left as it was",
-                    exc.signum,
-                ) from None
+                raise self._discard_interrupted(run, exc) from None
             except BaseException:
                 if run is not None:
                     run.discard()
                 raise
         distributed.barrier(self.ctx)
         return state
+
+    def _claim_folder(self) -> tuple[RunFolder | None, list[Path]]:
+        """Rank 0's :class:`RunFolder` (None on the other ranks) and the folders made above the log, once every
+        check that needs no work has passed."""
+        run = RunFolder(self.cfg) if self.ctx.is_main else None  # refuses a folder this run may not write
+        if self.cfg.resume:
+            self._check_resumable()  # before anything is created
+        # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
+        refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
+        created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
+        return run, created
+
+    def _start(self, run: RunFolder | None) -> None:
+        """Point the files at a replacing run's folder, resume, and on rank 0 mark the run, write its config and
+        start the trackers."""
+        if run is not None and run.replacing:
+            self._write_into(run.begin())
+        if self.cfg.resume:
+            self.resume()
+        if run is None:
+            return
+        run.mark("running")
+        config = {**self.cfg.replay_dict(), "data_parallel": self.layout()}
+        atomic_write_text(self.config_path, json.dumps(config, indent=1))
+        if self.sampler.parts > 1:
+            logger.info("%s: %s", self.name, self.layout_text())
+        self.trackers = RunTrackers(
+            self.cfg.loggers, self.out, self.name, config, self.cfg.wandb_project, self.cfg.wandb_name
+        )
+
+    def _finish(self, run: RunFolder, finish: Callable[[Path], None] | None) -> None:
+        """Rank 0 after the last step: the stage's final files, then the run marked finished in its folder."""
+        if finish is not None:
+            finish(self.out)
+        run.finish()
+        self._write_into(run.final)
+
+    def _discard_interrupted(self, run: RunFolder, exc: TrainingInterrupted) -> TrainingInterrupted:
+        """A replacing run stopped by a signal is discarded (its ``last`` cannot be resumed: the folder it was
+        saved in is not the run's); the error to raise says so."""
+        run.discard()
+        return TrainingInterrupted(
+            f"stopped at step {self.state.step}; the replacing run was discarded and the run in {run.final} "
+            "was left as it was",
+            exc.signum,
+        )
+
+    def _clean_after_output_error(self, exc: OutputError, run: RunFolder | None, created: list[Path]) -> None:
+        """What a failed write leaves: a replacing run discarded, a new run's folder removed unless it holds a
+        checkpoint; ``exc.note`` says which (the caller raises ``exc``)."""
+        if run is not None and run.replacing:
+            run.discard()
+            exc.note = f"the run in {run.final} was left as it was"
+            return
+        if self.last_path.is_file():
+            return
+        if created:  # a new folder with a config and a log but no checkpoint would look like a run
+            for path in (self.out / MARKER, self.config_path, self.log.path):
+                path.unlink(missing_ok=True)
+            remove_empty(created)
+            exc.note = "nothing of this run was kept"
+        else:
+            exc.note = f"{self.out} holds this run's config and log but no checkpoint to --resume from"
 
     def _write_into(self, folder: Path) -> None:
         """Point every file of the run (checkpoints, log) at ``folder``."""
@@ -518,7 +557,7 @@ class Trainer:
             f"process(es) x {lay['grad_accum']} accumulation step(s)"
         )
 
-    def _steps(self):
+    def _steps(self) -> Iterator[list[dict[str, Any]]]:
         """The rest of the current epoch as lists of ``grad_accum`` micro-batches (one list per optimizer step)."""
         group: list[dict[str, Any]] = []
         for batch in self._loader():
@@ -532,10 +571,10 @@ class Trainer:
         if not self.ctx.is_main:
             return
         bar.set_postfix(loss=f"{values['loss']:.3f}", items_s=f"{rate:.1f}")
-        record = {"step": self.state.step, "epoch": self.state.epoch, "lr": self.schedule.lrs(), "items_per_s": rate}
-        record.update(values)
-        self.log.write(record)
-        self.trackers.write(record)
+        line = {"step": self.state.step, "epoch": self.state.epoch, "lr": self.schedule.lrs(), "items_per_s": rate}
+        line.update(values)
+        self.log.write(line)
+        self.trackers.write(line)
 
     def _fit(self, stop: StopRequests) -> LoopState:
         from tqdm.auto import tqdm

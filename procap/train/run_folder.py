@@ -106,17 +106,28 @@ def check_run_folder(cfg: TrainConfig) -> None:
     if note:
         logger.warning("procap: note: %s.", note)
     inputs = run_inputs(cfg)
+    _check_apart_from_inputs(out, cfg.stage, inputs)
+    found = recorded_run(out) if out.is_dir() else None
+    if found is not None:
+        _check_may_write_over(out, cfg, inputs, *found)
+
+
+def _check_apart_from_inputs(out: Path, stage: str, inputs: list[tuple[str, str]]) -> None:
+    """Neither the folder nor a file the run writes in it is one of the run's ``inputs`` or lies in an input folder."""
     output_apart(out, "--out", inputs)
     # an --init that is best.safetensors of this very folder, named on the command line or in a config file
-    refuse_inputs(*run_files(out, cfg.stage))
-    for written in run_files(out, cfg.stage):
+    refuse_inputs(*run_files(out, stage))
+    for written in run_files(out, stage):
         overlap = input_overlap(written, inputs)
         if overlap is not None:
             raise ProCapError(f"the output {written} {overlap}; write the run elsewhere.")
-    found = recorded_run(out) if out.is_dir() else None
-    if found is None:
-        return
-    kind, state = found
+
+
+def _check_may_write_over(
+    out: Path, cfg: TrainConfig, inputs: list[tuple[str, str]], kind: str | None, state: str
+) -> None:
+    """A folder holding a run (``kind``, its command, in ``state``) is written only by its own ``--resume``, or by
+    ``--overwrite`` when it holds none of the ``inputs``."""
     what = f"a finished `procap {kind}` run" if state == "finished" else f"a `procap {kind}` run"
     if kind is None:
         what = "the files of a procap run whose command it does not record"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from procap.train.config import TrainConfig
+from procap.train.config import TrainConfig, filled
 
 LrFn = Callable[[int], float]
 
@@ -79,9 +79,14 @@ def stage1_optimizer(
     """AdamW over all trainable parameters, lr warm-up ``lr_start -> lr`` over ``warmup_steps`` (1e-6 -> 1e-4, 5k)."""
     params = [p for _, p in trainable(model)]
     optimizer = _adamw([{"params": params, "name": "all"}], cfg)
-    warm = min(cfg.warmup_steps, total_steps)
-    fn = lambda s: warmup_lr(s, cfg.lr_start, cfg.lr, warm, total_steps, cfg.decay)
-    return optimizer, StepSchedule(optimizer, [fn])
+    return optimizer, StepSchedule(optimizer, [warmup_schedule(cfg, total_steps)])
+
+
+def warmup_schedule(cfg: TrainConfig, total_steps: int) -> LrFn:
+    """``lr_start -> lr`` over ``warmup_steps`` (at most the whole run), then ``decay``: stage 1's and the VQGAN's."""
+    start, peak = filled(cfg.lr_start, "lr_start"), filled(cfg.lr, "lr")
+    warm = min(filled(cfg.warmup_steps, "warmup_steps"), total_steps)
+    return lambda step: warmup_lr(step, start, peak, warm, total_steps, cfg.decay)
 
 
 def is_decoder_param(name: str) -> bool:
@@ -104,8 +109,9 @@ def stage2_optimizer(
     enc = [p for n, p in named if not is_decoder_param(n)]
     dec = [p for n, p in named if is_decoder_param(n)]
     optimizer = _adamw([{"params": enc, "name": "encoder"}, {"params": dec, "name": "decoder"}], cfg)
-    warm = round(cfg.warmup_frac * total_steps)
-    enc_start, enc_warm = (0.0, warm) if cfg.encoder_warmup else (cfg.encoder_lr, 0)
-    enc_fn = lambda s: warmup_lr(s, enc_start, cfg.encoder_lr, enc_warm, total_steps, cfg.decay)
-    dec_fn = lambda s: warmup_lr(s, 0.0, cfg.decoder_lr, warm, total_steps, cfg.decay)
+    warm = round(filled(cfg.warmup_frac, "warmup_frac") * total_steps)
+    encoder_lr, decoder_lr = filled(cfg.encoder_lr, "encoder_lr"), filled(cfg.decoder_lr, "decoder_lr")
+    enc_start, enc_warm = (0.0, warm) if cfg.encoder_warmup else (encoder_lr, 0)
+    enc_fn = lambda s: warmup_lr(s, enc_start, encoder_lr, enc_warm, total_steps, cfg.decay)
+    dec_fn = lambda s: warmup_lr(s, 0.0, decoder_lr, warm, total_steps, cfg.decay)
     return optimizer, StepSchedule(optimizer, [enc_fn, dec_fn])

@@ -26,7 +26,7 @@ from procap.train import distributed
 from procap.train.common import build_vocab, load_pairs, new_model, with_domain
 from procap.train.config import TrainConfig
 from procap.train.datasets import ProcedureDataset, make_procedure_source
-from procap.train.loop import Trainer
+from procap.train.loop import LoadFn, LossFn, Trainer, WeightFn
 from procap.train.schedules import stage1_optimizer
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _MASK_STREAM = 1  # separates the mask draws from other per-item streams keyed by (seed, epoch, index)
 
 
-def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -> tuple[ProCap, Vocabulary]:
+def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary | None) -> tuple[ProCap, Vocabulary]:
     """The model and vocabulary a stage starts from: ``--init``'s checkpoint, or a new model (its encoder from CLIP
     with ``--init-encoder``) over ``vocab`` or the vocabulary of ``pairs``."""
     if cfg.init and cfg.init_encoder:
@@ -67,6 +67,17 @@ def model_and_vocab(cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary) -
     return model, vocab
 
 
+def placed_model(
+    cfg: TrainConfig, pairs: Sequence[Any], vocab: Vocabulary | None
+) -> tuple[ProCap, Vocabulary, distributed.DistContext]:
+    """:func:`model_and_vocab` with its tokenizer frozen, on this rank's device once the process group is joined."""
+    model, vocab = model_and_vocab(cfg, pairs, vocab)
+    model.vqgan.requires_grad_(False)
+    ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
+    model.to(device)
+    return model, vocab, ctx
+
+
 def item_masks(model: ProCap, indices: torch.Tensor, seed: int, epoch: int, device: torch.device) -> MaskParams:
     """Stage-1 masks drawn per training item from (seed, epoch, item index), not per batch.
 
@@ -89,7 +100,7 @@ def item_masks(model: ProCap, indices: torch.Tensor, seed: int, epoch: int, devi
     return MaskParams(*(torch.cat([getattr(d, f) for d in draws]).to(device, non_blocking=True) for f in fields))
 
 
-def weight_loader(model: ProCap):
+def weight_loader(model: ProCap) -> LoadFn:
     """``--resume`` loader: the checkpoint's tensors into the live model (same config by construction)."""
 
     def load(path: Path) -> None:
@@ -97,6 +108,40 @@ def weight_loader(model: ProCap):
         load_weights(model, restore_aliases(tensors, read_checkpoint_metadata(path).get("aliases", {})), path)
 
     return load
+
+
+def _procedure_dataset(
+    cfg: TrainConfig, pairs: list[Any], vocab: Vocabulary, model: ProCap, cache: ImageCache | None
+) -> ProcedureDataset:
+    """Stage 1's items: each pair's (before, k keyframes, after) from ``cfg.procedures``."""
+    config = model.config
+    source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
+    if hasattr(source, "check_pairs"):  # a procedure cache: every training pair is there and well typed
+        source.check_pairs(pairs)
+    cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
+    return ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
+
+
+def _stage1_losses(
+    cfg: TrainConfig, model: ProCap, dataset: ProcedureDataset, per_item: bool
+) -> tuple[LossFn, WeightFn | None]:
+    """Stage 1's loss of a batch and, with masks drawn per item, what weighs a micro-batch (its masked positions)."""
+    config = model.config
+
+    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if cfg.cache_features:
+            model.vqgan.remember(batch["frames"].flatten(0, 1))
+        masks = None  # drawn per batch from the global RNG inside stage1_loss
+        if per_item:
+            masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
+        return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"), mask_params=masks)
+
+    def masked_positions(batch: dict[str, Any]) -> torch.Tensor:
+        """MSM averages over masked positions: micro-batches and ranks are weighted by their count (Trainer)."""
+        masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, torch.device("cpu"))
+        return mask_from_params(masks, config.num_frames, config.grid_size, config.grid_size).sum()
+
+    return loss_fn, masked_positions if per_item else None
 
 
 def pretrain(
@@ -117,35 +162,13 @@ def pretrain(
     require_all(cfg.optional_packages(), "procap pretrain")  # before any work, not at the first use
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
-    model, vocab = model_and_vocab(cfg, pairs, vocab)
-    model.vqgan.requires_grad_(False)
-    ctx, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
-    model.to(device)
-    config = model.config
+    model, vocab, ctx = placed_model(cfg, pairs, vocab)
     facts = with_domain(cfg, pairs, model)
-    source = make_procedure_source(cfg.procedures, config.num_keyframes, cfg.data)
-    if hasattr(source, "check_pairs"):  # a procedure cache: every training pair is there and well typed
-        source.check_pairs(pairs)
-    cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
-    dataset = ProcedureDataset(pairs, vocab, config.image_size, source, config.max_caption_len, cfg.seed, cache)
-
+    dataset = _procedure_dataset(cfg, pairs, vocab, model, cache)
     if cfg.cache_features:
         model.vqgan.memoize()
     per_item = cfg.item_masks if cfg.item_masks is not None else ctx.world * cfg.grad_accum > 1
-
-    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if cfg.cache_features:
-            model.vqgan.remember(batch["frames"].flatten(0, 1))
-        masks = None  # drawn per batch from the global RNG inside stage1_loss
-        if per_item:
-            masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, batch["frames"].device)
-        return model.stage1_loss(batch["frames"], batch["caption"], batch.get("codes"), mask_params=masks)
-
-    def masked_positions(batch: dict[str, Any]) -> torch.Tensor:
-        """MSM averages over masked positions: micro-batches and ranks are weighted by their count (Trainer)."""
-        masks = item_masks(model, batch["index"], cfg.seed, dataset.base.epoch, torch.device("cpu"))
-        return mask_from_params(masks, config.num_frames, config.grid_size, config.grid_size).sum()
-
+    loss_fn, masked_positions = _stage1_losses(cfg, model, dataset, per_item)
     trainer = Trainer(
         cfg,
         model,
@@ -155,7 +178,7 @@ def pretrain(
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, facts(extra)),
         load_weights=weight_loader(model),
         name="stage1",
-        weight_fn=masked_positions if per_item else None,
+        weight_fn=masked_positions,
     )
 
     def save_final(folder: Path) -> None:

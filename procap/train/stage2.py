@@ -25,11 +25,11 @@ from procap.loading.checkpoint import save_checkpoint
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs, with_domain
-from procap.train.config import TrainConfig
+from procap.train.config import TrainConfig, filled
 from procap.train.datasets import PairDataset, identical_training_pairs
-from procap.train.loop import Trainer
+from procap.train.loop import LossFn, Trainer, ValidateFn
 from procap.train.schedules import stage2_optimizer
-from procap.train.stage1 import model_and_vocab, weight_loader
+from procap.train.stage1 import placed_model, weight_loader
 
 if TYPE_CHECKING:
     from procap.data import Vocabulary
@@ -67,7 +67,7 @@ def make_validator(
     cache: ImageCache,
     max_len: int | None = None,
     truths: dict[str, Any] | None = None,
-):
+) -> ValidateFn:
     """``(step) -> metrics`` on the validation pairs with ``cfg.val_metrics`` (no METEOR by default: speed).
 
     Besides the caption metrics it reports ``distinct`` (distinct captions / validation pairs) and, with
@@ -81,7 +81,7 @@ def make_validator(
             model,
             vocab,
             pairs,
-            batch_size=max(cfg.batch_size, 32),
+            batch_size=max(filled(cfg.batch_size, "batch_size"), 32),
             cache=cache,
             device=cfg.torch_device(),
             amp=cfg.amp,
@@ -89,32 +89,75 @@ def make_validator(
             remember=cfg.cache_features,
             progress=cfg.progress,
         )
-        scores = score_captions(predictions, pairs, cfg.val_metrics)
-        metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
-        distinct = len(set(predictions.values()))
-        metrics["distinct"] = distinct / max(1, len(predictions))
-        if truths:
-            accuracy = caption_accuracy(predictions, truths)
-            parts = {f"acc_{k}": accuracy[k] for k in ("change", "type", "object") if accuracy[k] is not None}
-            metrics.update(parts)
-            # a pair set without change pairs has no type or object figure: the mean of those it has
-            metrics["correctness"] = sum(parts.values()) / len(parts) if parts else 0.0
-        if len(predictions) >= 10 and distinct <= 2:
-            warnings.warn(
-                f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
-                f"{len(predictions)} validation pairs); the decoder memory may have collapsed "
-                "(see memory_std in log.jsonl)",
-                stacklevel=2,
-            )
+        metrics = validation_metrics(predictions, pairs, cfg.val_metrics, truths)
+        _warn_if_collapsed(predictions, step)
         return metrics
 
     return validate
+
+
+def validation_metrics(
+    predictions: dict[str, str], pairs: Sequence[Any], names: Sequence[str], truths: dict[str, Any] | None
+) -> dict[str, float]:
+    """The caption metrics ``names``, ``distinct`` and, with ``truths``, the correctness fractions (as
+    :func:`make_validator` says)."""
+    scores = score_captions(predictions, pairs, names)
+    metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
+    metrics["distinct"] = len(set(predictions.values())) / max(1, len(predictions))
+    if truths:
+        accuracy = caption_accuracy(predictions, truths)
+        parts = {f"acc_{k}": value for k in ("change", "type", "object") if (value := accuracy[k]) is not None}
+        metrics.update(parts)
+        # a pair set without change pairs has no type or object figure: the mean of those it has
+        metrics["correctness"] = sum(parts.values()) / len(parts) if parts else 0.0
+    return metrics
+
+
+def _warn_if_collapsed(predictions: dict[str, str], step: int) -> None:
+    """Warn when the captions stop varying: at most two distinct over at least ten pairs."""
+    distinct = len(set(predictions.values()))
+    if len(predictions) >= 10 and distinct <= 2:
+        warnings.warn(
+            f"stage 2, step {step}: the captions stopped varying ({distinct} distinct over "
+            f"{len(predictions)} validation pairs); the decoder memory may have collapsed "
+            "(see memory_std in log.jsonl)",
+            stacklevel=3,
+        )
 
 
 def caption_targets(batch: dict[str, Any]) -> torch.Tensor:
     """Number of non-PAD next-token targets in a batch: ``caption_loss`` averages over these, so micro-batches
     and ranks are weighted by it (:class:`~procap.train.loop.Trainer` ``weight_fn``)."""
     return (batch["caption"][:, 1:] != PAD_ID).sum()
+
+
+def _validation_set(
+    cfg: TrainConfig, val_pairs: Sequence[Any] | None, truths: dict[str, Any] | None
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """The validation pairs (at most ``cfg.val_pairs``) and their truths, read from CLEVR-Change's scenes when not
+    given; ``--select correctness`` without truths is refused."""
+    val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
+    if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
+        truths = scene_truths(cfg.data, val_pairs)
+    if cfg.select_metric == "correctness" and not truths:
+        raise ProCapError(
+            f"--select correctness needs each validation pair's truth, which {cfg.dataset} does not have here; "
+            "select by CIDEr instead."
+        )
+    return val_pairs, truths
+
+
+def _stage2_loss(cfg: TrainConfig, model: ProCap) -> LossFn:
+    """The teacher-forced caption loss; with ``--cache-features`` the frozen VQGAN's output is memoised per image."""
+    if cfg.cache_features:
+        model.vqgan.memoize()
+
+    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if cfg.cache_features:
+            model.vqgan.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
+        return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
+
+    return loss_fn
 
 
 def train(
@@ -141,38 +184,19 @@ def train(
     torch.manual_seed(cfg.seed)
     pairs = list(pairs) if pairs is not None else load_pairs(cfg, "train")
     pairs += identical_training_pairs(pairs, cfg.identical_pairs, cfg.seed)
-    val_pairs = validation_subset(val_pairs if val_pairs is not None else load_pairs(cfg, "val"), cfg.val_pairs)
-    if truths is None and cfg.dataset == "clevr-change" and cfg.data is not None:
-        truths = scene_truths(cfg.data, val_pairs)
-    if cfg.select_metric == "correctness" and not truths:
-        raise ProCapError(
-            f"--select correctness needs each validation pair's truth, which {cfg.dataset} does not have here; "
-            "select by CIDEr instead."
-        )
-    model, vocab = model_and_vocab(cfg, pairs, vocab)
+    val_pairs, truths = _validation_set(cfg, val_pairs, truths)
+    model, vocab, _ = placed_model(cfg, pairs, vocab)
     model.trained_stage = "stage2"  # a stage-1 init's record no longer holds: this run trains the decoder
-    model.vqgan.requires_grad_(False)
-    _, device = distributed.setup(cfg.torch_device(), cfg.dist_timeout)
-    model.to(device)
     config = model.config
     facts = with_domain(cfg, pairs, model)
     cache = cache if cache is not None else ImageCache(config.image_size, cfg.cache_images)
     dataset = PairDataset(pairs, vocab, config.image_size, config.max_caption_len, cfg.seed, cache)
     max_len = decode_length(vocab, pairs, config.max_caption_len)
-
-    if cfg.cache_features:
-        model.vqgan.memoize()
-
-    def loss_fn(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if cfg.cache_features:
-            model.vqgan.remember(torch.cat([batch["before"], batch["after"]]), codes=False)
-        return model.stage2_loss(batch["before"], batch["after"], batch["caption"])
-
     trainer = Trainer(
         cfg,
         model,
         dataset,
-        loss_fn,
+        _stage2_loss(cfg, model),
         lambda total: stage2_optimizer(model, cfg, total),
         save_weights=lambda path, extra: save_checkpoint(path, model, vocab, facts(extra)),
         load_weights=weight_loader(model),

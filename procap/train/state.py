@@ -75,7 +75,10 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng/cuda/{i}"] = s
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state()
+    # the global RandomState is MT19937, whose state is this tuple (a dict is for other bit generators)
+    assert isinstance(numpy_state, tuple)
+    kind, keys, pos, has_gauss, cached = numpy_state
     tensors["rng/numpy"] = torch.from_numpy(keys.astype(np.int64))
     version, pystate, gauss_next = random.getstate()
     tensors["rng/python"] = torch.tensor(pystate, dtype=torch.int64)
@@ -115,7 +118,8 @@ def save_training_state(
     tensor_path, json_path = state_paths(checkpoint)
     optim_tensors, optim_skeleton = _flatten_optimizer(optimizer.state_dict())
     rng_tensors, rng_scalars = capture_rng_state() if rank_rngs is None else rank_rngs[0]
-    extra_tensors, extra_scalars = {}, {}
+    extra_tensors: dict[str, torch.Tensor] = {}
+    extra_scalars: dict[str, dict[str, Any]] = {}
     for rank, (tensors, rank_scalars) in enumerate(rank_rngs or []):
         if rank > 0:
             extra_tensors.update({f"rank{rank}/{k}": v for k, v in tensors.items()})
@@ -123,7 +127,8 @@ def save_training_state(
     token = f"{scalars.get('step', 0)}-{os.urandom(8).hex()}"  # os.urandom: must not advance the RNGs saved above
     atomic_save_tensors(tensor_path, {**optim_tensors, **rng_tensors, **extra_tensors}, {"token": token})
     payload = {"format": FORMAT, "token": token, "optimizer": optim_skeleton, "rng": rng_scalars, **scalars}
-    payload.update(world=len(rank_rngs or [None]), rank_rng=extra_scalars, weights=weights_fingerprint(checkpoint))
+    world = len(rank_rngs) if rank_rngs else 1  # one process saves its own streams only
+    payload.update(world=world, rank_rng=extra_scalars, weights=weights_fingerprint(checkpoint))
     atomic_write_json(json_path, payload, indent=1)
 
 

@@ -68,7 +68,7 @@ def _object_cells(root: Path, pairs: list, size: int, factor: int) -> tuple[list
 
 
 def _cell_vectors(
-    vqgan: torch.nn.Module, images: torch.Tensor, cells: list[tuple[int, int]], factor: int, batch: int = 64
+    vqgan: VQGAN, images: torch.Tensor, cells: list[tuple[int, int]], factor: int, batch: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features at the cells (N, z), pixels of the cells (N, 3 * factor^2))."""
     feats = []
@@ -108,7 +108,7 @@ def _fit_linear(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tens
         return (tx @ weight + bias).argmax(1)
 
 
-def probe_tokenizer(vqgan: torch.nn.Module, root: str | Path, train_pairs: list, test_pairs: list) -> dict[str, Any]:
+def probe_tokenizer(vqgan: VQGAN, root: str | Path, train_pairs: list, test_pairs: list) -> dict[str, Any]:
     """Linear-probe accuracy of the changed object's attributes at its latent cell, features and raw pixels.
 
     Args:
@@ -128,20 +128,22 @@ def probe_tokenizer(vqgan: torch.nn.Module, root: str | Path, train_pairs: list,
         raise ProCapError(f"{root} has no scenes.json: the tokenizer probe needs a benchmark written by procap synth.")
     vqgan = vqgan.eval().cpu()
     size, factor = vqgan.config.resolution, vqgan.config.downsample_factor
-    vectors = {}
+    vectors: dict[str, dict[str, torch.Tensor]] = {}  # split -> {"features": (N, z), "pixels": (N, 3 * factor^2)}
+    objects: dict[str, list[dict[str, Any]]] = {}  # split -> the changed object of each of its N pairs
     for name, pairs in (("train", train_pairs), ("test", test_pairs)):
-        paths, cells, objects = _object_cells(root, pairs, size, factor)
+        paths, cells, objects[name] = _object_cells(root, pairs, size, factor)
         if not paths:
             raise ProCapError(f"the {name} pairs hold no change pair to probe.")
         images = torch.stack([load_image(p, size) for p in paths])
-        vectors[name] = (*_cell_vectors(vqgan, images, cells, factor), objects)
+        features, pixels = _cell_vectors(vqgan, images, cells, factor)
+        vectors[name] = {"features": features, "pixels": pixels}
     result: dict[str, Any] = {"features": {}, "pixels": {}, "cell": factor}
-    result["train"], result["test"] = len(vectors["train"][2]), len(vectors["test"][2])
+    result["train"], result["test"] = len(objects["train"]), len(objects["test"])
     for attribute in PROBE_ATTRIBUTES:
-        values = sorted({o[attribute] for part in vectors.values() for o in part[2]})
-        labels = {name: torch.tensor([values.index(o[attribute]) for o in part[2]]) for name, part in vectors.items()}
-        for column, key in ((0, "features"), (1, "pixels")):
-            predicted = _fit_linear(vectors["train"][column], labels["train"], vectors["test"][column], len(values))
+        values = sorted({o[attribute] for part in objects.values() for o in part})
+        labels = {name: torch.tensor([values.index(o[attribute]) for o in part]) for name, part in objects.items()}
+        for key in ("features", "pixels"):
+            predicted = _fit_linear(vectors["train"][key], labels["train"], vectors["test"][key], len(values))
             result[key][attribute] = float((predicted == labels["test"]).float().mean())
     return result
 

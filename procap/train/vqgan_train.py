@@ -18,25 +18,26 @@ from procap.core.extras import require_all
 from procap.core.weights import load_module_state, load_weights
 from procap.data import load_split
 from procap.data.images import ImageCache
+from procap.model.procap import ProCap
 from procap.model.vqgan import VQGAN
 from procap.train import distributed
 from procap.train.config import TrainConfig
 from procap.train.datasets import ImageDataset
-from procap.train.loop import Trainer
-from procap.train.schedules import StepSchedule, warmup_lr
+from procap.train.loop import LossFn, Trainer
+from procap.train.schedules import StepSchedule, warmup_schedule
 
 
-def save_vqgan(path: Path | str, vqgan: torch.nn.Module, extra: dict[str, Any] | None = None) -> Path:
+def save_vqgan(path: Path | str, vqgan: VQGAN, extra: dict[str, Any] | None = None) -> Path:
     """VQGAN weights in safetensors with its :class:`VQGANConfig` in the metadata (:meth:`VQGAN.save`)."""
     return vqgan.save(path, extra)
 
 
-def load_vqgan(path: Path | str) -> torch.nn.Module:
+def load_vqgan(path: Path | str) -> VQGAN:
     """Rebuild a VQGAN saved by :func:`save_vqgan` (no pickle): :meth:`VQGAN.load`."""
     return VQGAN.load(path)
 
 
-def load_vqgan_into(model: torch.nn.Module, path: Path | str) -> None:
+def load_vqgan_into(model: ProCap, path: Path | str) -> None:
     """Copy VQGAN weights from ``path`` into ``model.vqgan`` after checking the architectures agree."""
     if VQGAN.read_config(path) != model.vqgan.config:
         raise ProCapError(f"the VQGAN in {path} has a different architecture than the model's preset")
@@ -52,7 +53,7 @@ class CodebookKeeper:
     rank restarts the same codes, and rank 0's new rows are broadcast: the codebooks stay identical.
     """
 
-    def __init__(self, vqgan: torch.nn.Module, restart_every: int = 10, initialised: bool = False) -> None:
+    def __init__(self, vqgan: VQGAN, restart_every: int = 10, initialised: bool = False) -> None:
         self.vqgan, self.restart_every, self.initialised = vqgan, restart_every, initialised
         self.usage = torch.zeros(vqgan.config.n_embed, dtype=torch.long)
         self.steps = 0
@@ -92,7 +93,7 @@ class CodebookKeeper:
             self.usage.zero_()
 
 
-def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
+def vqgan_loss(vqgan: VQGAN, keeper: CodebookKeeper | None = None) -> LossFn:
     """Loss function for :class:`Trainer`: ``VQGAN.reconstruction_loss`` with the codebook upkeep hooked in, and
     ``codes_used`` (distinct codes of the batch)."""
 
@@ -111,6 +112,13 @@ def vqgan_loss(vqgan: torch.nn.Module, keeper: CodebookKeeper | None = None):
     return loss_fn
 
 
+def vqgan_optimizer(vqgan: VQGAN, cfg: TrainConfig, total_steps: int) -> tuple[torch.optim.Optimizer, StepSchedule]:
+    """Adam with taming's betas over the whole VQGAN, on the warm-up schedule of :func:`warmup_schedule`."""
+    groups = [{"params": list(vqgan.parameters()), "name": "vqgan"}]  # the name labels its lr in the logs
+    optimizer = torch.optim.Adam(groups, lr=0.0, betas=(0.5, 0.9), foreach=False)
+    return optimizer, StepSchedule(optimizer, [warmup_schedule(cfg, total_steps)])
+
+
 def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     """Train the preset's VQGAN on every image of the training split; returns ``<out>/vqgan.safetensors``."""
     cfg = distributed.resume_after_restart(cfg.resolved())
@@ -127,12 +135,6 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
     dataset = ImageDataset(pairs, config.resolution, ImageCache(config.resolution, cfg.cache_images))
     keeper = CodebookKeeper(vqgan, initialised=cfg.resume)  # a resumed codebook is already initialised
 
-    def make_optimizer(total: int) -> tuple[torch.optim.Optimizer, StepSchedule]:
-        groups = [{"params": list(vqgan.parameters()), "name": "vqgan"}]  # the name labels its lr in the logs
-        opt = torch.optim.Adam(groups, lr=0.0, betas=(0.5, 0.9), foreach=False)  # taming's betas
-        warm = min(cfg.warmup_steps, total)
-        return opt, StepSchedule(opt, [lambda s: warmup_lr(s, cfg.lr_start, cfg.lr, warm, total, cfg.decay)])
-
     def load(path: Path) -> None:
         state, _ = load_module_state(path, "VQGAN weights")
         load_weights(vqgan, state, path)
@@ -142,7 +144,7 @@ def train_vqgan(cfg: TrainConfig, pairs: list | None = None) -> Path:
         vqgan,
         dataset,
         vqgan_loss(vqgan, keeper),
-        make_optimizer,
+        lambda total: vqgan_optimizer(vqgan, cfg, total),
         save_weights=lambda path, extra: save_vqgan(path, vqgan, extra),
         load_weights=load,
         name="vqgan",

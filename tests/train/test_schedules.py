@@ -100,3 +100,23 @@ def test_each_parameter_group_logs_its_lr_under_its_name(model):
     stage2 = TrainConfig(stage="train").resolved()
     assert list(stage1_optimizer(model, stage1, 10)[1].lrs()) == ["all"]
     assert list(stage2_optimizer(model, stage2, 10)[1].lrs()) == ["encoder", "decoder"]
+
+
+def test_vqgan_and_stage1_share_the_warmup_schedule():
+    from procap.train.vqgan_train import vqgan_optimizer
+    from tests.support import tiny_vqgan
+
+    cfg = TrainConfig(stage="vqgan", steps=40, warmup_steps=10, lr=2e-4, lr_start=1e-5, decay="cosine").resolved()
+    optimizer, schedule = vqgan_optimizer(tiny_vqgan(), cfg, 40)
+    assert type(optimizer).__name__ == "Adam" and optimizer.param_groups[0]["betas"] == (0.5, 0.9)
+    for step in (0, 5, 10, 25, 40):
+        assert _lrs_at(schedule, step) == [warmup_lr(step, 1e-5, 2e-4, 10, 40, "cosine")]
+
+
+@pytest.mark.parametrize("stage, field", [("pretrain", "warmup_steps"), ("train", "warmup_frac")])
+def test_an_unresolved_config_names_the_field_it_lacks(model, stage, field):
+    optimizer = stage1_optimizer if stage == "pretrain" else stage2_optimizer
+    with pytest.raises(ValueError, match=r"TrainConfig\.\w+ is None"):
+        optimizer(model, TrainConfig(stage=stage), 100)  # not resolved: the paper's values were never filled in
+    with pytest.raises(ValueError, match=rf"TrainConfig\.{field} is None"):
+        optimizer(model, TrainConfig(stage=stage, lr=1e-4, lr_start=0.0, encoder_lr=1e-4, decoder_lr=1e-4), 100)
