@@ -37,6 +37,8 @@ strides, and Triton specialises the unit stride, so channels-last loads are coal
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.nn.functional as F
 
@@ -806,6 +808,71 @@ def _tensors(*maybe: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
 
 # ----------------------------------------------------------------------------------------------- dispatch
 GROUP_NORM = register(FusedOp("group_norm", group_norm_ref, group_norm_triton))  # no csrc/ version: CPU = reference
+
+
+# What comes back follows from the arguments: y alone without a residual or return_sum, (y, s) with a residual.
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    silu: bool,
+    residual: torch.Tensor,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: bool = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: torch.Tensor | None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: torch.Tensor | None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def group_norm(

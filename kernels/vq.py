@@ -16,6 +16,8 @@ For every latent z the nearest code e_j minimises ``||z||^2 + ||e_j||^2 - 2 z . 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from procap.kernels import _ext
@@ -199,6 +201,25 @@ def vq_nearest_compiled(
 VQ_NEAREST = register(
     FusedOp("vq_nearest", vq_nearest_ref, vq_nearest_triton, vq_nearest_compiled, compiled_name="vq_nearest")
 )
+
+
+# Indices alone unless ``return_quantized``: what comes back follows from that argument.
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: Literal[False] = ..., impl: str | None = ...
+) -> torch.Tensor: ...
+
+
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: Literal[True], impl: str | None = ...
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = ..., impl: str | None = ...
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def vq_nearest(
