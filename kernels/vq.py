@@ -21,7 +21,7 @@ from typing import Literal, overload
 import torch
 
 from procap.kernels import _ext
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -128,11 +128,7 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     Returns:
         (N,) int64 indices of the nearest codes.
     """
-    if not triton_can_take(z):
-        raise ValueError(
-            f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
-            "importing procap to run it on CPU)"
-        )
+    require_triton_tensor(z, "VQ kernel")
     if codebook.dtype != z.dtype:  # tl.dot needs equal operand types; the reference compares in fp32 anyway
         z, codebook = z.float(), codebook.float()
     z = z.contiguous()

@@ -54,6 +54,16 @@ PAPER_BIBTEX = """@inproceedings{procap2026imagine,
 }"""
 # Where the paper's authors publish their checkpoints (the repo `procap convert` reads from).
 AUTHORS_HUB_URL = "https://huggingface.co/BlueberryOreo/ProCap"
+# The model card's last section.
+CARD_CITATION = (
+    "## Citation",
+    "",
+    "The method is the paper's; its authors are not named in procap's sources, so the entry gives title and venue:",
+    "",
+    "```bibtex",
+    PAPER_BIBTEX,
+    "```",
+)
 # config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
 # a pretrained folder's files, in the order a save moves them into place
 PRETRAINED_FILES = (WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, CARD_NAME)
@@ -211,15 +221,7 @@ def model_card(model: CheckpointedModel, vocab_size: int, info: dict[str, Any], 
         "",
         *_card_licence(license_id, authors_weights),
         "",
-    ]
-    lines += [
-        "## Citation",
-        "",
-        "The method is the paper's; its authors are not named in procap's sources, so the entry gives title and venue:",
-        "",
-        "```bibtex",
-        PAPER_BIBTEX,
-        "```",
+        *CARD_CITATION,
         "",
     ]
     return "\n".join(lines)
