@@ -195,6 +195,17 @@ def _failure_reason(error: Exception, folder: Path) -> str:
     return f"the compile failed: {first}"
 
 
+def _load_cached(library: Path) -> None:
+    """Load a library an earlier run compiled into the cache."""
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:  # removed or damaged since; or another procap library loaded
+        raise OpsUnavailable(
+            f"the cached library {library} does not load ({' '.join(str(exc).split())[:300]}); delete "
+            f"{library.parent} to compile it again"
+        ) from exc
+
+
 def compile_and_load(plan: BuildPlan, environ: Mapping[str, str] = os.environ) -> Path:
     """Load the library ``plan`` builds, compiling it into its cache folder first when no build is there.
 
@@ -214,13 +225,7 @@ def compile_and_load(plan: BuildPlan, environ: Mapping[str, str] = os.environ) -
     library = folder / LIBRARY_FILE
     with _folder_locked(folder):
         if (folder / BUILT).is_file():
-            try:
-                torch.ops.load_library(str(library))
-            except (OSError, RuntimeError) as exc:  # removed or damaged since; or another procap library loaded
-                raise OpsUnavailable(
-                    f"the cached library {library} does not load ({' '.join(str(exc).split())[:300]}); delete "
-                    f"{folder} to compile it again"
-                ) from exc
+            _load_cached(library)
             return library
         compiler = environ.get("CXX", "c++")  # what torch compiles with
         failed: object = None

@@ -176,7 +176,7 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
                     y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
                         x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum
                     )
-                    if write_sum is False:
+                    if write_sum is False or s is None:  # None only when not written
                         continue  # the backward reads the written sum
                     for ds in (None, x):
                         groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)

@@ -64,6 +64,15 @@ def triton_can_take(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cuda" or INTERPRETED or _recording_launches
 
 
+def require_triton_tensor(tensor: torch.Tensor, kernel: str) -> None:
+    """Refuse ``tensor`` when :func:`triton_can_take` does, naming the ``kernel`` and how to run it on the CPU."""
+    if not triton_can_take(tensor):
+        raise ValueError(
+            f"the Triton {kernel} needs CUDA tensors, got {tensor.device} (set TRITON_INTERPRET=1 before "
+            "importing procap to run it on CPU)"
+        )
+
+
 IMPLS = ("reference", "triton", "cpp", "cuda")
 NOT_LOADED = "the compiled ops are not loaded"
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -120,7 +129,7 @@ def why_not(op: FusedOp, impl: str, device_type: str, dtype: torch.dtype, requir
         if device_type != "cuda" and not INTERPRETED:
             return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
         return None
-    if op.compiled is None:
+    if op.compiled is None or op.compiled_name is None:
         return f"{op.name} has no compiled C++/CUDA version"
     want = "cpu" if impl == "cpp" else "cuda"
     if device_type != want:
@@ -174,7 +183,8 @@ def _preference(op: FusedOp, device_type: str) -> list[str]:
 def _choose(name: str, device_type: str, dtype: torch.dtype, requires_grad: bool) -> str:
     """The implementation for this key; decided once (forgotten by :func:`reset_dispatch`)."""
     # A forward-only op (``differentiable=False``) falls back to its reference when an input requires grad.
-    op, reasons = _OPS[name], []
+    op = _OPS[name]
+    reasons: list[str] = []
     for impl in _preference(op, device_type):
         reason = why_not(op, impl, device_type, dtype, requires_grad)
         if reason is None:
@@ -207,9 +217,18 @@ def resolve(name: str, impl: str | None, device: torch.device, dtype: torch.dtyp
 def run(name: str, impl: str | None, like: torch.Tensor, requires_grad: bool, *args: Any) -> Any:
     """Call op ``name`` with ``args`` through the implementation chosen for tensors like ``like``."""
     chosen = resolve(name, impl, like.device, like.dtype, requires_grad)
-    op = _OPS[name]
-    fn = {"reference": op.reference, "triton": op.triton}.get(chosen, op.compiled)
-    return fn(*args)
+    return _implementation(_OPS[name], chosen)(*args)
+
+
+def _implementation(op: FusedOp, impl: str) -> Callable[..., Any]:
+    """The function of ``op`` that runs ``impl`` (one :func:`resolve` returned)."""
+    if impl == "reference":
+        return op.reference
+    if impl == "triton":
+        return op.triton
+    if op.compiled is None:  # why_not refuses cpp / cuda for an op without a compiled version
+        raise AssertionError(f"unreachable: {op.name} has no compiled version")
+    return op.compiled
 
 
 def chosen_impl(name: str, device: torch.device | str, dtype: torch.dtype, requires_grad: bool = False) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from procap.kernels._common import as_stored
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 PAD_ID, EOS_ID = 0, 5  # procap.model.decoder's ids (kernels/ does not import the model; a test checks they agree)
 BLOCK_ROWS = 16
@@ -126,6 +126,18 @@ def _greedy_step_kernel(
     tl.store(Pos_ptr, following)
 
 
+def _check_buffers(
+    logits: torch.Tensor, out: torch.Tensor, x: torch.Tensor, embed: torch.Tensor, others: tuple[torch.Tensor, ...]
+) -> None:
+    """Refuse buffers the kernel cannot write in place: shapes that do not fit, non-contiguous ones, CPU ones."""
+    batch, dim = logits.shape[0], x.shape[1]
+    if logits.dtype != torch.float32 or out.shape[0] != batch or x.shape[0] != batch or embed.shape[1] != dim:
+        raise ValueError("greedy_step: logits (B, V) fp32, out (B, T), x (B, D) and embed (V, D) must fit together")
+    if not all(t.is_contiguous() for t in (logits, out, x, embed, *others)):
+        raise ValueError("greedy_step writes its buffers in place and needs them contiguous")
+    require_triton_tensor(logits, "greedy step")
+
+
 def greedy_step_triton(
     logits: torch.Tensor,
     finished: torch.Tensor,
@@ -144,16 +156,11 @@ def greedy_step_triton(
     ``candidates`` each tile's first index of its maximum (``procap.kernels.logits_pick``); the first maximum over the
     tiles picks that tile's index, the first index of the row's maximum.
     """
-    batch, vocab = logits.shape
-    dim = x.shape[1]
-    if logits.dtype != torch.float32 or out.shape[0] != batch or x.shape[0] != batch or embed.shape[1] != dim:
-        raise ValueError("greedy_step: logits (B, V) fp32, out (B, T), x (B, D) and embed (V, D) must fit together")
+    _check_buffers(logits, out, x, embed, (finished, tokens, mask, pos_embed))
     if candidates is not None and (candidates.shape != logits.shape or candidates.dtype != torch.long):
         raise ValueError("greedy_step: candidates must be int64 of the logits' shape")
-    if not all(t.is_contiguous() for t in (logits, finished, tokens, out, x, mask, embed, pos_embed)):
-        raise ValueError("greedy_step writes its buffers in place and needs them contiguous")
-    if not triton_can_take(logits):
-        raise ValueError(f"the Triton greedy step needs CUDA tensors, got {logits.device}")
+    batch, vocab = logits.shape
+    dim = x.shape[1]
     _greedy_step_kernel[(1,)](
         logits,
         logits if candidates is None else candidates,  # not read without candidates

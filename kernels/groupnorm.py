@@ -37,11 +37,14 @@ strides, and Triton specialises the unit stride, so channels-last loads are coal
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, overload
+
 import torch
 import torch.nn.functional as F
 
 from procap.kernels._common import as_stored, memory_layout, round_to_bf16_rne, row_strides
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
@@ -530,11 +533,42 @@ def _check(
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
     if in_bias is not None and in_bias.shape != (x.shape[1],):
         raise ValueError(f"in_bias must have shape ({x.shape[1]},), got {tuple(in_bias.shape)}")
-    if not triton_can_take(x):
-        raise ValueError(
-            f"the Triton group norm needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 before "
-            "importing procap.kernels.groupnorm to run it on CPU)"
-        )
+    require_triton_tensor(x, "group norm")
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """How a group norm pass over x (B, C, H, W) is cut: positions per tile (the statistics kernels' and the apply
+    kernel's), channels per tile, and the chunks of rows each sample's statistics are summed in."""
+
+    batch: int
+    channels: int
+    hw: int
+    stats_hw: int
+    apply_hw: int
+    block_c: int
+    c_tiles: int
+    rows_per_chunk: int
+    n_chunks: int
+
+    @classmethod
+    def plan(
+        cls,
+        x: torch.Tensor,
+        block_hw: int | None,
+        rows_per_chunk: int | None,
+        stats_tile: int,
+        programs_per_sm: int,
+    ) -> _Tiling:
+        """``block_hw`` / ``rows_per_chunk``: forced sizes or None; ``stats_tile``: the elements of a statistics
+        tile; ``programs_per_sm``: how many statistics programs each SM should get."""
+        batch, channels, height, width = x.shape
+        hw = height * width
+        stats_hw, block_c = _blocks(channels, block_hw, stats_tile)
+        apply_hw, _ = _blocks(channels, block_hw)
+        c_tiles = triton.cdiv(channels, block_c)
+        rows, n_chunks = _chunks(batch, hw, c_tiles, stats_hw, x.device, rows_per_chunk, programs_per_sm)
+        return cls(batch, channels, hw, stats_hw, apply_hw, block_c, c_tiles, rows, n_chunks)
 
 
 def group_norm_fwd(
@@ -550,7 +584,7 @@ def group_norm_fwd(
     write_sum: bool | None = None,
     block_hw: int | None = None,
     rows_per_chunk: int | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernels.
 
     Args:
@@ -567,50 +601,111 @@ def group_norm_fwd(
     """
     _check(x, weight, bias, num_groups, residual, in_bias)
     summed = residual is not None or in_bias is not None
-    write_sum = summed if write_sum is None else write_sum and summed
-    if residual is not None and not write_sum:
-        raise ValueError("with a residual the sum is always written (the apply kernel reads it)")
+    write_sum = _sum_written(residual, summed, write_sum)
     layout = memory_layout(x)
     x = x.contiguous(memory_format=layout)
     s = torch.empty_like(x) if write_sum else x
-    batch, channels, height, width = x.shape
-    hw = height * width
     both = residual is not None and in_bias is not None
     stats_tile = STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if both else STATS_TILE_ELEMENTS
-    stats_hw, block_c = _blocks(channels, block_hw, stats_tile)
-    apply_hw, _ = _blocks(channels, block_hw)
-    c_tiles = triton.cdiv(channels, block_c)
-    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, stats_hw, x.device, rows_per_chunk, STATS_PROGRAMS_PER_SM)
-    f32 = {"dtype": torch.float32, "device": x.device}
-    part_mean, part_m2 = (torch.empty(batch, n_chunks, channels, **f32) for _ in range(2))
-    mean, rstd = (torch.empty(batch, num_groups, **f32) for _ in range(2))
-    channel_mean, scale = (torch.empty(batch, channels, **f32) for _ in range(2))
-    y = torch.empty_like(x)
-    round_bf16 = INTERPRETED and x.dtype == torch.bfloat16
+    tiling = _Tiling.plan(x, block_hw, rows_per_chunk, stats_tile, STATS_PROGRAMS_PER_SM)
     r = x if residual is None else residual.contiguous(memory_format=layout)
     ib = x if in_bias is None else in_bias.to(x.dtype).contiguous()  # rounded like the reference's eager add
-    _group_norm_stats_kernel[(batch, n_chunks, c_tiles)](
+    part_mean, part_m2 = _forward_partial_stats(x, r, ib, s, tiling, residual is not None, in_bias is not None)
+    mean, rstd, channel_mean, scale = _forward_finalize(part_mean, part_m2, weight, num_groups, eps, tiling)
+    add_in_bias = in_bias is not None and not write_sum  # the sum is not stored: the apply pass adds in_bias again
+    y = _forward_apply(s, ib, bias, channel_mean, scale, silu, add_in_bias, tiling)
+    kept = s if write_sum or not summed else None
+    return y, kept, mean, rstd, channel_mean, scale
+
+
+def _sum_written(residual: torch.Tensor | None, summed: bool, write_sum: bool | None) -> bool:
+    """Whether the forward stores ``s``: as asked (by default whenever it differs from x), never when nothing is
+    added, and always with a residual, whose sum the apply kernel reads."""
+    written = summed if write_sum is None else write_sum and summed
+    if residual is not None and not written:
+        raise ValueError("with a residual the sum is always written (the apply kernel reads it)")
+    return written
+
+
+def _forward_partial_stats(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    in_bias: torch.Tensor,
+    s: torch.Tensor,
+    tiling: _Tiling,
+    has_residual: bool,
+    has_in_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's first pass: per-chunk channel means and M2 (B, chunks, C) fp32 of ``(x + in_bias) +
+    residual``, written to ``s`` when ``s`` is not x (``residual`` / ``in_bias``: x itself when absent)."""
+    part_mean, part_m2 = (
+        torch.empty(tiling.batch, tiling.n_chunks, tiling.channels, dtype=torch.float32, device=x.device)
+        for _ in range(2)
+    )
+    _group_norm_stats_kernel[(tiling.batch, tiling.n_chunks, tiling.c_tiles)](
         x,
-        r,
-        ib,
+        residual,
+        in_bias,
         s,
         part_mean,
         part_m2,
-        hw,
-        channels,
-        rows_per_chunk,
+        tiling.hw,
+        tiling.channels,
+        tiling.rows_per_chunk,
         *row_strides(x),
-        HAS_RESIDUAL=residual is not None,
-        HAS_IN_BIAS=in_bias is not None,
-        WRITE_SUM=write_sum,
-        ROUND_BF16=round_bf16,
-        BLOCK_HW=stats_hw,
-        BLOCK_C=block_c,
+        HAS_RESIDUAL=has_residual,
+        HAS_IN_BIAS=has_in_bias,
+        WRITE_SUM=s is not x,
+        ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
+        BLOCK_HW=tiling.stats_hw,
+        BLOCK_C=tiling.block_c,
         num_warps=4 if INTERPRETED else STATS_NUM_WARPS,
     )
-    kept = s if write_sum or not summed else None
-    block_g = max(BLOCK_G_MIN, triton.next_power_of_2(num_groups))
-    _group_norm_finalize_kernel[(batch,)](
+    return part_mean, part_m2
+
+
+def _forward_apply(
+    s: torch.Tensor,
+    in_bias: torch.Tensor,
+    bias: torch.Tensor,
+    channel_mean: torch.Tensor,
+    scale: torch.Tensor,
+    silu: bool,
+    add_in_bias: bool,
+    tiling: _Tiling,
+) -> torch.Tensor:
+    """The forward's last pass: ``y = act((s [+ in_bias] - channel_mean) * scale + bias)`` in s's layout."""
+    y = torch.empty_like(s)
+    _group_norm_apply_kernel[(tiling.batch, triton.cdiv(tiling.hw, tiling.apply_hw), tiling.c_tiles)](
+        s,
+        in_bias,
+        y,
+        channel_mean,
+        scale,
+        bias.contiguous(),
+        tiling.hw,
+        tiling.channels,
+        *row_strides(s),
+        HAS_IN_BIAS=add_in_bias,
+        SILU=silu,
+        ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,
+        BLOCK_HW=tiling.apply_hw,
+        BLOCK_C=tiling.block_c,
+        num_warps=4,
+    )
+    return y
+
+
+def _forward_finalize(
+    part_mean: torch.Tensor, part_m2: torch.Tensor, weight: torch.Tensor, num_groups: int, eps: float, tiling: _Tiling
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunks' statistics combined: fp32 group mean and rstd (B, G), per-channel mean and ``rstd * weight``."""
+    device = part_mean.device
+    mean, rstd = (torch.empty(tiling.batch, num_groups, dtype=torch.float32, device=device) for _ in range(2))
+    channel_mean, scale = (
+        torch.empty(tiling.batch, tiling.channels, dtype=torch.float32, device=device) for _ in range(2)
+    )
+    _group_norm_finalize_kernel[(tiling.batch,)](
         part_mean,
         part_m2,
         weight.contiguous(),
@@ -618,34 +713,17 @@ def group_norm_fwd(
         rstd,
         channel_mean,
         scale,
-        hw,
-        channels,
+        tiling.hw,
+        tiling.channels,
         num_groups,
-        n_chunks,
-        rows_per_chunk,
+        tiling.n_chunks,
+        tiling.rows_per_chunk,
         eps,
         BLOCK_S=BLOCK_S,
-        BLOCK_G=block_g,
+        BLOCK_G=max(BLOCK_G_MIN, triton.next_power_of_2(num_groups)),
         num_warps=1,
     )
-    _group_norm_apply_kernel[(batch, triton.cdiv(hw, apply_hw), c_tiles)](
-        s,
-        ib,
-        y,
-        channel_mean,
-        scale,
-        bias.contiguous(),
-        hw,
-        channels,
-        *row_strides(x),
-        HAS_IN_BIAS=in_bias is not None and not write_sum,
-        SILU=silu,
-        ROUND_BF16=round_bf16,
-        BLOCK_HW=apply_hw,
-        BLOCK_C=block_c,
-        num_warps=4,
-    )
-    return y, kept, mean, rstd, channel_mean, scale
+    return mean, rstd, channel_mean, scale
 
 
 def _backward_coefficients(
@@ -694,16 +772,70 @@ def group_norm_bwd(
     """
     layout = memory_layout(s)
     dy = dy.contiguous(memory_format=layout)
-    batch, channels, height, width = s.shape
-    hw = height * width
-    block_hw, block_c = _blocks(channels, block_hw)
-    c_tiles = triton.cdiv(channels, block_c)
-    rows_per_chunk, n_chunks = _chunks(batch, hw, c_tiles, block_hw, s.device, rows_per_chunk)
-    sum_dz, sum_dz_xhat = (
-        torch.empty(batch, n_chunks, channels, dtype=torch.float32, device=s.device) for _ in range(2)
-    )
+    tiling = _Tiling.plan(s, block_hw, rows_per_chunk, TILE_ELEMENTS, 4)  # one tile size for both passes
     bias = bias.contiguous()
-    _group_norm_bwd_stats_kernel[(batch, n_chunks, c_tiles)](
+    sum_dz, sum_dz_xhat = _backward_partial_sums(s, dy, bias, rstd, channel_mean, scale, silu, tiling)
+    alpha, beta, gamma, dweight, dbias = _backward_coefficients(sum_dz, sum_dz_xhat, weight, rstd, tiling.hw)
+    ds = None if ds is None else ds.contiguous(memory_format=layout)
+    dx = _backward_apply(s, dy, ds, bias, channel_mean, scale, (alpha, beta, gamma), silu, tiling)
+    return dx, dweight, dbias
+
+
+def _backward_apply(
+    s: torch.Tensor,
+    dy: torch.Tensor,
+    ds: torch.Tensor | None,
+    bias: torch.Tensor,
+    channel_mean: torch.Tensor,
+    scale: torch.Tensor,
+    coefficients: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    silu: bool,
+    tiling: _Tiling,
+) -> torch.Tensor:
+    """The backward's last pass: ``dx = alpha * dz + beta * (s - mean) + gamma`` (+ ``ds``) in s's layout."""
+    alpha, beta, gamma = coefficients
+    dx = torch.empty_like(s)
+    _group_norm_bwd_apply_kernel[(tiling.batch, triton.cdiv(tiling.hw, tiling.apply_hw), tiling.c_tiles)](
+        s,
+        dy,
+        dy if ds is None else ds,
+        dx,
+        channel_mean,
+        scale,
+        bias,
+        alpha,
+        beta,
+        gamma,
+        tiling.hw,
+        tiling.channels,
+        *row_strides(s),
+        SILU=silu,
+        HAS_DS=ds is not None,
+        ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,
+        BLOCK_HW=tiling.apply_hw,
+        BLOCK_C=tiling.block_c,
+        num_warps=4,
+    )
+    return dx
+
+
+def _backward_partial_sums(
+    s: torch.Tensor,
+    dy: torch.Tensor,
+    bias: torch.Tensor,
+    rstd: torch.Tensor,
+    channel_mean: torch.Tensor,
+    scale: torch.Tensor,
+    silu: bool,
+    tiling: _Tiling,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's first pass: per-chunk channel sums of dz and dz * xhat (B, chunks, C) fp32, dz being the
+    gradient reaching the norm's output (through the SiLU when there is one)."""
+    sum_dz, sum_dz_xhat = (
+        torch.empty(tiling.batch, tiling.n_chunks, tiling.channels, dtype=torch.float32, device=s.device)
+        for _ in range(2)
+    )
+    _group_norm_bwd_stats_kernel[(tiling.batch, tiling.n_chunks, tiling.c_tiles)](
         s,
         dy,
         channel_mean,
@@ -712,40 +844,17 @@ def group_norm_bwd(
         rstd,
         sum_dz,
         sum_dz_xhat,
-        hw,
-        channels,
+        tiling.hw,
+        tiling.channels,
         rstd.shape[1],
-        rows_per_chunk,
+        tiling.rows_per_chunk,
         *row_strides(s),
         SILU=silu,
-        BLOCK_HW=block_hw,
-        BLOCK_C=block_c,
+        BLOCK_HW=tiling.stats_hw,
+        BLOCK_C=tiling.block_c,
         num_warps=4,
     )
-    alpha, beta, gamma, dweight, dbias = _backward_coefficients(sum_dz, sum_dz_xhat, weight, rstd, hw)
-    dx = torch.empty_like(s)
-    _group_norm_bwd_apply_kernel[(batch, triton.cdiv(hw, block_hw), c_tiles)](
-        s,
-        dy,
-        dy if ds is None else ds.contiguous(memory_format=layout),
-        dx,
-        channel_mean,
-        scale,
-        bias,
-        alpha,
-        beta,
-        gamma,
-        hw,
-        channels,
-        *row_strides(s),
-        SILU=silu,
-        HAS_DS=ds is not None,
-        ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,
-        BLOCK_HW=block_hw,
-        BLOCK_C=block_c,
-        num_warps=4,
-    )
-    return dx, dweight, dbias
+    return sum_dz, sum_dz_xhat
 
 
 class GroupNormFunction(torch.autograd.Function):
@@ -797,7 +906,10 @@ def group_norm_triton(
     y, s = group_norm_fwd(
         x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, write_sum=keep_sum or None
     )[:2]
-    return (y, s) if keep_sum else y
+    if not keep_sum:
+        return y
+    assert s is not None  # asked for, so written (or x itself when nothing is added)
+    return y, s
 
 
 def _tensors(*maybe: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -806,6 +918,71 @@ def _tensors(*maybe: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
 
 # ----------------------------------------------------------------------------------------------- dispatch
 GROUP_NORM = register(FusedOp("group_norm", group_norm_ref, group_norm_triton))  # no csrc/ version: CPU = reference
+
+
+# What comes back follows from the arguments: y alone without a residual or return_sum, (y, s) with a residual.
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    silu: bool,
+    residual: torch.Tensor,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: bool = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: torch.Tensor | None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float = ...,
+    silu: bool = ...,
+    residual: torch.Tensor | None = ...,
+    impl: str | None = ...,
+    *,
+    in_bias: torch.Tensor | None = ...,
+    return_sum: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def group_norm(

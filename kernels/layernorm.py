@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from procap.kernels._common import as_stored
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 
 def add_layer_norm_ref(
@@ -86,8 +86,7 @@ def add_layer_norm_triton(
         )
     if not x.is_contiguous():
         raise ValueError("add_layer_norm updates x in place and needs it contiguous")
-    if not triton_can_take(x):
-        raise ValueError(f"the Triton add + LayerNorm needs CUDA tensors, got {x.device}")
+    require_triton_tensor(x, "add + LayerNorm")
     d = x.shape[-1]
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     block_d = triton.next_power_of_2(d)

@@ -36,10 +36,10 @@ from procap.kernels.dispatch import (
     INTERPRETED,
     FusedOp,
     register,
+    require_triton_tensor,
     run,
     tl,
     triton,
-    triton_can_take,
     triton_constexpr,
     triton_jit,
 )
@@ -238,14 +238,6 @@ def _masking_bwd_kernel(
     tl.store(E_ptr + pid_m * D + cols, tl.sum(acc_e, axis=0), mask=col_ok)
 
 
-def _check_device(x: torch.Tensor) -> None:
-    if not triton_can_take(x):
-        raise ValueError(
-            f"the Triton masking kernel needs CUDA tensors, got {x.device} (set TRITON_INTERPRET=1 "
-            "before importing procap to run it on CPU)"
-        )
-
-
 def masking_fwd(
     x: torch.Tensor,
     scheme: torch.Tensor,
@@ -266,7 +258,7 @@ def masking_fwd(
     Returns:
         ``(out, mask)``: (B, N, D) in ``x.dtype`` and the (B, N) bool mask.
     """
-    _check_device(x)
+    require_triton_tensor(x, "masking kernel")
     batch, n_pos, dim = x.shape
     frames, grid_h, grid_w = pos_frame.shape[0], pos_row.shape[0], pos_col.shape[0]
     if n_pos != frames * grid_h * grid_w:
@@ -318,7 +310,7 @@ def masking_bwd(
         ``(grad_x, grad_e_m, grad_pos_frame, grad_pos_row, grad_pos_col)``; grad_x (B, N, D) in ``grad.dtype``
         (None unless ``need_grad_x``), the others fp32 of shapes (D,), (T, D), (H, D), (W, D).
     """
-    _check_device(grad)
+    require_triton_tensor(grad, "masking kernel")
     batch, n_pos, dim = grad.shape
     grad = grad.contiguous()
     block_m = BLOCK_M

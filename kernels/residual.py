@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from procap.kernels._common import as_stored, memory_layout, row_strides
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 BLOCK_C_MAX = 128
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
@@ -74,8 +74,7 @@ def bias_add_triton(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor 
         raise ValueError(f"bias_add takes (B, C, H, W) and (C,), got {tuple(x.shape)} and {tuple(bias.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
-    if not triton_can_take(x):
-        raise ValueError(f"the Triton bias add needs CUDA tensors, got {x.device}")
+    require_triton_tensor(x, "bias add")
     layout = memory_layout(x)
     x = x.contiguous(memory_format=layout)
     r = x if residual is None else residual.contiguous(memory_format=layout)

@@ -16,10 +16,12 @@ For every latent z the nearest code e_j minimises ``||z||^2 + ||e_j||^2 - 2 z . 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from procap.kernels import _ext
-from procap.kernels.dispatch import INTERPRETED, FusedOp, register, run, tl, triton, triton_can_take, triton_jit
+from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -126,11 +128,7 @@ def vq_nearest_fwd(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     Returns:
         (N,) int64 indices of the nearest codes.
     """
-    if not triton_can_take(z):
-        raise ValueError(
-            f"the Triton VQ kernel needs CUDA tensors, got {z.device} (set TRITON_INTERPRET=1 before "
-            "importing procap to run it on CPU)"
-        )
+    require_triton_tensor(z, "VQ kernel")
     if codebook.dtype != z.dtype:  # tl.dot needs equal operand types; the reference compares in fp32 anyway
         z, codebook = z.float(), codebook.float()
     z = z.contiguous()
@@ -199,6 +197,25 @@ def vq_nearest_compiled(
 VQ_NEAREST = register(
     FusedOp("vq_nearest", vq_nearest_ref, vq_nearest_triton, vq_nearest_compiled, compiled_name="vq_nearest")
 )
+
+
+# Indices alone unless ``return_quantized``: what comes back follows from that argument.
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: Literal[False] = ..., impl: str | None = ...
+) -> torch.Tensor: ...
+
+
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: Literal[True], impl: str | None = ...
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def vq_nearest(
+    z: torch.Tensor, codebook: torch.Tensor, return_quantized: bool = ..., impl: str | None = ...
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def vq_nearest(

@@ -37,9 +37,9 @@ from torch import nn
 from procap.core.config import ProCapConfig
 from procap.data.vocab import Vocabulary
 from procap.kernels.attention import attention, backend_for_mask
-from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, DecodingState
-from procap.model.kv_cache import DecoderCache, KVCache
-from procap.model.layers import AttentionProjections, merge_heads, split_heads
+from procap.model.decoder import BOS_ID, PAD_ID, UNK_ID, CachedDecoder, CachedState, CrossAttentionLayer, token_ids
+from procap.model.kv_cache import DecoderCache, KVCache, PrefixCache
+from procap.model.layers import AttentionProjections, ModuleStack, merge_heads, split_heads
 
 # The authors write -1e10 into the [UNK] logit (not -inf); the argmax is the same either way.
 UNK_LOGIT = -1e10
@@ -143,7 +143,7 @@ class AuthorsFeedForward(nn.Module):
         return self.dropout(self.fc2(F.relu(self.fc1(x))))
 
 
-class AuthorsDecoderLayer(nn.Module):
+class AuthorsDecoderLayer(CrossAttentionLayer):
     """Post-LN block: causal self-attention, cross-attention to the memory, feed-forward, each then LayerNorm."""
 
     def __init__(self, dim: int, heads: int, ffn: int, dropout: float) -> None:
@@ -191,13 +191,15 @@ class AuthorsCaptionDecoder(CachedDecoder):
         positions: (max_caption_len, dec_dim) sinusoidal table (a buffer, not saved in checkpoints).
     """
 
+    positions: torch.Tensor  # registered as a buffer
+
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
         d = config.dec_dim
         self.embed_scale = math.sqrt(d)
         self.out = nn.Linear(d, config.vocab_size)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
+        self.layers: ModuleStack[AuthorsDecoderLayer] = ModuleStack(
             [AuthorsDecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
         )
         self.memory_len = config.memory_tokens
@@ -232,14 +234,18 @@ class AuthorsCaptionDecoder(CachedDecoder):
         return self.out(x)
 
     # -- cached decoding (setup_caches, prefill, decode_step, generate_cached: CachedDecoder) ------------------
-    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+    def forward_step(
+        self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache | PrefixCache
+    ) -> torch.Tensor:
         """Logits of one position through every layer with the caches: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
+        if not isinstance(cache, DecoderCache):  # this decoder sets up key/value caches only
+            raise TypeError("the authors' decoder decodes over key/value caches, got a PrefixCache")
         x = self.embed(tokens[:, None], input_pos)  # (B, 1, D)
         for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
             x = layer(x, None, self_cache, cross_cache, input_pos)
         return self.out(x[:, 0])
 
-    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(self, logits: torch.Tensor, state: CachedState) -> tuple[torch.Tensor, torch.Tensor]:
         """Their rule: argmax with [UNK] suppressed, kept after EOS too (``state.finished`` is not used)."""
         scores = logits.float().masked_fill(self.suppressed, UNK_LOGIT)
         return scores.argmax(dim=-1), scores
@@ -256,7 +262,7 @@ class AuthorsCaptionDecoder(CachedDecoder):
     def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
         """Their rule: PAD dropped, the words up to the first EOS, other special tokens kept as literal words,
         non-ASCII characters dropped."""
-        return vocab.decode(tokens, keep_specials=True).encode("ascii", "ignore").decode("ascii")
+        return vocab.decode(token_ids(tokens), keep_specials=True).encode("ascii", "ignore").decode("ascii")
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID
+from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CachedDecoder
 
 
 class BeamState:
@@ -92,7 +92,7 @@ def _beam_rows(memory: torch.Tensor, num_beams: int) -> torch.Tensor:
 
 @torch.no_grad()
 def beam_search(
-    decoder: torch.nn.Module, memory: torch.Tensor, max_len: int, num_beams: int, length_penalty: float = 1.0
+    decoder: CachedDecoder, memory: torch.Tensor, max_len: int, num_beams: int, length_penalty: float = 1.0
 ) -> torch.Tensor:
     """Beam search recomputing every prefix (the oracle): (B, N, D) memory -> (B, max_len - 1) tokens.
 
@@ -113,7 +113,7 @@ def beam_search(
 
 @torch.no_grad()
 def beam_search_cached(
-    decoder: torch.nn.Module, memory: torch.Tensor, max_len: int, num_beams: int, length_penalty: float = 1.0
+    decoder: CachedDecoder, memory: torch.Tensor, max_len: int, num_beams: int, length_penalty: float = 1.0
 ) -> torch.Tensor:
     """Beam search with the decoder's static KV caches: equal to :func:`beam_search`, one position per step.
 

@@ -40,7 +40,21 @@ from procap.core.weights import (
 )
 from procap.data import Vocabulary
 
-ModelT = TypeVar("ModelT", bound=nn.Module)
+
+class CheckpointedModel(nn.Module):
+    """A model a checkpoint file holds: built from a :class:`~procap.core.config.ProCapConfig`, its ``config``
+    (``ProCap``, through :class:`~procap.model.pretrained.PretrainedMixin`). Declarations only: the model sets
+    ``config``; :func:`read_checkpoint` and ``read_pretrained`` set the rest, what the file records about itself,
+    on the model they build (a model built in memory may lack them, hence ``getattr`` where they are read)."""
+
+    config: ProCapConfig
+    vocab: Vocabulary
+    pretrained_info: dict[str, Any]
+    trained_stage: str | None
+    loaded_from: str | None
+
+
+ModelT = TypeVar("ModelT", bound=CheckpointedModel)
 
 FORMAT = "procap"
 FORMAT_VERSION = "1"
@@ -86,7 +100,9 @@ def vocab_from_dict(word2idx: dict[str, int], source: str = "vocabulary") -> Voc
 
 
 # ----------------------------------------------------------------------------------------------- model files
-def save_checkpoint(path: Path | str, model: nn.Module, vocab: Vocabulary, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: Path | str, model: CheckpointedModel, vocab: Vocabulary, extra: dict[str, Any] | None = None
+) -> Path:
     """Write ``model`` (a ProCap), its config and ``vocab`` to one safetensors file, atomically.
 
     Args:
@@ -132,6 +148,20 @@ def _decode_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     return decoded
 
 
+def _config_and_vocab(path: Path, metadata: dict[str, Any]) -> tuple[ProCapConfig, Vocabulary]:
+    """The model config and vocabulary a checkpoint's decoded metadata holds, checked against each other."""
+    try:
+        config = config_from_dict(ProCapConfig, metadata["config"])
+    except ValueError as exc:
+        raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
+    vocab = vocab_from_dict(metadata["vocab"], f"the vocabulary in checkpoint file {path}")
+    if len(vocab) != config.vocab_size:
+        raise ProCapError(
+            f"checkpoint file {path} holds {len(vocab)} vocabulary entries for a model of {config.vocab_size}"
+        )
+    return config, vocab
+
+
 def read_checkpoint(
     model_class: Callable[[ProCapConfig], ModelT], path: Path | str, map_location: str | torch.device = "cpu"
 ) -> tuple[ModelT, Vocabulary, dict[str, Any]]:
@@ -152,18 +182,10 @@ def read_checkpoint(
     """
     path = Path(path)
     if map_location is not None:  # before the file is read: a bad device was a traceback after the load
-        map_location = validate.device(map_location, "map_location")
+        map_location = validate.device(str(map_location), "map_location")  # a torch.device's name parses as itself
     _, raw = read_header(path)
     metadata = _decode_metadata(path, raw)
-    try:
-        config = config_from_dict(ProCapConfig, metadata["config"])
-    except ValueError as exc:
-        raise ProCapError(f"checkpoint file {path} holds an invalid config ({exc})") from None
-    vocab = vocab_from_dict(metadata["vocab"], f"the vocabulary in checkpoint file {path}")
-    if len(vocab) != config.vocab_size:
-        raise ProCapError(
-            f"checkpoint file {path} holds {len(vocab)} vocabulary entries for a model of {config.vocab_size}"
-        )
+    config, vocab = _config_and_vocab(path, metadata)
     aliases = metadata.get("aliases", {})
     check_file_fits(path, lambda: model_class(config), "checkpoint")  # before a single weight is allocated
     tensors, _ = read_tensors(path)
@@ -171,7 +193,8 @@ def read_checkpoint(
     load_weights(model, restore_aliases(tensors, aliases, path), path)
     model.to(map_location).eval()
     # what the weights record (stage, metrics, the training domain...), kept by a later ``save_pretrained``
-    model.pretrained_info = metadata.get("extra") if isinstance(metadata.get("extra"), dict) else {}
+    extra = metadata.get("extra")
+    model.pretrained_info = extra if isinstance(extra, dict) else {}
     if hasattr(model, "trained_stage"):  # what the file says about itself goes with the model (ProCap.generate)
         model.trained_stage, model.loaded_from = recorded_stage(metadata), str(path)
     return model, vocab, metadata

@@ -29,7 +29,7 @@ Token ids follow ``procap.data.Vocabulary``'s specials: [PAD] [CLS] [SEP] [VID] 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ from procap.kernels.attention import resolve_backend
 from procap.model import decoder_step
 from procap.model.fused_form import FusedForm
 from procap.model.kv_cache import DecoderCache, KVCache, PrefixCache
-from procap.model.layers import FeedForward, MultiHeadAttention
+from procap.model.layers import AttentionProjections, FeedForward, ModuleStack, MultiHeadAttention
 
 PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(8)
 NUM_SPECIALS = 8
@@ -51,7 +51,16 @@ NUM_SPECIALS = 8
 SUPPRESSED_IDS = (PAD_ID, CLS_ID, SEP_ID, VID_ID, BOS_ID, UNK_ID, MASK_ID)
 
 
-class DecoderLayer(nn.Module):
+class CrossAttentionLayer(nn.Module):
+    """A decoder layer as cached decoding reads it (:class:`CachedDecoder`): a self-attention and a
+    cross-attention, whose projections and heads size and fill the caches. Declarations only: :class:`DecoderLayer`
+    and the authors' layer set both."""
+
+    self_attn: AttentionProjections
+    cross_attn: AttentionProjections
+
+
+class DecoderLayer(CrossAttentionLayer):
     """Pre-LN decoder block: causal self-attention, cross-attention, feed-forward."""
 
     def __init__(self, dim: int, heads: int, ffn: int, dropout: float) -> None:
@@ -68,6 +77,24 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.norm1(x), causal=True)
         x = x + self.cross_attn(self.norm2(x), context=memory)
         return x + self.ffn(self.norm3(x))
+
+
+class CachedState(Protocol):
+    """What the loops that drive a cached decode read and write (:meth:`CachedDecoder.generate_cached`, beam
+    search, sampling, ``procap.fast``): a :class:`DecodingState`, or the fused step's
+    :class:`~procap.model.decoder_step.FusedDecodingState`. The attributes are :class:`DecodingState`'s."""
+
+    batch: int
+    steps: int
+    tokens: torch.Tensor
+    pos: torch.Tensor
+    finished: torch.Tensor
+    out: torch.Tensor
+    logits: torch.Tensor
+
+    def reset(self) -> None: ...
+
+    def reorder_rows(self, rows: torch.Tensor) -> None: ...
 
 
 class DecodingState:
@@ -118,11 +145,18 @@ class CachedDecoder(nn.Module):
     projection, which sizes the caches). :class:`CaptionDecoder` overrides the cached methods with its fused step.
     """
 
-    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """Logits of one position: (B,) ids at (1,) ``input_pos`` -> (B, V)."""
+    layers: ModuleStack[CrossAttentionLayer]
+    memory_len: int  # N, the memory tokens a cache holds unless told otherwise
+    suppressed: torch.Tensor  # (V,) bool buffer: the ids the decoder's rule never produces
+
+    def forward_step(
+        self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache | PrefixCache
+    ) -> torch.Tensor:
+        """Logits of one position: (B,) ids at (1,) ``input_pos`` -> (B, V); ``cache`` of the kind this decoder's
+        :meth:`setup_caches` makes."""
         raise NotImplementedError
 
-    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(self, logits: torch.Tensor, state: CachedState) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoding rule: (B, V) logits -> ``(next_token (B,), scores (B, V) fp32)``; may update ``state``."""
         raise NotImplementedError
 
@@ -158,7 +192,7 @@ class CachedDecoder(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         memory_len: int | None = None,
-    ) -> DecodingState:
+    ) -> CachedState:
         """Allocate the buffers of a cached greedy decode.
 
         Args:
@@ -182,25 +216,28 @@ class CachedDecoder(nn.Module):
         return DecodingState(cache, batch, max_len, vocab, device)
 
     @torch.no_grad()
-    def prefill(self, memory: torch.Tensor, state: DecodingState) -> None:
+    def prefill(self, memory: torch.Tensor, state: CachedState) -> None:
         """Project the memory (b, N, D), b <= state.batch, into every layer's cross-attention cache; reset ``state``.
 
         Rows b..B-1 keep whatever keys/values they held (finite values): their tokens are computed and discarded.
         """
-        for layer, cache in zip(self.layers, state.cache.cross_attn):
-            cache.fill(*layer.cross_attn.project_kv(memory))
+        cache = set_up_here(state).cache
+        if not isinstance(cache, DecoderCache):
+            raise TypeError("prefill: this decoding state holds no key/value caches (set up by another decoder)")
+        for layer, kv_cache in zip(self.layers, cache.cross_attn):
+            kv_cache.fill(*layer.cross_attn.project_kv(memory))
         state.reset()
 
     @torch.no_grad()
-    def step_logits(self, tokens: torch.Tensor, state: DecodingState) -> torch.Tensor:
+    def step_logits(self, tokens: torch.Tensor, state: CachedState) -> torch.Tensor:
         """fp32 logits (B, V) of ``tokens`` (B,) at ``state.pos``, their keys/values cached; the caller picks and
         advances ``state.pos`` (beam search)."""
-        return self.forward_step(tokens, state.pos, state.cache)
+        return self.forward_step(tokens, state.pos, set_up_here(state).cache)
 
     @torch.no_grad()
-    def decode_step(self, state: DecodingState) -> None:
+    def decode_step(self, state: CachedState) -> None:
         """Decode position ``state.pos``: logits, the decoder's :meth:`pick`, bookkeeping; advances ``state.pos``."""
-        logits = self.forward_step(state.tokens, state.pos, state.cache)
+        logits = self.forward_step(state.tokens, state.pos, set_up_here(state).cache)
         next_token, scores = self.pick(logits, state)
         state.logits.copy_(scores)
         state.out.index_copy_(1, state.pos, next_token[:, None])
@@ -216,6 +253,14 @@ class CachedDecoder(nn.Module):
         for _ in range(state.steps):
             self.decode_step(state)
         return state.out
+
+
+def set_up_here(state: CachedState) -> DecodingState:
+    """``state`` as the generic cached form's :class:`DecodingState` (what :meth:`CachedDecoder.setup_caches` and
+    the readable form make); a state of another form was handed to the wrong decoder."""
+    if not isinstance(state, DecodingState):
+        raise TypeError(f"a {type(state).__name__} goes to the decoder form that set it up, not the generic one")
+    return state
 
 
 class CaptionDecoder(FusedForm, CachedDecoder):
@@ -241,7 +286,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         self.embed = nn.Embedding(config.vocab_size, d)
         self.pos_embed = nn.Parameter(torch.empty(config.max_caption_len, d))
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
+        self.layers: ModuleStack[DecoderLayer] = ModuleStack(
             [DecoderLayer(d, config.dec_heads, config.dec_ffn, config.dropout) for _ in range(config.dec_layers)]
         )
         self.norm = nn.LayerNorm(d)
@@ -328,18 +373,18 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n, self.cross_kv_dtype)
 
     @torch.no_grad()
-    def prefill(self, memory: torch.Tensor, state: DecodingState | decoder_step.FusedDecodingState) -> None:
+    def prefill(self, memory: torch.Tensor, state: CachedState) -> None:
         """Project the memory (b, N, D), b <= state.batch, into the cross-attention caches (the readable form keeps the
         memory itself); reset ``state``. Rows b..B-1 keep whatever they held (finite values): their tokens are
         discarded."""
         if isinstance(state, decoder_step.FusedDecodingState):
             decoder_step.prefill(state, memory)
         else:
-            state.cache.fill(memory)
+            _prefix(set_up_here(state).cache).fill(memory)
         state.reset()
 
     @torch.no_grad()
-    def decode_step(self, state: DecodingState | decoder_step.FusedDecodingState) -> None:
+    def decode_step(self, state: CachedState) -> None:
         """Decode position ``state.pos`` greedily (the rule of :func:`greedy_pick`); advances ``state.pos``."""
         if isinstance(state, decoder_step.FusedDecodingState):
             decoder_step.greedy_step(state)
@@ -347,18 +392,21 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             super().decode_step(state)
 
     @torch.no_grad()
-    def step_logits(self, tokens: torch.Tensor, state: DecodingState | decoder_step.FusedDecodingState) -> torch.Tensor:
+    def step_logits(self, tokens: torch.Tensor, state: CachedState) -> torch.Tensor:
         if isinstance(state, decoder_step.FusedDecodingState):
             return decoder_step.step_logits(state, tokens)
         return super().step_logits(tokens, state)
 
-    def forward_step(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: PrefixCache) -> torch.Tensor:
+    def forward_step(
+        self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: DecoderCache | PrefixCache
+    ) -> torch.Tensor:
         """The readable form's fp32 logits (B, V) of ``tokens`` (B,) at (1,) ``input_pos``: written into the prefix,
         which runs through :meth:`forward` whole; the layers are causal, so the positions after it change nothing."""
-        cache.write(input_pos, tokens)
-        return self(cache.sequence, cache.memory).index_select(1, input_pos).squeeze(1)
+        prefix = _prefix(cache)
+        prefix.write(input_pos, tokens)
+        return self(prefix.sequence, prefix.memory).index_select(1, input_pos).squeeze(1)
 
-    def pick(self, logits: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(self, logits: torch.Tensor, state: CachedState) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`greedy_pick`, the finished flags kept in ``state``."""
         next_token, finished, scores = greedy_pick(logits, state.finished, self.suppressed)
         state.finished.copy_(finished)
@@ -375,7 +423,19 @@ class CaptionDecoder(FusedForm, CachedDecoder):
 
     def caption_text(self, vocab: Vocabulary, tokens: Sequence[int] | torch.Tensor) -> str:
         """The words up to the first EOS, special tokens skipped."""
-        return vocab.decode(tokens)
+        return vocab.decode(token_ids(tokens))
+
+
+def _prefix(cache: DecoderCache | PrefixCache) -> PrefixCache:
+    """The readable form's cache: it sets up a :class:`PrefixCache`, never key/value caches."""
+    if not isinstance(cache, PrefixCache):
+        raise TypeError("the caption decoder's readable form decodes over a PrefixCache, got key/value caches")
+    return cache
+
+
+def token_ids(tokens: Sequence[int] | torch.Tensor) -> list[int]:
+    """One decoded row, (L,) tensor or ints, as a list of ints (what ``Vocabulary.decode`` reads)."""
+    return tokens.tolist() if isinstance(tokens, torch.Tensor) else [int(token) for token in tokens]
 
 
 def suppressed_mask(vocab_size: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -27,19 +27,23 @@ resolved once when the state is set up (``auto`` is not looked up again in a ste
 mask as it is: SDPA takes it directly, so no step builds a bool mask.
 
 This module reads the decoder it is given and imports nothing of :mod:`procap.model.decoder`, which chooses it
-(:meth:`~procap.model.decoder.CaptionDecoder.use_fused`).
+(:meth:`~procap.model.decoder.CaptionDecoder.use_fused`), but its class names for the type checker.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from procap import kernels
 from procap.kernels import fp8
 from procap.kernels.attention import attention, backend_for_mask
 from procap.kernels.logits_pick import logits_tiles
+
+if TYPE_CHECKING:  # the decoder imports this module to run it
+    from procap.model.decoder import CaptionDecoder, DecoderLayer
 
 KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligned mask rows for fused kernels)
 
@@ -47,7 +51,7 @@ KEY_ALIGNMENT = 16  # self-attention keys allocated in multiples of this (aligne
 class _LayerWeights:
     """One decoder layer's weights as the fused step reads them: transposed views and the merged projections."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: DecoderLayer) -> None:
         sa, ca = layer.self_attn, layer.cross_attn
         self.qkv_weight_t = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).t()
         self.qkv_bias = torch.cat([sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias])
@@ -68,10 +72,11 @@ class FusedWeights:
     """
 
     @torch.no_grad()
-    def __init__(self, decoder: nn.Module, backend: str, bos_id: int, pad_id: int, logits_pick: bool = False) -> None:
-        """``decoder``: a :class:`~procap.model.decoder.CaptionDecoder`; ``backend``: a resolved attention backend
-        (not ``auto``); ``logits_pick``: the greedy step's logits and pick through
-        :func:`procap.kernels.greedy_logits_step`."""
+    def __init__(
+        self, decoder: CaptionDecoder, backend: str, bos_id: int, pad_id: int, logits_pick: bool = False
+    ) -> None:
+        """``backend``: a resolved attention backend (not ``auto``); ``logits_pick``: the greedy step's logits and
+        pick through :func:`procap.kernels.greedy_logits_step`."""
         self.backend, self.bos_id, self.pad_id, self.logits_pick = backend, bos_id, pad_id, logits_pick
         self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
@@ -125,7 +130,10 @@ class FusedDecodingState:
         self.kv_new = self.qkv[:, None, dim:]
         self.q_cross_rows = torch.zeros(batch, dim, dtype=dtype, device=device)
         self.q_cross = self.q_cross_rows.view(batch, heads, 1, head_dim)
-        self.self_kv, self.cross_kv, self.self_kv_heads, self.cross_kv_heads = [], [], [], []
+        self.self_kv: list[torch.Tensor] = []
+        self.cross_kv: list[torch.Tensor] = []
+        self.self_kv_heads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (keys, values) views of each buffer
+        self.cross_kv_heads: list[tuple[torch.Tensor, torch.Tensor]] = []
         e4m3 = cross_kv_dtype == fp8.E4M3  # FP8 cross keys/values: every layer attends from one working buffer
         for index in range(num_layers):
             for length, flat, split in (
@@ -135,12 +143,11 @@ class FusedDecodingState:
                 shared = e4m3 and flat is self.cross_kv and index > 0
                 buffer = flat[0] if shared else torch.zeros(batch, length, 2 * dim, dtype=dtype, device=device)
                 flat.append(buffer)
-                split.append(
-                    tuple(
-                        buffer[..., i * dim : (i + 1) * dim].view(batch, length, heads, head_dim).transpose(1, 2)
-                        for i in range(2)
-                    )
+                key_heads, value_heads = (
+                    buffer[..., i * dim : (i + 1) * dim].view(batch, length, heads, head_dim).transpose(1, 2)
+                    for i in range(2)
                 )
+                split.append((key_heads, value_heads))
         self.cross_kv_e4m3 = Fp8CrossCache(self.cross_kv[0], num_layers, heads) if e4m3 else None
 
     def reset(self) -> None:

@@ -23,7 +23,7 @@ torch-free (``tests/test_cli_startup.py``); the loops the strategies run are imp
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -31,8 +31,10 @@ from procap.core import validate
 from procap.core.config import MAX_BEAMS
 from procap.core.errors import ProCapError, shown
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: no torch at run time (module docstring)
     import torch
+
+    from procap.model.decoder import CachedDecoder
 
 
 class DecodingStrategy(Protocol):
@@ -41,9 +43,9 @@ class DecodingStrategy(Protocol):
     name: ClassVar[str]
     captured_step: ClassVar[bool]
 
-    def oracle(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor: ...
+    def oracle(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor: ...
 
-    def cached(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor: ...
+    def cached(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor: ...
 
     def options(self) -> dict[str, Any]: ...
 
@@ -54,7 +56,7 @@ def option(default: Any, flag: str, help: str, kind: type, **bounds: float) -> A
     return dataclasses.field(default=default, metadata={"flag": flag, "help": help, "kind": kind, "bounds": bounds})
 
 
-def check_option(field: dataclasses.Field, value: Any, spelled: str) -> int | float:
+def check_option(field: dataclasses.Field[Any], value: Any, spelled: str) -> int | float:
     """``value`` of the option ``field`` when it is of its kind and within its bounds (a float option takes an int
     and gives a float), else one sentence naming ``spelled`` (the argument or flag as the caller wrote it)."""
     kind, bounds = field.metadata["kind"], field.metadata["bounds"]
@@ -68,6 +70,9 @@ def check_option(field: dataclasses.Field, value: Any, spelled: str) -> int | fl
 
 class StrategyOptions:
     """What every strategy shares: its options checked on construction, and read back by name."""
+
+    # Every subclass is a dataclass (which sets this); declared so that ``dataclasses.fields(self)`` type-checks.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -86,10 +91,10 @@ class Greedy(StrategyOptions):
     name: ClassVar[str] = "greedy"
     captured_step: ClassVar[bool] = True
 
-    def oracle(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def oracle(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         return decoder.greedy_oracle(memory, max_len)
 
-    def cached(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def cached(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         return decoder.generate_cached(memory, max_len)
 
 
@@ -112,12 +117,12 @@ class BeamSearch(StrategyOptions):
     name: ClassVar[str] = "beam"
     captured_step: ClassVar[bool] = False
 
-    def oracle(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def oracle(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         from procap.model.beam import beam_search  # here: this module stays torch-free (see the module docstring)
 
         return beam_search(decoder, memory, max_len, self.num_beams, self.length_penalty)
 
-    def cached(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def cached(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         from procap.model.beam import beam_search_cached
 
         return beam_search_cached(decoder, memory, max_len, self.num_beams, self.length_penalty)
@@ -149,23 +154,24 @@ class Sampling(StrategyOptions):
     name: ClassVar[str] = "sample"
     captured_step: ClassVar[bool] = False
 
-    def oracle(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def oracle(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         from procap.model.sampling import sample_decode  # here: this module stays torch-free
 
         return sample_decode(decoder, memory, max_len, **self.options())
 
-    def cached(self, decoder: torch.nn.Module, memory: torch.Tensor, max_len: int) -> torch.Tensor:
+    def cached(self, decoder: CachedDecoder, memory: torch.Tensor, max_len: int) -> torch.Tensor:
         from procap.model.sampling import sample_decode_cached
 
         return sample_decode_cached(decoder, memory, max_len, **self.options())
 
 
-STRATEGIES: dict[str, type] = {strategy.name: strategy for strategy in (Greedy, BeamSearch, Sampling)}
+STRATEGY_CLASSES = (Greedy, BeamSearch, Sampling)
+STRATEGIES: dict[str, type[Greedy | BeamSearch | Sampling]] = {strategy.name: strategy for strategy in STRATEGY_CLASSES}
 # The short form of beam search (``num_beams`` / ``--beams``): these options without a strategy name mean beams.
 SHORT_FORM = BeamSearch
 
 
-def option_fields(strategy: type) -> dict[str, dataclasses.Field]:
+def option_fields(strategy: type[StrategyOptions]) -> dict[str, dataclasses.Field[Any]]:
     """A registered strategy's options by name."""
     return {field.name: field for field in dataclasses.fields(strategy)}
 
@@ -202,25 +208,45 @@ def resolve_strategy(
         for name, value in (("num_beams", num_beams), ("length_penalty", length_penalty))
         if value is not None
     }
-    options = dict(options or {})
-    if isinstance(strategy, tuple(STRATEGIES.values())):
-        given = [named(name) for name in (*options, *short)]
-        if given:
-            raise ProCapError(
-                f"{named('strategy')} is a {type(strategy).__name__} object, which holds its options; "
-                f"leave out {', '.join(given)}."
-            )
+    given = dict(options or {})
+    if isinstance(strategy, STRATEGY_CLASSES):
+        _refuse_options_beside(strategy, [named(name) for name in (*given, *short)], named)
         return strategy
     if strategy is None:
-        for name in options:
-            owners = [key for key, cls in STRATEGIES.items() if name in option_fields(cls)]
-            if not owners:
-                raise ProCapError(f"{named(name)} is no option of any decoding strategy ({', '.join(STRATEGIES)}).")
-            raise ProCapError(f"{named(name)} applies to {named('strategy')} {' / '.join(owners)} only; name it.")
-        fields = option_fields(SHORT_FORM)
-        checked = {name: check_option(fields[name], value, named(name)) for name, value in short.items()}
-        # greedy for one beam: what beam search with one beam decodes, without the beams' bookkeeping
-        return Greedy() if checked.get("num_beams", 1) == 1 else SHORT_FORM(**checked)
+        return _short_form(given, short, named)
+    return _named_strategy(strategy, given, short, named)
+
+
+def _refuse_options_beside(strategy: DecodingStrategy, given: list[str], named: Callable[[str], str]) -> None:
+    """A strategy object holds its options: refuse the options ``given`` (as spelled) beside it."""
+    if given:
+        raise ProCapError(
+            f"{named('strategy')} is a {type(strategy).__name__} object, which holds its options; "
+            f"leave out {', '.join(given)}."
+        )
+
+
+def _short_form(
+    options: dict[str, Any], short: dict[str, int | float], named: Callable[[str], str]
+) -> DecodingStrategy:
+    """No strategy named: options of a named strategy are refused; ``num_beams`` / ``length_penalty`` alone mean
+    beam search, greedy for one beam (what beam search with one beam decodes, without the beams' bookkeeping)."""
+    for name in options:
+        owners = [key for key, cls in STRATEGIES.items() if name in option_fields(cls)]
+        if not owners:
+            raise ProCapError(f"{named(name)} is no option of any decoding strategy ({', '.join(STRATEGIES)}).")
+        raise ProCapError(f"{named(name)} applies to {named('strategy')} {' / '.join(owners)} only; name it.")
+    fields = option_fields(SHORT_FORM)
+    # Any: each value was checked against its own field's kind, which one dict type cannot say per key.
+    checked: dict[str, Any] = {name: check_option(fields[name], value, named(name)) for name, value in short.items()}
+    return Greedy() if checked.get("num_beams", 1) == 1 else SHORT_FORM(**checked)
+
+
+def _named_strategy(
+    strategy: object, options: dict[str, Any], short: dict[str, int | float], named: Callable[[str], str]
+) -> DecodingStrategy:
+    """The strategy of :data:`STRATEGIES` called ``strategy``, with ``options`` and the short form's options given
+    beside it, each once and each one it takes."""
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ProCapError(
             f"{named('strategy')} must be one of {', '.join(STRATEGIES)} or a decoding strategy, got {shown(strategy)}."
@@ -235,7 +261,9 @@ def resolve_strategy(
         if name not in fields:
             takes = f"its options: {', '.join(named(field) for field in fields)}" if fields else "it has none"
             raise ProCapError(f"{named('strategy')} {strategy} takes no {named(name)} ({takes}).")
-    return cls(**{name: check_option(fields[name], value, named(name)) for name, value in options.items()})
+    # Any: as in _short_form, each value is of its own field's kind.
+    checked: dict[str, Any] = {name: check_option(fields[name], value, named(name)) for name, value in options.items()}
+    return cls(**checked)
 
 
 def decoding_strategy(num_beams: int = 1, length_penalty: float = 1.0) -> DecodingStrategy:

@@ -76,13 +76,20 @@ class DepartureEmbeddings(nn.Module):
             self.difference_proj = nn.Linear(differenced, d)
         elif departures.difference_embedding:  # "joint": signed [before, after, after - before] per cell, then an MLP
             self.difference_mlp = nn.Sequential(nn.Linear(3 * differenced, d), nn.GELU(), nn.Linear(d, d))
+        self._build_change_token(config, cell)
+
+    def _build_change_token(self, config: ProCapConfig, cell: int) -> None:
+        """:meth:`build_departures`' change token and its window (what ``departures.change_token`` turns on)."""
+        d, z = config.enc_dim, config.vqgan.z_channels
+        departures = config.departures
         self.change_score: nn.Module | None = None
+        pixels = 0  # what a cell's change input holds beyond the tokenizer's [before, after, after - before]
         if departures.change_token:
             # departure (docs/model.md): one token pooled over the latent cells, weighted by their change
             self.change_pixels = departures.change_pixels
             pixels = 2 * 3 * cell * cell if departures.change_pixels else 0
             # [before, after, after - before] of the learned features (one CNN or the other: Departures.check)
-            pixels += 3 * (departures.pixel_cnn + learned)
+            pixels += 3 * (departures.pixel_cnn + departures.image_encoder)
             self.pixel_cnn = PixelCNN(departures.pixel_cnn, cell) if departures.pixel_cnn else None
             self.change_mlp = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, d))
             self.change_embedding = nn.Parameter(torch.zeros(d))
@@ -92,7 +99,7 @@ class DepartureEmbeddings(nn.Module):
                 self.change_score = nn.Sequential(nn.Linear(3 * z + pixels, d), nn.GELU(), nn.Linear(d, 1))
         self.change_window = departures.change_window
         self.window_glimpse: WindowGlimpse | None = None
-        if departures.change_window:
+        if departures.change_window:  # a window needs the change token (Departures.check)
             # departure (docs/model.md): the cells around the strongest change, a token each, with their place
             glimpse = departures.window_glimpse
             if glimpse:
@@ -173,12 +180,14 @@ class DepartureEmbeddings(nn.Module):
             raise ValueError("this model's change token reads the images: pass before_pixels and after_pixels")
         if self.image_encoder is not None and (learned_before is None or learned_after is None):
             raise ValueError("this model's change token reads the images: pass their image_features")
+        # both images, or none when no part reads them (refused above when one does and they are missing)
+        images = [] if before_pixels is None or after_pixels is None else [before_pixels, after_pixels]
         parts = [cells]
         if self.change_pixels:
-            cell = before_pixels.shape[-1] // side
-            parts += [pixel_cells(image.to(cells.dtype), cell) for image in (before_pixels, after_pixels)]
+            cell = images[0].shape[-1] // side
+            parts += [pixel_cells(image.to(cells.dtype), cell) for image in images]
         if self.pixel_cnn is not None:
-            features = self.pixel_cnn(torch.cat([before_pixels, after_pixels]).to(cells.dtype))
+            features = self.pixel_cnn(torch.cat(images).to(cells.dtype))
             learned_before, learned_after = features.chunk(2)
         if learned_before is not None and learned_after is not None:
             parts.append(joint_cells(learned_before.to(cells.dtype), learned_after.to(cells.dtype)))
@@ -216,6 +225,18 @@ class DepartureEmbeddings(nn.Module):
         cells, magnitude = self.change_cells(before, after, before_pixels, after_pixels, learned_before, learned_after)
         if hidden is not None:
             cells = cells * (~hidden)[:, None].to(cells.dtype)
+        pooled, score = self._pooled_change_token(cells, magnitude, hidden)
+        if not self.change_window:
+            return pooled
+        window = self._window_cells(cells, magnitude, score, hidden, before_pixels, after_pixels)
+        tokens = self.window_mlp(window) + self.window_pos.to(pooled.dtype)
+        return torch.cat([pooled, tokens.to(pooled.dtype)], dim=1)
+
+    def _pooled_change_token(
+        self, cells: torch.Tensor, magnitude: torch.Tensor, hidden: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first change token (B, 1, D), the cells' embeddings pooled with weights ``softmax(score)``, and that
+        (B, h*w) score (hidden cells at ``HIDDEN_SCORE``), which also places the window."""
         inputs = cells.flatten(2).transpose(1, 2)  # (B, h*w, C)
         score = self.change_temperature * magnitude.flatten(1)
         if self.change_score is not None:
@@ -227,9 +248,19 @@ class DepartureEmbeddings(nn.Module):
             weights = weights * (~hidden).flatten(1).to(weights.dtype)
         embedded = self.change_mlp(inputs)  # (B, h*w, D)
         pooled = torch.einsum("bn,bnd->bd", weights.to(embedded.dtype), embedded)
-        pooled = (pooled + self.change_embedding.to(pooled.dtype)).unsqueeze(1)
-        if not self.change_window:
-            return pooled
+        return (pooled + self.change_embedding.to(pooled.dtype)).unsqueeze(1), score
+
+    def _window_cells(
+        self,
+        cells: torch.Tensor,
+        magnitude: torch.Tensor,
+        score: torch.Tensor,
+        hidden: torch.Tensor | None,
+        before_pixels: torch.Tensor | None,
+        after_pixels: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """What the window's tokens read, (B, w*w, C): the w x w cells around the highest score, with
+        ``departures.window_glimpse`` also :class:`WindowGlimpse`'s features of their pixels."""
         # The parameter-free rule places the window by the magnitude itself (the temperature only sharpens pooling)
         place = magnitude if self.change_score is None else score.detach().view_as(magnitude)
         if hidden is not None:
@@ -237,14 +268,15 @@ class DepartureEmbeddings(nn.Module):
         top, left = window_origin(place, self.change_window)
         window = window_cells(cells, top, left, self.change_window)  # (B, w*w, C)
         if self.window_glimpse is not None:
+            # change_cells has refused a model with a glimpse its images: both are here
+            assert before_pixels is not None and after_pixels is not None
             cell = before_pixels.shape[-1] // magnitude.shape[-1]
             size = self.change_window
             crops = [
                 window_pixels(image.to(cells.dtype), top, left, size, cell) for image in (before_pixels, after_pixels)
             ]
             window = torch.cat([window, self.window_glimpse(*crops).to(window.dtype)], dim=-1)
-        tokens = self.window_mlp(window) + self.window_pos.to(pooled.dtype)
-        return torch.cat([pooled, tokens.to(pooled.dtype)], dim=1)
+        return window
 
 
 class PixelCNN(nn.Module):

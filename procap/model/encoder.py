@@ -38,7 +38,7 @@ from procap import kernels
 from procap.core.config import ProCapConfig
 from procap.model.departures import DepartureEmbeddings, space_to_depth
 from procap.model.fused_form import FusedForm
-from procap.model.layers import FeedForward, MultiHeadAttention
+from procap.model.layers import FeedForward, ModuleStack, MultiHeadAttention
 
 
 class EncoderLayer(nn.Module):
@@ -92,7 +92,7 @@ class ProcedureEncoder(FusedForm, DepartureEmbeddings):
             self.text_pos = nn.Parameter(torch.empty(config.max_caption_len, d))
             self.align_token = nn.Parameter(torch.empty(d))
             self.csy_token = nn.Parameter(torch.empty(d))
-        self.layers = nn.ModuleList(
+        self.layers: ModuleStack[EncoderLayer] = ModuleStack(
             [
                 EncoderLayer(d, config.enc_heads, config.enc_mlp, config.dropout, config.enc_activation)
                 for _ in range(config.enc_layers)

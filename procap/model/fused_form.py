@@ -77,6 +77,8 @@ class FusedForm:
         if options and not enabled:
             raise ProCapError(f"{part}.use_fused(False) takes no options: they set up the fused form.")
 
-    def _choose_fused(self, enabled: bool, **options: Any) -> None:
+    # ``*args: Any, **options: Any`` is how a type checker is told that each part takes its own keywords here
+    # (its options, with their defaults); :meth:`use_fused` passes keywords only.
+    def _choose_fused(self, enabled: bool, *args: Any, **options: Any) -> None:
         """Apply the choice; ``options`` are checked names of :attr:`fused_options`."""
         raise NotImplementedError

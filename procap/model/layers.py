@@ -12,10 +12,38 @@ also what its readable cached form runs, ``CaptionDecoder.use_fused(False)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
+
 import torch
 from torch import nn
 
 from procap.kernels.attention import BACKENDS, attention, backend_for_mask
+
+# Covariant, so that a stack of DecoderLayers is a stack of CrossAttentionLayers: nothing declared here takes an item
+# (ModuleList's own mutators take any Module).
+ItemT_co = TypeVar("ItemT_co", bound=nn.Module, covariant=True)
+
+
+class ModuleStack(nn.ModuleList, Generic[ItemT_co]):
+    """An ``nn.ModuleList`` of one kind of module, ``ModuleStack[DecoderLayer]``: at run time a plain ModuleList
+    (the same state-dict keys, the same calls); to a type checker, indexing and iterating give ``ItemT_co``, where
+    ModuleList says only ``Module`` and every attribute of a layer would read as ``Tensor | Module``."""
+
+    def __init__(self, modules: Iterable[ItemT_co] = ()) -> None:
+        super().__init__(modules)
+
+    if TYPE_CHECKING:  # declarations only: the methods that run are ModuleList's
+
+        def __iter__(self) -> Iterator[ItemT_co]: ...
+
+        @overload
+        def __getitem__(self, idx: slice) -> ModuleStack[ItemT_co]: ...
+
+        @overload
+        def __getitem__(self, idx: int) -> ItemT_co: ...
+
+        def __getitem__(self, idx: int | slice) -> ItemT_co | ModuleStack[ItemT_co]: ...
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -100,7 +128,10 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = {"gelu": torch.nn.functional.gelu, "quick_gelu": quick_gelu}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": torch.nn.functional.gelu,
+    "quick_gelu": quick_gelu,
+}
 
 
 class FeedForward(nn.Module):

@@ -18,6 +18,7 @@ to ``frame_shuffle``. Randomness comes from a CPU ``torch.Generator`` (the draws
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +123,37 @@ def _random_affine(
     return out, [frame]
 
 
+def _warp(frames: torch.Tensor, i: int, kind: int, generator: torch.Generator | None) -> tuple[torch.Tensor, list[int]]:
+    """Sample ``i`` of the batch warped by ``NEGATIVE_WARPS[kind]``, and the frames the warp wrote."""
+    if kind == BATCH_FRAME_SWAP:
+        return _batch_frame_swap(frames, i, generator)
+    if kind == FRAME_SHUFFLE:
+        return _frame_shuffle(frames[i], generator)
+    if kind == COLOR_SHIFT:
+        return _color_shift(frames[i], generator)
+    return _random_affine(frames[i], generator, MAX_ANGLE, MAX_TRANSLATE, MAX_SCALE)
+
+
+# What comes back follows from ``return_changed``.
+@overload
+def consistency_negatives(
+    frames: torch.Tensor,
+    probs: tuple[float, ...] = ...,
+    generator: torch.Generator | None = ...,
+    return_changed: Literal[False] = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def consistency_negatives(
+    frames: torch.Tensor,
+    probs: tuple[float, ...] = ...,
+    generator: torch.Generator | None = ...,
+    *,
+    return_changed: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
 def consistency_negatives(
     frames: torch.Tensor,
     probs: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25),
@@ -153,14 +185,7 @@ def consistency_negatives(
         if kind == BATCH_FRAME_SWAP and frames.shape[0] < 2:
             kind = FRAME_SHUFFLE
             kinds[i] = kind
-        if kind == BATCH_FRAME_SWAP:
-            video, written = _batch_frame_swap(frames, i, generator)
-        elif kind == FRAME_SHUFFLE:
-            video, written = _frame_shuffle(frames[i], generator)
-        elif kind == COLOR_SHIFT:
-            video, written = _color_shift(frames[i], generator)
-        else:
-            video, written = _random_affine(frames[i], generator, MAX_ANGLE, MAX_TRANSLATE, MAX_SCALE)
+        video, written = _warp(frames, i, kind, generator)
         out.append(video)
         changed[i, written] = True
     return (torch.stack(out), kinds, changed) if return_changed else (torch.stack(out), kinds)

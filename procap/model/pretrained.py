@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from procap.core import validate
 from procap.core.config import ProCapConfig, nest_groups
@@ -39,7 +38,7 @@ from procap.core.hub_files import (
 from procap.core.json_files import read_json
 from procap.data import DATASETS, Vocabulary
 from procap.data.domain import describe_domain, read_domain
-from procap.model.checkpoint_file import ModelT, read_checkpoint, save_checkpoint
+from procap.model.checkpoint_file import CheckpointedModel, ModelT, read_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+; annotations only, so no runtime dependency
@@ -55,6 +54,16 @@ PAPER_BIBTEX = """@inproceedings{procap2026imagine,
 }"""
 # Where the paper's authors publish their checkpoints (the repo `procap convert` reads from).
 AUTHORS_HUB_URL = "https://huggingface.co/BlueberryOreo/ProCap"
+# The model card's last section.
+CARD_CITATION = (
+    "## Citation",
+    "",
+    "The method is the paper's; its authors are not named in procap's sources, so the entry gives title and venue:",
+    "",
+    "```bibtex",
+    PAPER_BIBTEX,
+    "```",
+)
 # config.json keys that are not ProCapConfig fields: what the Hub's pages read to name the library and model.
 # a pretrained folder's files, in the order a save moves them into place
 PRETRAINED_FILES = (WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, CARD_NAME)
@@ -62,7 +71,7 @@ _CONFIG_TAGS = {"library_name": "procap", "model_type": "procap", "architectures
 
 
 def write_pretrained(
-    model: nn.Module,
+    model: CheckpointedModel,
     directory: str | Path,
     vocab: Vocabulary | None = None,
     *,
@@ -93,15 +102,7 @@ def write_pretrained(
     if vocab is None:
         raise ProCapError("save_pretrained needs the model's vocabulary: pass vocab=... (a procap Vocabulary).")
     directory = validate.output_dir(directory, "save_pretrained folder")
-    recorded = dict(getattr(model, "pretrained_info", {}) or {})
-    info = {
-        **recorded,
-        **(extra or {}),
-        "dataset": dataset if dataset is not None else recorded.get("dataset") or _recorded_dataset(recorded),
-        "metrics": metrics if metrics is not None else recorded.get("metrics", {}),
-        "license": license or recorded.get("license"),
-    }
-    info["license"] = card_license(model, info)
+    info = _saved_info(model, dataset, metrics, license, extra)
     card = model_card(model, len(vocab), info, repo_id)
 
     def write(staging: Path) -> None:
@@ -116,18 +117,39 @@ def write_pretrained(
     return directory
 
 
+def _saved_info(
+    model: CheckpointedModel,
+    dataset: str | None,
+    metrics: dict[str, float] | None,
+    license: str | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What a save keeps with the weights: what they record already, ``extra``, and the card's facts (each the
+    one asked for, else the recorded one), the licence as :func:`card_license` settles it."""
+    recorded = dict(getattr(model, "pretrained_info", {}) or {})
+    info = {
+        **recorded,
+        **(extra or {}),
+        "dataset": dataset if dataset is not None else recorded.get("dataset") or _recorded_dataset(recorded),
+        "metrics": metrics if metrics is not None else recorded.get("metrics", {}),
+        "license": license or recorded.get("license"),
+    }
+    info["license"] = card_license(model, info)
+    return info
+
+
 def _recorded_dataset(info: dict[str, Any]) -> str | None:
     """The loader name the ``trained_on`` record of the weights holds, if any."""
     record = read_domain(info)
     return record["dataset"] if record else None
 
 
-def converted_from_authors(model: nn.Module, info: dict[str, Any]) -> bool:
+def converted_from_authors(model: CheckpointedModel, info: dict[str, Any]) -> bool:
     """True for weights the paper's authors trained (``procap convert --from authors``), whatever saved them since."""
     return model.config.authors.enabled or info.get("converted_from") == "authors"
 
 
-def card_license(model: nn.Module, info: dict[str, Any]) -> str:
+def card_license(model: CheckpointedModel, info: dict[str, Any]) -> str:
     """The card's licence id: the one asked for, else MIT for weights trained with procap and ``other`` for the
     authors' converted weights, whose terms are theirs to set and are not procap's."""
     if info.get("license"):
@@ -169,7 +191,7 @@ def _training_data(dataset: str | None, info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
+def model_card(model: CheckpointedModel, vocab_size: int, info: dict[str, Any], repo_id: str | None = None) -> str:
     """The ``README.md`` of a pretrained folder: Hub metadata, architecture, training data, scores, usage, licence,
     citation.
 
@@ -180,15 +202,34 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
     show a snippet that fails; README, "Pretrained models"), so the usage snippet is the card's own, which
     ``tests/test_hub.py`` runs as written; it also reads the card back through ``huggingface_hub.ModelCard``.
     """
-    c = model.config
-    total = sum(p.numel() for p in model.parameters())
-    vqgan = sum(p.numel() for p in model.vqgan.parameters())
     dataset = info.get("dataset")
     metrics = {k: v for k, v in (info.get("metrics") or {}).items() if isinstance(v, (int, float))}
     license_id = card_license(model, info)
     authors_weights = converted_from_authors(model, info)
-    where = f"hf://{repo_id}" if repo_id else "path/to/this/folder"
-    source = repo_id or "path/to/this/folder"
+    lines = [
+        *_card_front_matter(license_id, authors_weights, dataset),
+        "",
+        *_card_architecture(model, vocab_size),
+        "",
+        "## Training data",
+        "",
+        *_training_data(dataset, info),
+        "",
+        *_card_scores(metrics),
+        "",
+        *_card_usage(repo_id),
+        "",
+        *_card_licence(license_id, authors_weights),
+        "",
+        *CARD_CITATION,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _card_front_matter(license_id: str, authors_weights: bool, dataset: Any) -> list[str]:
+    """The card's YAML front matter: licence (with the Hub's name and link for ``other``), library, tags, and the
+    dataset when it is a Hub dataset id."""
     front = ["---", f"license: {license_id}"]
     if license_id == "other" and authors_weights:
         front += ["license_name: procap-authors-weights", f"license_link: {AUTHORS_HUB_URL}"]
@@ -196,13 +237,19 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
     if dataset and is_repo_id_shape(str(dataset)):
         front += ["datasets:", f"- {dataset}"]
     front.append("---")
+    return front
+
+
+def _card_architecture(model: CheckpointedModel, vocab_size: int) -> list[str]:
+    """The card's title, what the model does, and its architecture table."""
+    c = model.config
+    total = sum(p.numel() for p in model.parameters())
+    vqgan = sum(p.numel() for p in model.get_submodule("vqgan").parameters())
     latents = f"{c.latent_size} x {c.latent_size} VQGAN latents"
     merge = c.departures.token_merge
     if merge > 1:
         latents += f", merged {merge} x {merge} into {c.grid_size} x {c.grid_size} encoder tokens"
-    lines = [
-        *front,
-        "",
+    return [
         f"# ProCap change captioner ({c.name} preset, {'authors' if c.authors.enabled else 'procap'} variant)",
         "",
         'Describes in words what changed between two images ("the small red cube moved"): the implicit',
@@ -219,21 +266,25 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         f"| caption decoder | {c.dec_layers} layers x {c.dec_dim}, captions up to {c.max_caption_len} tokens |",
         f"| vocabulary | {vocab_size} entries |",
         f"| parameters | {total:,} (VQGAN {vqgan:,}) |",
-        "",
-        "## Training data",
-        "",
-        *_training_data(dataset, info),
-        "",
-        "## Measured scores",
-        "",
     ]
+
+
+def _card_scores(metrics: dict[str, int | float]) -> list[str]:
+    """The card's "Measured scores": a table of the numeric ``metrics``, or a line saying none were recorded."""
+    lines = ["## Measured scores", ""]
     if metrics:
         lines += ["| metric | value |", "| --- | --- |"]
         lines += [f"| {name} | {value:.4g} |" for name, value in metrics.items()]
     else:
         lines.append("Not recorded with these weights.")
-    lines += [
-        "",
+    return lines
+
+
+def _card_usage(repo_id: str | None) -> list[str]:
+    """The card's "How to caption": the command and the Python lines, naming ``repo_id`` when there is one."""
+    where = f"hf://{repo_id}" if repo_id else "path/to/this/folder"
+    source = repo_id or "path/to/this/folder"
+    return [
         "## How to caption",
         "",
         # No pip line: the distribution is not known to be on PyPI, and a command that fails is worse than none.
@@ -249,10 +300,12 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         f'captioner = Captioner.from_pretrained("{source}")',
         'captioner.caption("before.png", "after.png")',
         "```",
-        "",
-        "## Licence",
-        "",
     ]
+
+
+def _card_licence(license_id: str, authors_weights: bool) -> list[str]:
+    """The card's licence section: the authors' terms for their converted weights, else the licence id."""
+    lines = ["## Licence", ""]
     if authors_weights:
         lines += [
             "These weights were trained by the paper's authors and converted to this format by procap; they remain",
@@ -261,18 +314,7 @@ def model_card(model: nn.Module, vocab_size: int, info: dict[str, Any], repo_id:
         ]
     else:
         lines.append(f"`{license_id}`.")
-    lines += [
-        "",
-        "## Citation",
-        "",
-        "The method is the paper's; its authors are not named in procap's sources, so the entry gives title and venue:",
-        "",
-        "```bibtex",
-        PAPER_BIBTEX,
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def read_pretrained(
@@ -321,7 +363,7 @@ def _check_config_copy(path: Path, config: dict[str, Any]) -> None:
         )
 
 
-class PretrainedMixin(nn.Module):
+class PretrainedMixin(CheckpointedModel):
     """Hub-style saving and loading of a torch module built from a :class:`~procap.core.config.ProCapConfig` (its
     ``config``); the files and their rules are this module's."""
 

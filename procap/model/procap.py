@@ -85,7 +85,9 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         self.memory_mlp = nn.Sequential(
             nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.dec_dim), nn.LayerNorm(config.dec_dim)
         )
-        self.decoder = AuthorsCaptionDecoder(config) if config.authors.enabled else CaptionDecoder(config)
+        self.decoder: AuthorsCaptionDecoder | CaptionDecoder = (
+            AuthorsCaptionDecoder(config) if config.authors.enabled else CaptionDecoder(config)
+        )
         self.mask_embedding = nn.Parameter(torch.empty(d))
         self.pos_frame = nn.Parameter(torch.empty(config.num_frames, d))
         self.pos_row = nn.Parameter(torch.empty(grid, d))
@@ -98,6 +100,7 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
             small.append(self.encoder.prefix)
         else:
             small += [self.encoder.text_pos, self.encoder.align_token, self.encoder.csy_token]
+        if isinstance(self.decoder, CaptionDecoder):  # the paper's decoder (not authors.enabled): learned positions
             nn.init.normal_(self.decoder.pos_embed, std=dec_std)
         for p in small:
             nn.init.normal_(p, std=enc_std)
@@ -275,11 +278,12 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         self.check_can_caption()
         strategy = resolve_strategy(strategy, strategy_options, num_beams=num_beams, length_penalty=length_penalty)
         ceiling = self.config.max_caption_len
-        max_len = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
+        checked = validate.caption_length(max_len, "max_len", ceiling=ceiling, default=ceiling)
+        length = ceiling if checked is None else checked  # None only when the default is
         was_training = self.training
         self.eval()
         try:
-            return strategy.oracle(self.decoder, memory, max_len)
+            return strategy.oracle(self.decoder, memory, length)
         finally:
             self.train(was_training)
 

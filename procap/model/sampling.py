@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID
+from procap.model.decoder import BOS_ID, EOS_ID, PAD_ID, CachedDecoder
 
 
 def sampling_distribution(
@@ -89,7 +89,7 @@ class SampleState:
 
 @torch.no_grad()
 def sample_decode(
-    decoder: torch.nn.Module,
+    decoder: CachedDecoder,
     memory: torch.Tensor,
     max_len: int,
     temperature: float = 1.0,
@@ -109,7 +109,7 @@ def sample_decode(
 
 @torch.no_grad()
 def sample_decode_cached(
-    decoder: torch.nn.Module,
+    decoder: CachedDecoder,
     memory: torch.Tensor,
     max_len: int,
     temperature: float = 1.0,

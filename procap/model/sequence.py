@@ -123,16 +123,15 @@ class SequenceAssembly(nn.Module):
         """
         if not self.departures.difference_embedding:
             return tokens
-        ends = (None, None) if learned is None else (learned[:, 0], learned[:, -1])
-        diff = self.encoder.embed_difference(features[:, 0], features[:, -1], *ends)  # (B, n, D)
+        diff = self.encoder.embed_difference(features[:, 0], features[:, -1], *_learned_ends(learned))  # (B, n, D)
         if not self.departures.difference_visible_ends:
             return tokens + diff.repeat(1, tokens.shape[1] // diff.shape[1], 1).to(tokens.dtype)
         b, n, d = diff.shape
         frames = tokens.shape[1] // n
         # Compared on the device: a Python list index would copy from the host, which a CUDA graph capture refuses.
         position = torch.arange(frames, device=tokens.device)
-        ends = ((position == 0) | (position == frames - 1)).to(tokens.dtype)
-        weight = ends.view(1, frames, 1).expand(b, frames, n)
+        at_ends = ((position == 0) | (position == frames - 1)).to(tokens.dtype)
+        weight = at_ends.view(1, frames, 1).expand(b, frames, n)
         if visible is not None:
             both = visible.view(b, frames, n)
             weight = weight * (both[:, :1] & both[:, -1:]).to(tokens.dtype)
@@ -163,14 +162,16 @@ class SequenceAssembly(nn.Module):
         """
         if not self.departures.change_token:
             return tokens
-        ends = (None, None) if learned is None else (learned[:, 0], learned[:, -1])
         hidden = None
         if visible is not None:
             grid, merge = self.config.grid_size, self.departures.token_merge
             shown = visible.view(visible.shape[0], -1, grid, grid)
             both = shown[:, 0] & shown[:, -1]  # (B, g, g) tokens -> (B, h, w) latent cells
             hidden = ~both.repeat_interleave(merge, 1).repeat_interleave(merge, 2)
-        change = self.encoder.embed_change(features[:, 0], features[:, -1], before, after, *ends, hidden=hidden)
+        learned_before, learned_after = _learned_ends(learned)
+        change = self.encoder.embed_change(
+            features[:, 0], features[:, -1], before, after, learned_before, learned_after, hidden=hidden
+        )
         return torch.cat([tokens, change.to(tokens.dtype)], dim=1)
 
     def hidden_pixels(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -340,3 +341,8 @@ def _on(generator: torch.Generator | None, device: torch.device | str) -> torch.
     if generator is None or not same_device(device, generator.device):
         return None
     return generator
+
+
+def _learned_ends(learned: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The learned image features (B, T, c, h, w) of the first and last frames, or two Nones without them."""
+    return (None, None) if learned is None else (learned[:, 0], learned[:, -1])

@@ -44,6 +44,7 @@ from procap.core.weights import (
     save_module,
 )
 from procap.model.fused_form import FusedForm
+from procap.model.layers import ModuleStack
 from procap.model.vqgan_blocks import Downsample, Level, MidBlock, Upsample, group_norm, norm_act
 from procap.model.vqgan_fused import FusedVQGANEncoder
 from procap.model.vqgan_memo import FeatureMemo
@@ -64,7 +65,7 @@ class Encoder(nn.Module):
         ch, mult, n_res = config.ch, config.ch_mult, config.num_res_blocks
         self.conv_in = nn.Conv2d(config.in_channels, ch, kernel_size=3, stride=1, padding=1)
         widths_in = (1, *mult)
-        self.down = nn.ModuleList()
+        self.down: ModuleStack[Level] = ModuleStack()
         for i, with_attn in enumerate(attention_levels(config)):
             c_in, c_out = ch * widths_in[i], ch * mult[i]
             level = Level([(c_in, c_out)] + [(c_out, c_out)] * (n_res - 1), with_attn, config.dropout)
@@ -103,7 +104,7 @@ class Decoder(nn.Module):
                 level.upsample = Upsample(c_out)
             levels.insert(0, level)
             c_in = c_out
-        self.up = nn.ModuleList(levels)
+        self.up = ModuleStack(levels)
         self.norm_out = group_norm(c_in)
         self.conv_out = nn.Conv2d(c_in, config.out_ch, kernel_size=3, stride=1, padding=1)
 
@@ -161,7 +162,7 @@ class VQGAN(FusedForm, nn.Module):
         super().__init__()
         self.config = config or VQGANConfig()
         c = self.config
-        self.encoder = Encoder(c)
+        self.encoder: Encoder | FusedVQGANEncoder = Encoder(c)  # the readable form until use_fused
         self.decoder = Decoder(c)
         self.quantize = VectorQuantizer(c.n_embed, c.embed_dim, c.beta)
         self.quant_conv = nn.Conv2d(c.z_channels, c.embed_dim, kernel_size=1)

@@ -12,17 +12,30 @@ reference is exactly ``swish(norm(x))``.
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
 from procap.kernels.attention import attention
+from procap.model.layers import ModuleStack
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
     """taming's ``Normalize``: 32 groups, eps 1e-6, affine."""
     return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+@overload
+def norm_act(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = ..., residual: None = ...) -> torch.Tensor: ...
+
+
+@overload
+def norm_act(
+    norm: nn.GroupNorm, x: torch.Tensor, silu: bool = ..., *, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def norm_act(
@@ -62,13 +75,13 @@ class ResnetBlock(nn.Module):
         which reads both tensors once and writes their sum for this block's shortcut.
         """
         if isinstance(x, tuple):
-            h, x = norm_act(self.norm1, x[0], residual=x[1])
+            h, shortcut = norm_act(self.norm1, x[0], residual=x[1])
         else:
-            h = norm_act(self.norm1, x)
+            h, shortcut = norm_act(self.norm1, x), x
         h = self.conv2(self.dropout(norm_act(self.norm2, self.conv1(h))))
         if self.in_channels != self.out_channels:
-            x = self.nin_shortcut(x)
-        return x, h
+            shortcut = self.nin_shortcut(shortcut)
+        return shortcut, h
 
 
 class AttnBlock(nn.Module):
@@ -144,18 +157,24 @@ class Level(nn.Module):
 
     def __init__(self, widths: list[tuple[int, int]], with_attention: bool, dropout: float) -> None:
         super().__init__()
-        self.block = nn.ModuleList([ResnetBlock(c_in, c_out, dropout) for c_in, c_out in widths])
-        self.attn = nn.ModuleList([AttnBlock(c_out) for _, c_out in widths] if with_attention else [])
+        self.block = ModuleStack([ResnetBlock(c_in, c_out, dropout) for c_in, c_out in widths])
+        self.attn = ModuleStack([AttnBlock(c_out) for _, c_out in widths] if with_attention else [])
+        # The resampler the encoder or decoder sets; None is a plain attribute, so no state-dict key until it is set.
+        self.downsample: Downsample | None = None
+        self.upsample: Upsample | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = x
         for i, block in enumerate(self.block):
             # A block followed directly by another hands over its unsummed parts (the add fuses into the next norm).
             chained = i + 1 < len(self.block) and not len(self.attn)
-            x = block.parts(x) if chained else block(x)
+            value = block.parts(value) if chained else block(value)
             if len(self.attn):
-                x = self.attn[i](x)
-        if hasattr(self, "downsample"):
-            x = self.downsample(x)
-        if hasattr(self, "upsample"):
-            x = self.upsample(x)
-        return x
+                value = self.attn[i](value)
+        assert isinstance(value, torch.Tensor)  # the last block always sums its parts
+        out = value
+        if self.downsample is not None:
+            out = self.downsample(out)
+        if self.upsample is not None:
+            out = self.upsample(out)
+        return out

@@ -21,12 +21,14 @@ bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes we
 The readable encoder (``procap.model.vqgan.Encoder``) stays the reference; the VQGAN chooses this form with
 :meth:`procap.model.vqgan.VQGAN.use_fused` (``procap.fast.Captioner`` does by default), and the tests
 compare the two in fp32, bf16 and under the Triton interpreter. Inference only (eval mode; dropout is not applied).
-This module reads the encoder it is given and imports nothing of :mod:`procap.model.vqgan`, which builds it.
+This module reads the encoder it is given and imports nothing of :mod:`procap.model.vqgan`, which builds it, but its
+class names for the type checker.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +36,10 @@ from torch import nn
 
 from procap import kernels
 from procap.kernels.attention import attention
-from procap.model.vqgan_blocks import AttnBlock, ResnetBlock
+from procap.model.vqgan_blocks import AttnBlock, Downsample, ResnetBlock
+
+if TYPE_CHECKING:  # the VQGAN imports this module to build it
+    from procap.model.vqgan import Encoder
 
 INPUT_CHANNELS = 8  # conv_in's input padded to 8 channels: 16 bytes per pixel in bf16
 
@@ -46,6 +51,15 @@ class _Pending:
     tensor: torch.Tensor
     bias: torch.Tensor | None = None
     residual: torch.Tensor | None = None
+
+
+def _bias(conv: nn.Conv2d) -> torch.Tensor:
+    """A convolution's bias, which the fused form adds where the output is read: taming's convolutions all have one."""
+    if conv.bias is None:
+        raise ValueError(
+            "FusedVQGANEncoder reads taming's VQGAN, whose convolutions all have biases; this one has none"
+        )
+    return conv.bias
 
 
 def _key(module_name: str) -> str:
@@ -89,9 +103,12 @@ class FusedVQGANEncoder(nn.Module):
         reference: the wrapped :class:`Encoder` (not a submodule: its children are this module's children).
     """
 
+    reference: Encoder  # set with object.__setattr__, outside the module tree
+    conv_in_weight: torch.Tensor  # registered buffers
+
     def __init__(
         self,
-        encoder: nn.Module,
+        encoder: Encoder,
         *,
         downsample_4x4: bool = True,
         input_channels: int | None = INPUT_CHANNELS,
@@ -109,13 +126,13 @@ class FusedVQGANEncoder(nn.Module):
             weight = torch.cat([weight, weight.new_zeros(weight.shape[0], input_channels - weight.shape[1], 3, 3)], 1)
         self.register_buffer("conv_in_weight", weight.contiguous(memory_format=layout), persistent=False)
         for i, level in enumerate(self.down):
-            if hasattr(level, "downsample") and downsample_4x4:
+            if level.downsample is not None and downsample_4x4:
                 w4 = downsample_weight_4x4(level.downsample.conv.weight.detach())
                 self.register_buffer(f"downsample_weight_{i}", w4.contiguous(memory_format=layout), persistent=False)
         for name, module in self.named_modules():
             if isinstance(module, AttnBlock):  # q, k, v as one (3C, C) GEMM
                 qkv_w = torch.cat([p.weight.detach().flatten(1) for p in (module.q, module.k, module.v)])
-                qkv_b = torch.cat([p.bias.detach() for p in (module.q, module.k, module.v)])
+                qkv_b = torch.cat([_bias(p).detach() for p in (module.q, module.k, module.v)])
                 self.register_buffer(f"qkv_weight_{_key(name)}", qkv_w, persistent=False)
                 self.register_buffer(f"qkv_bias_{_key(name)}", qkv_b, persistent=False)
 
@@ -128,17 +145,21 @@ class FusedVQGANEncoder(nn.Module):
         return value.tensor if value.residual is None else value.tensor + value.residual
 
     @staticmethod
-    def _norm(
-        norm: nn.GroupNorm, value: _Pending, silu: bool = True, keep_sum: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(act(norm(v)), v or None)`` of the pending value v, its adds done inside the fused norm."""
+    def _norm(norm: nn.GroupNorm, value: _Pending, silu: bool = True) -> torch.Tensor:
+        """``act(norm(v))`` of the pending value v, its adds done inside the fused norm."""
         args = (norm.weight, norm.bias, norm.num_groups, norm.eps, silu)
         if value.bias is None and value.residual is None:
+            return kernels.group_norm(value.tensor, *args)
+        out = kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias)
+        return out[0] if isinstance(out, tuple) else out
+
+    @staticmethod
+    def _norm_and_sum(norm: nn.GroupNorm, value: _Pending) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(act(norm(v)), v)`` of the pending value v: the fused norm does its adds and writes v for the shortcut."""
+        args = (norm.weight, norm.bias, norm.num_groups, norm.eps, True)
+        if value.bias is None and value.residual is None:
             return kernels.group_norm(value.tensor, *args), value.tensor
-        out = kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias, return_sum=keep_sum)
-        if isinstance(out, tuple):
-            return out[0], (out[1] if keep_sum else None)
-        return out, None
+        return kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias, return_sum=True)
 
     @staticmethod
     def _conv3x3(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -146,9 +167,9 @@ class FusedVQGANEncoder(nn.Module):
 
     def _resnet(self, block: ResnetBlock, value: _Pending) -> _Pending:
         """The block's output as ``(conv2 out, conv2 bias, shortcut)``: nothing summed yet."""
-        h, shortcut = self._norm(block.norm1, value, keep_sum=True)
+        h, shortcut = self._norm_and_sum(block.norm1, value)
         h = self._conv3x3(h, block.conv1)
-        h, _ = self._norm(block.norm2, _Pending(h, block.conv1.bias))
+        h = self._norm(block.norm2, _Pending(h, block.conv1.bias))
         h = self._conv3x3(h, block.conv2)
         if block.in_channels != block.out_channels:
             shortcut = pointwise_conv(shortcut, block.nin_shortcut.weight, block.nin_shortcut.bias)
@@ -164,8 +185,8 @@ class FusedVQGANEncoder(nn.Module):
         out = F.linear(attention(q, k, v), block.proj_out.weight.flatten(1), block.proj_out.bias)
         return x + out.view(b, h, w, c).permute(0, 3, 1, 2)
 
-    def _downsample(self, index: int, level: nn.Module, x: torch.Tensor) -> _Pending:
-        conv = level.downsample.conv
+    def _downsample(self, index: int, downsample: Downsample, x: torch.Tensor) -> _Pending:
+        conv = downsample.conv
         if self.downsample_4x4:
             return _Pending(F.conv2d(x, getattr(self, f"downsample_weight_{index}"), None, 2, 1), conv.bias)
         return _Pending(F.conv2d(F.pad(x, (0, 1, 0, 1)), conv.weight, None, 2, 0), conv.bias)
@@ -194,10 +215,10 @@ class FusedVQGANEncoder(nn.Module):
                 value = self._resnet(block, value)
                 if len(level.attn):
                     value = _Pending(self._attention(f"down.{index}.attn.{i}", level.attn[i], self._materialise(value)))
-            if hasattr(level, "downsample"):
-                value = self._downsample(index, level, self._materialise(value))
+            if level.downsample is not None:
+                value = self._downsample(index, level.downsample, self._materialise(value))
         value = self._resnet(self.mid.block_1, value)
         value = _Pending(self._attention("mid.attn_1", self.mid.attn_1, self._materialise(value)))
         value = self._resnet(self.mid.block_2, value)
-        h, _ = self._norm(self.norm_out, value)
-        return kernels.bias_add(self._conv3x3(h, self.conv_out), self.conv_out.bias)
+        h = self._norm(self.norm_out, value)
+        return kernels.bias_add(self._conv3x3(h, self.conv_out), _bias(self.conv_out))
