@@ -23,6 +23,7 @@ from procap.core.errors import ProCapError
 from procap.kernels import fp8
 from procap.kernels.attention import resolve_backend
 from procap.model.decoding import DecodingStrategy, Greedy
+from procap.model.fused_form import FusedChoice
 
 DEVICE_TYPES = ("cpu", "cuda")  # the device types whose configuration the Captioner knows
 GREEDY = Greedy()
@@ -197,8 +198,10 @@ def check_fp8_choices(
         raise ProCapError("kv_cache_dtype='fp8' is a cache of the fused decoding step; leave fused_decoder on.")
 
 
-def fp8_decoder_choice(fused_decoder: bool, kv_cache_dtype: torch.dtype | None) -> bool | dict[str, object]:
-    """The decoder's :meth:`~procap.model.procap.ProCap.use_fused` choice: with an FP8 cache, its option."""
-    if kv_cache_dtype is None or not fused_decoder:
+def fp8_decoder_choice(fused_decoder: FusedChoice, kv_cache_dtype: torch.dtype | None) -> FusedChoice:
+    """The decoder's :meth:`~procap.model.procap.ProCap.use_fused` choice: the caller's (True, False or its options),
+    with an FP8 cache its ``kv_cache_dtype`` option added (the readable decoder keeps no such cache)."""
+    if kv_cache_dtype is None or fused_decoder is False:
         return fused_decoder
-    return {"kv_cache_dtype": kv_cache_dtype}
+    options = {} if fused_decoder is True else dict(fused_decoder)
+    return {**options, "kv_cache_dtype": kv_cache_dtype}

@@ -154,3 +154,14 @@ def test_fp8_linear_has_no_backward():
     with torch.no_grad():
         dequantised = fp8.dequantize(layer.weight_e4m3)
         torch.testing.assert_close(layer(x), F.linear(x, dequantised, layer.bias), rtol=0.05, atol=0.05)
+
+
+def test_an_fp8_cache_keeps_the_callers_other_decoder_options():
+    """Captioner(fused_decoder={"logits_pick": True}, kv_cache_dtype="fp8") asks the decoder for both."""
+    from procap.fast.settings import fp8_decoder_choice
+    from procap.kernels import fp8
+
+    assert fp8_decoder_choice({"logits_pick": True}, fp8.E4M3) == {"logits_pick": True, "kv_cache_dtype": fp8.E4M3}
+    assert fp8_decoder_choice(True, fp8.E4M3) == {"kv_cache_dtype": fp8.E4M3}
+    assert fp8_decoder_choice(False, fp8.E4M3) is False  # the readable decoder keeps no such cache
+    assert fp8_decoder_choice({"logits_pick": True}, None) == {"logits_pick": True}
