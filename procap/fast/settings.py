@@ -113,6 +113,36 @@ def resolve_settings(
         ProCapError: a combination that cannot run, in one sentence naming the arguments.
     """
     configured = configured_type(device, configure_as)
+    use_graphs, pad_to_bucket, capture_memory = _capture_choices(
+        device, configured, strategy, use_graphs, pad_to_bucket, capture_memory
+    )
+    backend = resolve_backend(attention_backend, device, dtype)
+    cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+    fp8_gemm = resolve_fp8_gemm(device, dtype, precision, fp8_wanted=cache_dtype is not None)
+    return Settings(
+        configured_as=configured,
+        dtype=dtype,
+        use_graphs=use_graphs,
+        pad_to_bucket=pad_to_bucket,
+        capture_memory=capture_memory,
+        channels_last=configured == "cuda" if channels_last is None else bool(channels_last),
+        backend=backend,
+        strategy=strategy,
+        precision=precision,
+        fp8_gemm=fp8_gemm if precision == "fp8" else None,
+        kv_cache_dtype=cache_dtype,
+    )
+
+
+def _capture_choices(
+    device: torch.device,
+    configured: str,
+    strategy: DecodingStrategy,
+    use_graphs: bool | None,
+    pad_to_bucket: bool | None,
+    capture_memory: bool | None,
+) -> tuple[bool, bool, bool]:
+    """``(use_graphs, pad_to_bucket, capture_memory)`` resolved by :func:`resolve_settings`'s rules."""
     eager = not strategy.captured_step
     if eager and (use_graphs or capture_memory):
         flag = "use_graphs" if use_graphs else "capture_memory"
@@ -132,22 +162,7 @@ def resolve_settings(
         pad_to_bucket = use_graphs or capture_memory
     if capture_memory and not pad_to_bucket:
         raise ProCapError("capture_memory=True needs pad_to_bucket (static input buffers have bucket shapes).")
-    backend = resolve_backend(attention_backend, device, dtype)
-    cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype)
-    fp8_gemm = resolve_fp8_gemm(device, dtype, precision, fp8_wanted=cache_dtype is not None)
-    return Settings(
-        configured_as=configured,
-        dtype=dtype,
-        use_graphs=bool(use_graphs),
-        pad_to_bucket=bool(pad_to_bucket),
-        capture_memory=bool(capture_memory),
-        channels_last=configured == "cuda" if channels_last is None else bool(channels_last),
-        backend=backend,
-        strategy=strategy,
-        precision=precision,
-        fp8_gemm=fp8_gemm if precision == "fp8" else None,
-        kv_cache_dtype=cache_dtype,
-    )
+    return bool(use_graphs), bool(pad_to_bucket), bool(capture_memory)
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str | torch.dtype | None) -> torch.dtype | None:
