@@ -1,4 +1,5 @@
-"""The README's `prepare` / `evaluate` / `score` block runs as written (flags given or working defaults).
+"""The `prepare` / `evaluate` / `score` block of docs/commands.md (the command reference the README points to) runs as
+written (flags given or working defaults), and the README says what a newcomer needs said.
 
 The block assumes the output of `procap demo --quick --out runs/demo`; a tiny stand-in with the same layout (the
 synthetic benchmark at 16 px, a one-layer model and a small VQGAN) takes its place, so the commands run in seconds.
@@ -14,7 +15,9 @@ import pytest
 
 from procap.commands.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+COMMANDS_DOC = ROOT / "docs" / "commands.md"
 TINY_MODEL = {
     "max_caption_len": 8,
     "num_keyframes": 1,
@@ -33,11 +36,11 @@ def _tiny_vqgan():
     return small_vqgan_config(resolution=16, ch_mult=(1, 2), attn_resolutions=(), embed_dim=8, n_embed=32)
 
 
-def _readme_block() -> list[list[str]]:
-    """The argv of every `procap` line in the README block that follows 'these run as written'."""
-    text = README.read_text(encoding="utf-8")
+def _after_demo_block() -> list[list[str]]:
+    """The argv of every `procap` line in docs/commands.md's block that follows 'these run as written'."""
+    text = COMMANDS_DOC.read_text(encoding="utf-8")
     match = re.search(r"these run as written.*?```bash\n(.*?)```", text, flags=re.DOTALL)
-    assert match, "README lost the block of commands that run as written after the quick demo"
+    assert match, "docs/commands.md lost the block of commands that run as written after the quick demo"
     lines = [line.split("#")[0].strip() for line in match.group(1).splitlines()]
     return [shlex.split(line)[1:] for line in lines if line.startswith("procap ")]
 
@@ -60,8 +63,8 @@ def _demo_layout(root: Path) -> None:
     save_vqgan(demo / "vqgan" / "vqgan.safetensors", model.vqgan)
 
 
-def test_the_readme_block_runs_as_written(tmp_path, monkeypatch, capsys):
-    commands = _readme_block()
+def test_the_after_demo_block_runs_as_written(tmp_path, monkeypatch, capsys):
+    commands = _after_demo_block()
     assert [argv[0] for argv in commands] == ["prepare", "evaluate", "score", "score"]  # --dataset, then --refs
     _demo_layout(tmp_path)
     monkeypatch.chdir(tmp_path)
