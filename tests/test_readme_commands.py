@@ -7,6 +7,7 @@ synthetic benchmark at 16 px, a one-layer model and a small VQGAN) takes its pla
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -74,6 +75,23 @@ def test_the_after_demo_block_runs_as_written(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "cache" / "sc_videos.h5").is_file()
     assert (tmp_path / "runs" / "eval" / "results.json").is_file()
     assert (tmp_path / "runs" / "eval" / "references.json").is_file()  # written by evaluate, read by score --refs
+
+    # docs/pretrained.md's example saves the demo's model with the scores this evaluation wrote
+    exec(compile(_pretrained_save_example(), "docs/pretrained.md", "exec"), {})  # noqa: S102 - the repository's own docs, under test
+    card = (tmp_path / "procap-synthetic-demo" / "README.md").read_text(encoding="utf-8")
+    scores = json.loads((tmp_path / "runs" / "eval" / "metrics.json").read_text(encoding="utf-8"))["metrics"]
+    assert f"| CIDEr | {scores['CIDEr']:.4g} |" in card
+    assert "synthetic CLEVR-Change (procap synth)." in card
+
+
+def _pretrained_save_example() -> str:
+    """docs/pretrained.md's first Python block up to its Hub upload (the lines that run offline)."""
+    text = (ROOT / "docs" / "pretrained.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert block, "docs/pretrained.md lost its save_pretrained example"
+    lines = block.group(1).splitlines()
+    upload = next(i for i, line in enumerate(lines) if ".push_to_hub(" in line)
+    return "\n".join(lines[:upload])
 
 
 @pytest.mark.parametrize("phrase", ["download.pytorch.org/whl/cpu"])
