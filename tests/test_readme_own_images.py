@@ -1,8 +1,9 @@
 """The README's "Caption your own images" commands run as written, on stand-ins.
 
-Route (a)'s `procap demo --quick` is only parsed (it trains for minutes): a small 64 px model recorded as trained on
-the synthetic benchmark takes the place of its checkpoint, in the folder the demo writes. Route (b) converts the
-authors' own reduced-size checkpoint (`tests/convert/data/clevr_like`), copied to the paths the README names.
+Route (a) captions with the checkpoint the set-up's `procap demo --quick` already wrote (it must not train the demo
+again): a small 64 px model recorded as trained on the synthetic benchmark takes its place, at the path the demo's
+default `--out` gives it. Route (b) converts the authors' own reduced-size checkpoint
+(`tests/convert/data/clevr_like`), copied to the paths the README names.
 """
 
 from __future__ import annotations
@@ -72,12 +73,14 @@ def test_caption_your_own_images_runs_as_written(tmp_path, monkeypatch, capsys):
     from tests.support import AUTHORS_CHECKPOINT, AUTHORS_VOCAB, authors_image_paths
 
     commands = _section_commands()
-    assert [argv[0] for argv in commands] == ["demo", "synth", "caption", "caption", "convert", "caption"]
-    demo, synth, scenes, photos, convert, own = commands
+    assert [argv[0] for argv in commands] == ["synth", "caption", "caption", "convert", "caption"]
+    synth, scenes, photos, convert, own = commands
     monkeypatch.chdir(tmp_path)
 
-    build_parser().parse_args(demo)  # the demo's line is a valid command; its checkpoint is stood in for
-    assert "--quick" in demo and demo[demo.index("--out") + 1] == "runs/demo"
+    # the checkpoint route (a) reads is the one `procap demo --quick` writes with its default --out
+    demo_out = build_parser().parse_args(["demo", "--quick"]).out
+    for caption in (scenes, photos):
+        assert caption[caption.index("--ckpt") + 1] == f"{demo_out}/procap/best.safetensors"
     _demo_stand_in(tmp_path)
     _run(synth, capsys)
     assert _run(scenes, capsys) == ""  # 64 x 64 synthetic scenes: in domain, nothing said
@@ -106,7 +109,17 @@ def test_caption_your_own_images_runs_as_written(tmp_path, monkeypatch, capsys):
     assert _run(own, capsys) == ""
 
 
+def _section_text() -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n## Caption your own images\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
 @pytest.mark.parametrize("phrase", ["BlueberryOreo/ProCap", "OutOfDomainWarning", "trained_on"])
 def test_the_section_says_where_and_what(phrase):
-    text = README.read_text(encoding="utf-8")
-    assert phrase in text[text.index("## Caption your own images") : text.index("## Pretrained models")]
+    assert phrase in _section_text()
+
+
+def test_the_section_does_not_train_the_demo_again():
+    # the newcomer has just run the quick demo: a second `procap demo` would replace its runs and take minutes
+    assert "procap demo" not in _section_text()

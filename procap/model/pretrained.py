@@ -199,7 +199,7 @@ def model_card(model: CheckpointedModel, vocab_size: int, info: dict[str, Any], 
     dataset id (``owner/name``), since procap's loader names (``clevr-change``) are not; a licence of ``other``
     (the authors' converted weights) comes with the ``license_name`` and ``license_link`` the Hub asks for.
     ``library_name: procap`` is not a library the Hub knows (none it knows loads these folders, and naming one would
-    show a snippet that fails; README, "Pretrained models"), so the usage snippet is the card's own, which
+    show a snippet that fails; docs/pretrained.md), so the usage snippet is the card's own, which
     ``tests/test_hub.py`` runs as written; it also reads the card back through ``huggingface_hub.ModelCard``.
     """
     dataset = info.get("dataset")

@@ -1,4 +1,4 @@
-"""The README's preset table against the presets themselves: layers, widths, latents and every parameter count, so a
+"""docs/model.md's preset table against the presets themselves: layers, widths, latents and every parameter count, so a
 changed preset fails here until the table is regenerated from ``procap info``."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import torch
 from procap.core.config import PRESETS, get_preset
 from procap.model.procap import ProCap, count_parameters
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODEL_DOC = Path(__file__).resolve().parents[1] / "docs" / "model.md"
 ROW = re.compile(
     r"^\| `(?P<name>[a-z0-9-]+)` \| (?P<k>\d+) \| (?P<encoder>[^|]+) \| (?P<decoder>[^|]+) \| (?P<vqgan>[^|]+) \| (?P<total>[^|]+) \|$"
 )
 
 
 def preset_rows() -> dict[str, dict[str, str]]:
-    text = README.read_text(encoding="utf-8")
+    text = MODEL_DOC.read_text(encoding="utf-8")
     table = text[text.index("| preset | k | encoder | decoder | VQGAN | total parameters |") :].split("\n\n")[0]
     return {m["name"]: m.groupdict() for m in map(ROW.match, table.splitlines()) if m}
 
