@@ -107,6 +107,33 @@ def pair_hits(figure: str, predictions: Mapping[str, str], truths: Mapping[str, 
     return {i: _right(figure, predictions[i], t) for i, t in truths.items() if i in predictions and _counts(figure, t)}
 
 
+def _checked_hits(
+    figure: str,
+    terms: Sequence[tuple[float, Sequence[Mapping[str, str]]]],
+    truths: Mapping[str, PairTruth],
+    counts: list[int],
+    resamples: int,
+    level: float,
+) -> tuple[list[list[dict[str, bool]]], list[str]]:
+    """:func:`paired_contrast`'s arguments checked, and each model's and seed's hits with the pair ids they share."""
+    if len(terms) < 2 or not counts[0] or len(set(counts)) != 1:
+        raise ProCapError(
+            f"a contrast needs two or more models with one prediction set per seed, the same number of each; got "
+            f"{counts}."
+        )
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ProCapError(f"resamples must be between 1 and {MAX_RESAMPLES:,}, got {resamples}.")
+    if not 0.0 < level < 1.0:
+        raise ProCapError(f"level must be in (0, 1), got {level}.")
+    hits = [[pair_hits(figure, p, truths) for p in predictions] for _, predictions in terms]
+    ids = sorted(hits[0][0])
+    if not ids:
+        raise ProCapError(f"no test pair counts for {figure!r}: the predictions cover none of the truths' pairs.")
+    if any(sorted(h) != ids for per_model in hits for h in per_model):
+        raise ProCapError("the models' predictions must cover the same test pairs in every seed.")
+    return hits, ids
+
+
 def paired_contrast(
     figure: str,
     terms: Sequence[tuple[float, Sequence[Mapping[str, str]]]],
@@ -141,21 +168,7 @@ def paired_contrast(
             sets that do not cover the same pairs, or a resample count or level out of range.
     """
     counts = [len(predictions) for _, predictions in terms]
-    if len(terms) < 2 or not counts[0] or len(set(counts)) != 1:
-        raise ProCapError(
-            f"a contrast needs two or more models with one prediction set per seed, the same number of each; got "
-            f"{counts}."
-        )
-    if not 1 <= resamples <= MAX_RESAMPLES:
-        raise ProCapError(f"resamples must be between 1 and {MAX_RESAMPLES:,}, got {resamples}.")
-    if not 0.0 < level < 1.0:
-        raise ProCapError(f"level must be in (0, 1), got {level}.")
-    hits = [[pair_hits(figure, p, truths) for p in predictions] for _, predictions in terms]
-    ids = sorted(hits[0][0])
-    if not ids:
-        raise ProCapError(f"no test pair counts for {figure!r}: the predictions cover none of the truths' pairs.")
-    if any(sorted(h) != ids for per_model in hits for h in per_model):
-        raise ProCapError("the models' predictions must cover the same test pairs in every seed.")
+    hits, ids = _checked_hits(figure, terms, truths, counts, resamples, level)
     weights = [weight for weight, _ in terms]
     seeds = range(counts[0])
 
