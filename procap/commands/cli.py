@@ -19,7 +19,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import NoReturn, Protocol, TextIO, cast
 
 from procap._version import __version__
 from procap.core.errors import ProCapError, ProCapWarning
@@ -48,12 +48,25 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _available_commands() -> dict[str, object]:
-    modules = {}
+class Command(Protocol):
+    """What the parser takes of a command: a command module, or what a module's ``subcommand(name)`` returns."""
+
+    @property
+    def HELP(self) -> str: ...
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _available_commands() -> dict[str, Command]:
+    modules: dict[str, Command] = {}
     for name, module_name in COMMANDS.items():
         try:
             module = importlib.import_module(f"procap.commands.{module_name}")
-            modules[name] = module.subcommand(name) if hasattr(module, "subcommand") else module
+            # An imported module is typed ModuleType; every module named in COMMANDS keeps the contract of this
+            # module's docstring (tests/commands/test_help_lines.py builds every parser, each command's tests run it).
+            modules[name] = cast(Command, module.subcommand(name) if hasattr(module, "subcommand") else module)
         except ModuleNotFoundError as exc:
             if exc.name != f"procap.commands.{module_name}":
                 raise
@@ -63,7 +76,7 @@ def _available_commands() -> dict[str, object]:
 class OneLineParser(argparse.ArgumentParser):
     """argparse with usage errors on one line (``procap train: error: ...``), exit code 2, like every other error."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

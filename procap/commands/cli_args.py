@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -259,7 +260,7 @@ def add_keyframes_argument(
 RUN_FACTS = ("data_parallel",)
 
 # Allowed ranges of the numeric flags (keyword arguments of procap.core.validate.number); absent flags are not checked.
-FLAG_BOUNDS: dict[str, dict[str, float]] = {
+FLAG_BOUNDS: dict[str, Mapping[str, float]] = {
     **INTEGER_BOUNDS,  # the integers' ranges are TrainConfig's (steps, epochs, --grad-accum, ... with their ceilings)
     "dist_timeout": {"above": 0},
     "lr": {"above": 0},

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str] | None, str]:
+def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str | None] | None, str]:
     """(id -> references, id -> change type or None, how messages name the source)."""
     from procap.eval.metrics import read_references
 
@@ -70,7 +70,7 @@ def _references(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[st
     from procap.data import load_split
 
     pairs = load_split(args.dataset, args.root, args.split)
-    types = {p.id: p.change_type for p in pairs if p.change_type is not None}
+    types: dict[str, str | None] = {p.id: p.change_type for p in pairs if p.change_type is not None}
     return {p.id: list(p.captions) for p in pairs}, types or None, f"the {args.split} split of {args.root}"
 
 
@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         except ProCapError as exc:
             raise ProCapError(f"change-type file {args.types}: {exc}") from None
     _check_ids(predictions, references, args.pred, source)
-    if args.types:  # an id without a type was counted in the total and in no group of the breakdown, silently
+    # an id without a type was counted in the total and in no group of the breakdown, silently
+    if args.types and types is not None:
         untyped = [key for key in predictions if key not in types]
         if untyped:
             raise ProCapError(

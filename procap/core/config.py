@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,25 @@ class VQGANConfig:
         return self.resolution // self.downsample_factor
 
 
+def _floats(values: Iterable[float], count: int, name: str) -> tuple[float, ...]:
+    """``values`` as a tuple of ``count`` floats: JSON round trips (checkpoint metadata) turn tuples into lists,
+    and a config read back must compare equal to the one written."""
+    floats = tuple(float(v) for v in values)
+    if len(floats) != count:
+        raise ValueError(f"{name} must be {count} numbers, got {floats}")
+    return floats
+
+
+def _two_floats(values: Iterable[float], name: str) -> tuple[float, float]:
+    low, high = _floats(values, 2, name)
+    return low, high
+
+
+def _four_floats(values: Iterable[float], name: str) -> tuple[float, float, float, float]:
+    first, second, third, fourth = _floats(values, 4, name)
+    return first, second, third, fourth
+
+
 @dataclass
 class MaskingConfig:
     """Multi-granularity masking (paper Appendix C). Probabilities are over MASKING_SCHEMES in order."""
@@ -94,12 +114,11 @@ class MaskingConfig:
     block_aspect_range: tuple[float, float] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
-        # JSON round trips (checkpoint metadata) turn tuples into lists; keep configs comparable.
-        self.scheme_probs = tuple(float(p) for p in self.scheme_probs)
-        self.patch_prob_range = tuple(float(p) for p in self.patch_prob_range)
-        self.block_area_range = tuple(float(p) for p in self.block_area_range)
-        self.block_aspect_range = tuple(float(p) for p in self.block_aspect_range)
-        if len(self.scheme_probs) != len(MASKING_SCHEMES) or abs(sum(self.scheme_probs) - 1.0) > 1e-6:
+        self.scheme_probs = _four_floats(self.scheme_probs, "masking scheme_probs")
+        self.patch_prob_range = _two_floats(self.patch_prob_range, "masking patch_prob_range")
+        self.block_area_range = _two_floats(self.block_area_range, "masking block_area_range")
+        self.block_aspect_range = _two_floats(self.block_aspect_range, "masking block_aspect_range")
+        if abs(sum(self.scheme_probs) - 1.0) > 1e-6:
             raise ValueError(f"masking scheme_probs must be 4 probabilities summing to 1, got {self.scheme_probs}")
 
 
@@ -304,7 +323,7 @@ class ProCapConfig:
             self.departures = Departures(**self.departures)
         if isinstance(self.authors, dict):
             self.authors = AuthorsVariant(**self.authors)
-        self.negative_probs = tuple(float(p) for p in self.negative_probs)
+        self.negative_probs = _four_floats(self.negative_probs, "negative_probs")
         if self.enc_dim % self.enc_heads or self.dec_dim % self.dec_heads:
             raise ValueError("enc_dim/dec_dim must be divisible by enc_heads/dec_heads")
         if self.num_keyframes < 0 or self.num_keyframes > self.num_generated_frames:
@@ -519,19 +538,21 @@ def _check_fields(cls: type, values: dict[str, Any], prefix: str) -> None:
         value = values.get(name, low)
         if not _is_number(value, int) or not low <= value <= high:
             raise ValueError(f"{prefix}{name} must be an integer in [{low}, {high}], got {value!r:.40}")
-    for name, (low, high) in _FLOAT_BOUNDS.get(cls, {}).items():
-        value = values.get(name, low)
-        if not _is_number(value, float) or not low <= value <= high:
-            raise ValueError(f"{prefix}{name} must be a number in [{low:g}, {high:g}], got {value!r:.40}")
-    for name, (kind, shortest, longest, low, high) in _TUPLE_BOUNDS.get(cls, {}).items():
-        value = values.get(name, (low,) * shortest)
+    for name, (lowest, highest) in _FLOAT_BOUNDS.get(cls, {}).items():
+        number = values.get(name, lowest)
+        if not _is_number(number, float) or not lowest <= number <= highest:
+            raise ValueError(f"{prefix}{name} must be a number in [{lowest:g}, {highest:g}], got {number!r:.40}")
+    for name, (kind, shortest, longest, item_low, item_high) in _TUPLE_BOUNDS.get(cls, {}).items():
+        items = values.get(name, (item_low,) * shortest)
         if (
-            not isinstance(value, (tuple, list))
-            or not shortest <= len(value) <= longest
-            or not all(_is_number(v, kind) and low <= v <= high for v in value)
+            not isinstance(items, (tuple, list))
+            or not shortest <= len(items) <= longest
+            or not all(_is_number(v, kind) and item_low <= v <= item_high for v in items)
         ):
             count = shortest if shortest == longest else f"{shortest} to {longest}"
-            raise ValueError(f"{prefix}{name} must be {count} numbers in [{low:g}, {high:g}], got {value!r:.60}")
+            raise ValueError(
+                f"{prefix}{name} must be {count} numbers in [{item_low:g}, {item_high:g}], got {items!r:.60}"
+            )
 
 
 def check_config(config: VQGANConfig | ProCapConfig) -> None:

@@ -38,10 +38,10 @@ from procap.core.errors import ProCapError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; outputs there are not guarded
+if sys.platform == "win32":  # no flock: outputs there are not guarded
     fcntl = None
+else:
+    import fcntl
 
 
 class OutputError(OSError):
@@ -374,8 +374,8 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        for signum in dict.fromkeys(received):
-            signal.raise_signal(signum)
+        for pending in dict.fromkeys(received):
+            signal.raise_signal(pending)
 
 
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)

@@ -120,7 +120,7 @@ def hub_offline() -> bool:
 def download(
     hub: HubPath,
     what: str = "checkpoint",
-    cache_dir: str | Path | None = None,
+    cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
     *,
     token: str | bool | None = None,
@@ -242,10 +242,10 @@ class PretrainedSource:
 
 
 def resolve_checkpoint(
-    value: str | Path,
+    value: str | os.PathLike,
     what: str = "--ckpt",
     revision: str | None = None,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
     allow_repo_id: bool = False,
     *,

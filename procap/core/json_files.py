@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Hashable
+from types import ModuleType
 from typing import Any
 
 from procap.core.errors import ProCapError, shown
@@ -228,8 +229,19 @@ def parse_yaml(text: str | bytes, source: str) -> Any:
         text = decode_text(bytes(text), source)
 
     yaml = require("yaml", f"reading {source}")
+    try:
+        return yaml.load(text, Loader=_unique_key_loader(yaml, source))  # a SafeLoader subclass: safe types only
+    except yaml.YAMLError as exc:
+        raise ProCapError(f"{source} is not readable YAML ({' '.join(str(exc).split())}).") from None
+    except RecursionError:
+        raise ProCapError(f"{source} is nested too deeply to be read as YAML.") from None
 
-    class UniqueKeyLoader(yaml.SafeLoader):
+
+def _unique_key_loader(yaml: ModuleType, source: str) -> type:
+    """PyYAML's SafeLoader refusing what :func:`parse_yaml` refuses, naming ``source`` in its errors."""
+    safe_loader: Any = yaml.SafeLoader  # PyYAML ships no type information: to mypy its classes are Any
+
+    class UniqueKeyLoader(safe_loader):
         """SafeLoader whose mappings refuse a repeated key (PyYAML has no such option)."""
 
         def construct_mapping(self, node, deep=False):
@@ -249,9 +261,4 @@ def parse_yaml(text: str | bytes, source: str) -> Any:
             _refuse_alias_bombs(node, source)  # before a value is built
             return super().construct_document(node)
 
-    try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: safe types only
-    except yaml.YAMLError as exc:
-        raise ProCapError(f"{source} is not readable YAML ({' '.join(str(exc).split())}).") from None
-    except RecursionError:
-        raise ProCapError(f"{source} is nested too deeply to be read as YAML.") from None
+    return UniqueKeyLoader

@@ -319,7 +319,7 @@ def keyframe_count(value: object, name: str, frames: int | None = None) -> int |
     """
     if value is None:
         return None
-    integer(value, name, **KEYFRAME_BOUNDS)
-    if frames is not None and value > frames:
-        raise ProCapError(f"{name} must be at most l = {frames} (the procedure's frames), got {value}.")
-    return value
+    count = integer(value, name, **KEYFRAME_BOUNDS)
+    if frames is not None and count > frames:
+        raise ProCapError(f"{name} must be at most l = {frames} (the procedure's frames), got {count}.")
+    return count

@@ -276,7 +276,7 @@ def _far_pair(number: int, pair: PairFacts, synthetic: bool, references: Sequenc
     for size, camera in (pair.before, pair.after):
         if synthetic and camera:
             reason = f"taken with {'an' if camera[0] in 'AEIOUaeiou' else 'a'} {camera}"  # a photograph
-        elif _far(size, references):
+        elif size is not None and _far(size, references):
             reason = f"{size[0]} x {size[1]} px"
             sizes.append(size)
         else:

@@ -85,7 +85,7 @@ def to_tensor(image: Image.Image, size: int, what: str = "image") -> torch.Tenso
     require_pixels(image.width, image.height, what)
     image = _to_8bit(upright(image)).convert("RGB")
     if image.size != (size, size):
-        image = image.resize((size, size), Image.BICUBIC)
+        image = image.resize((size, size), Image.Resampling.BICUBIC)
     array = np.asarray(image, dtype=np.uint8)
     return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
 

@@ -62,31 +62,41 @@ def read_rows(
         raise ProCapError(f"{source} is not UTF-8 text ({exc}).") from None
     if not text.strip():
         return []
-    rows: list[tuple[int, dict[str, Any]]] = []
-    if suffix == ".csv":
-        try:
-            reader = csv.DictReader(io.StringIO(text, newline=""))
-            missing = [column for column in columns if column not in (reader.fieldnames or [])]
-            if missing:
-                raise ProCapError(
-                    f"{source} has no {' or '.join(missing)} column in its header line (it needs "
-                    f"{' and '.join(repr(column) for column in columns)} columns)."
-                )
-            for row in reader:
-                if None in row:  # DictReader keeps the fields past the header's under None
-                    raise ProCapError(f"{source} line {reader.line_num} has more fields than its header line.")
-                rows.append((reader.line_num, row))
-        except csv.Error as exc:
-            raise ProCapError(f"{source} is not a readable CSV file ({exc}).") from None
-    else:
-        for number, row in json_lines(text, source):  # a key given twice is refused too
-            if not isinstance(row, dict):
-                raise ProCapError(f"{source} line {number} is not a JSON object with {' and '.join(columns)} keys.")
-            rows.append((number, row))
+    rows = _csv_rows(text, source, columns) if suffix == ".csv" else _json_lines_rows(text, source, columns)
     for number, row in rows:
         for column in columns:
             if not isinstance(row.get(column), str):
                 raise ProCapError(f"{source} line {number} gives no {column}.")
+    return rows
+
+
+def _csv_rows(text: str, source: str, columns: Sequence[str]) -> list[tuple[int, dict[str, Any]]]:
+    """The rows of CSV ``text`` whose header line names ``columns`` (:func:`read_rows`)."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [column for column in columns if column not in (reader.fieldnames or [])]
+        if missing:
+            raise ProCapError(
+                f"{source} has no {' or '.join(missing)} column in its header line (it needs "
+                f"{' and '.join(repr(column) for column in columns)} columns)."
+            )
+        for row in reader:
+            if None in row:  # DictReader keeps the fields past the header's under None
+                raise ProCapError(f"{source} line {reader.line_num} has more fields than its header line.")
+            rows.append((reader.line_num, row))
+    except csv.Error as exc:
+        raise ProCapError(f"{source} is not a readable CSV file ({exc}).") from None
+    return rows
+
+
+def _json_lines_rows(text: str, source: str, columns: Sequence[str]) -> list[tuple[int, dict[str, Any]]]:
+    """The rows of JSON Lines ``text``, one object a line (:func:`read_rows`)."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for number, row in json_lines(text, source):  # a key given twice is refused too
+        if not isinstance(row, dict):
+            raise ProCapError(f"{source} line {number} is not a JSON object with {' and '.join(columns)} keys.")
+        rows.append((number, row))
     return rows
 
 
@@ -103,7 +113,8 @@ def read_pair_list(path: str | os.PathLike, flag: str = "--pairs") -> list[tuple
         raise ProCapError(f"{flag} {path} must be a .csv or .jsonl file, not {suffix or 'a file without suffix'}.")
     # refused from its size when larger than a pair list can be
     rows = read_rows(read_bytes(path, flag), suffix, f"{flag} {path}", SIDES)
-    pairs, lines_of = [], {}
+    pairs: list[tuple[Path, Path]] = []
+    lines_of: dict[tuple[str, str], int] = {}  # the line that first listed each pair
     for number, row in rows:
         images = []
         for side in SIDES:

@@ -168,7 +168,7 @@ def _place(rng: random.Random, size: str, others: list[dict[str, Any]], away_fro
 def _new_object(rng: random.Random, others: list[dict[str, Any]]) -> dict[str, Any] | None:
     taken = {_attributes(o) for o in others}
     for _ in range(50):
-        obj = {
+        obj: dict[str, Any] = {
             "shape": rng.choice(SHAPES),
             "color": rng.choice(sorted(COLORS)),
             "size": rng.choice(sorted(SIZES)),
@@ -241,7 +241,7 @@ def make_scene(index: int, seed: int, kind: str | None = None, viewpoint: str = 
         if change is not None:
             break
     view = View(light=round(-2.3 + rng.uniform(-0.2, 0.2), 4))
-    scene = {
+    scene: dict[str, Any] = {
         "index": index,
         "objects": objects,
         "change": change,

@@ -167,7 +167,9 @@ class Clock:
     """Wall-clock per phase, printed as the demo goes."""
 
     def __init__(self, verbose: bool = True) -> None:
-        self.start, self.phases, self.verbose = time.perf_counter(), {}, verbose
+        self.start = time.perf_counter()
+        self.phases: dict[str, float] = {}  # seconds per phase name
+        self.verbose = verbose
 
     def phase(self, name: str, message: str) -> None:
         self._t = time.perf_counter()
@@ -661,7 +663,8 @@ def pick_samples(pairs: list, count: int) -> list:
     by_type: dict[str, list] = {}
     for pair in pairs:
         by_type.setdefault(pair.change_type or "pair", []).append(pair)
-    chosen, depth = [], 0
+    chosen: list = []
+    depth = 0
     while len(chosen) < min(count, len(pairs)):
         for members in by_type.values():
             if depth < len(members) and len(chosen) < count:
@@ -860,10 +863,14 @@ class SideBySideMonitor:
         the demo's adds this seed's evaluation (``evaluate_s``: as long as an earlier seed's, 0 before one was
         measured) and each later seed at this one's length.
         """
-        parts, left, waiting = [], [], []
+        parts: list[str] = []
+        left: list[tuple[float, float]] = []  # (seconds left, steps per second) of each run with a measured rate
+        waiting: list[int] = []  # the steps of each run not started
         now = time.time()
         for name, _ in MODELS:
             cfg = self.configs[name]
+            steps = cfg.steps
+            assert steps is not None  # stage_configs gives every run of the demo its steps
             if name in self.done:
                 parts.append(f"{name} done")
                 continue
@@ -871,14 +878,14 @@ class SideBySideMonitor:
             record = _last_step(log) if log else None
             if record is None:
                 parts.append(f"{name} {'starting' if log else 'waiting'}")
-                waiting.append(cfg.steps)
+                waiting.append(steps)
                 continue
             self.first_seen.setdefault(name, now)
             rate = float(record["items_per_s"]) / max(1, (cfg.batch_size or 1) * cfg.grad_accum)
             wall_rate = int(record["step"]) / max(1.0, now - self.first_seen[name])
-            remaining = (cfg.steps - int(record["step"])) / wall_rate if wall_rate > 0 else None
+            remaining = (steps - int(record["step"])) / wall_rate if wall_rate > 0 else None
             shown_left = f" {format_duration(remaining)} left" if remaining is not None else ""
-            parts.append(f"{name} {record['step']}/{cfg.steps} {rate:.1f} steps/s{shown_left}")
+            parts.append(f"{name} {record['step']}/{steps} {rate:.1f} steps/s{shown_left}")
             if remaining is not None:
                 left.append((remaining, wall_rate))
         summary = self._time_left(left, waiting)
@@ -1188,7 +1195,9 @@ def _stage1_procedures(
     # CLEVR-Change pairs alternate change / distractor, so any prefix is balanced.
     stage1_pairs = train_pairs[: budget.stage1_pairs] if budget.stage1_pairs else train_pairs
     workers = max(1, min(2, torch.get_num_threads()))
-    source = build_procedures(procedures, data, out, stage1_pairs, configs["stage1"].vqgan, progress, workers=workers)
+    vqgan = configs["stage1"].vqgan
+    assert vqgan is not None  # stage_configs names the demo's VQGAN in every config but the VQGAN's own
+    source = build_procedures(procedures, data, out, stage1_pairs, vqgan, progress, workers=workers)
     keyframes = describe_keyframes(source, stage1_pairs)
     clock.done()
     return source, keyframes

@@ -610,7 +610,7 @@ def image_tensor(image: Image.Image, size: int):
     import torch
 
     if image.size != (size, size):
-        image = image.resize((size, size), Image.BICUBIC)
+        image = image.resize((size, size), Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
 
 

@@ -51,6 +51,8 @@ BAR_COLOUR = (40, 110, 220)
 BAR_TRACK = (225, 225, 225)  # the bar's empty part: the full width is a score of 1
 KEY_COLOUR = (230, 60, 30)  # outline of the sampled keyframes
 KEY_BORDER = 3  # pixels, drawn in the gap around a tile (GAP must be larger)
+# What ImageFont.load_default gives: a scalable font where Pillow has FreeType, else the bitmap one.
+Font = ImageFont.FreeTypeFont | ImageFont.ImageFont
 
 HEAD_NOTES = {
     "stage1": "stage-1 encoder with its trained MSM head (the paper's figures)",
@@ -233,7 +235,9 @@ def imagine(
     return ImaginedProcedure(codes.cpu(), probs.cpu(), frames, before, after, caption, head_note(stage), strip)
 
 
-def _caption_ids(model: ProCap, vocab: Vocabulary, condition: str | None, device: torch.device) -> torch.Tensor | None:
+def _caption_ids(
+    model: ProCap, vocab: Vocabulary | None, condition: str | None, device: torch.device
+) -> torch.Tensor | None:
     """(1, max_caption_len) ids of ``condition``, or None without one."""
     if condition is None:
         return None
@@ -245,7 +249,7 @@ def _caption_ids(model: ProCap, vocab: Vocabulary, condition: str | None, device
 
 def _strip_caption(
     model: ProCap,
-    vocab: Vocabulary,
+    vocab: Vocabulary | None,
     before: torch.Tensor,
     after: torch.Tensor,
     condition: str | None,
@@ -261,7 +265,7 @@ def _strip_caption(
     return model.caption_text(vocab, model.generate(before, after)[0].tolist())
 
 
-def caption_font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
+def caption_font(size: int = FONT_SIZE) -> Font:
     """PIL's default font: the scalable one where Pillow has FreeType, else its small bitmap font."""
     try:
         return ImageFont.load_default(size=size)
@@ -273,10 +277,10 @@ def _to_pil(image: torch.Tensor, tile: int) -> Image.Image:
     """(3, S, S) in [0, 1] -> RGB PIL image of side ``tile`` (nearest-neighbour, so VQ tokens stay crisp)."""
     array = (image.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
     picture = Image.fromarray(array, mode="RGB")
-    return picture if picture.size == (tile, tile) else picture.resize((tile, tile), Image.NEAREST)
+    return picture if picture.size == (tile, tile) else picture.resize((tile, tile), Image.Resampling.NEAREST)
 
 
-def wrap_text(text: str, font: ImageFont.ImageFont, width: int) -> list[str]:
+def wrap_text(text: str, font: Font, width: int) -> list[str]:
     """Greedy word wrap of ``text`` into lines no wider than ``width`` pixels (a single long word stays whole)."""
     lines: list[str] = []
     for word in text.split():
@@ -295,7 +299,7 @@ def strip_size(frames: int, tile: int, caption_lines: int, line_height: int) -> 
     return width, height
 
 
-def line_height(font: ImageFont.ImageFont) -> int:
+def line_height(font: Font) -> int:
     """Pixel height of one text line in ``font`` (ascent + descent + 2 px leading)."""
     return int(font.getbbox("Ag|")[3]) + 2
 
