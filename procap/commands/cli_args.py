@@ -66,75 +66,99 @@ def _add_data_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
 
 def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> argparse._ArgumentGroup:
     """The "optimisation" group (steps, lr, saving, tracking); returned so that ``train`` adds its lr flags to it."""
-    o = parser.add_argument_group("optimisation")
+    group = parser.add_argument_group("optimisation")
+    _add_length_arguments(group, stage)
+    _add_learning_rate_arguments(group, stage)
+    _add_run_control_arguments(group)
+    _add_tracking_arguments(group)
+    if stage == "pretrain":
+        _add_stage1_optimisation_arguments(group)
+    return group
+
+
+def _add_length_arguments(group: argparse._ArgumentGroup, stage: str) -> None:
+    """How long a run trains and on how large a batch."""
     defaults = STAGE_DEFAULTS[stage]
-    o.add_argument(
+    group.add_argument(
         "--steps",
         type=int,
         help="optimisation steps (wins over --epochs"
         + (f"; default {defaults['steps']:,}" if "steps" in defaults else "")
         + ")",
     )
-    o.add_argument(
+    group.add_argument(
         "--epochs",
         type=int,
         help="epochs over the training pairs" + (f" (default {defaults['epochs']})" if "epochs" in defaults else ""),
     )
-    o.add_argument(
+    group.add_argument(
         "--batch-size",
         type=int,
-        help=f"batch size per process (default {STAGE_DEFAULTS[stage]['batch_size']}"
+        help=f"batch size per process (default {defaults['batch_size']}"
         + (", the paper's global batch" if stage != "vqgan" else "")
         + "); the global batch is batch size x processes (torchrun) x --grad-accum and is logged at the start",
     )
-    o.add_argument("--grad-accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
-    o.add_argument(
+    group.add_argument("--grad-accum", type=int, help="micro-batches accumulated per optimizer step (default 1)")
+
+
+def _add_learning_rate_arguments(group: argparse._ArgumentGroup, stage: str) -> None:
+    """The learning rate, its schedule and what bounds each step (``train``'s own lr flags come with the model's)."""
+    defaults = STAGE_DEFAULTS[stage]
+    group.add_argument(
         "--lr",
         type=float,
         help="peak learning rate of both the encoder and the decoder (default: --encoder-lr and --decoder-lr)"
         if stage == "train"
-        else f"peak learning rate (default {STAGE_DEFAULTS[stage]['lr']:g})",
+        else f"peak learning rate (default {defaults['lr']:g})",
     )
     if stage != "train":  # stage 2 warms up over --warmup-frac of its steps instead
-        o.add_argument(
-            "--warmup-steps", type=int, help=f"linear warm-up steps (default {STAGE_DEFAULTS[stage]['warmup_steps']:,})"
+        group.add_argument(
+            "--warmup-steps", type=int, help=f"linear warm-up steps (default {defaults['warmup_steps']:,})"
         )
-    o.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (default none, as in the paper)")
-    o.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
-    o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
-    o.add_argument("--seed", type=int, help="random seed (default 0)")
-    o.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    o.add_argument(
+    group.add_argument("--decay", choices=LR_DECAYS, help="lr after warm-up (default none, as in the paper)")
+    group.add_argument("--grad-clip", type=float, help="max gradient norm (default 1.0; 0 disables)")
+    group.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
+
+
+def _add_run_control_arguments(group: argparse._ArgumentGroup) -> None:
+    """Where and how a run goes: seed, device, precision, resuming or replacing, logging, saving, torchrun."""
+    group.add_argument("--seed", type=int, help="random seed (default 0)")
+    group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    group.add_argument(
         "--amp", action=argparse.BooleanOptionalAction, help="bf16 autocast on CUDA (default on; --no-amp: float32)"
     )
-    o.add_argument(
+    group.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
         help="continue from <out>/last.safetensors (default off; a run's config file always replays as a new run)",
     )
-    o.add_argument(
+    group.add_argument(
         "--overwrite",
         action=argparse.BooleanOptionalAction,
         help="replace the run already in --out (the new run is trained beside it and takes its place when it "
         "finishes; without --overwrite or --resume a folder holding a run is refused)",
     )
-    o.add_argument(
+    group.add_argument(
         "--log-every", type=int, help="log every N steps (default 10; runs under 20 x N steps log more often)"
     )
-    o.add_argument("--save-every", type=int, help="also save last checkpoint + state every N steps (default: off)")
-    o.add_argument(
+    group.add_argument("--save-every", type=int, help="also save last checkpoint + state every N steps (default: off)")
+    group.add_argument(
         "--save-minutes",
         type=float,
         help="save last checkpoint + state when this many minutes passed since the last save (default 5; "
         "0: off). Ctrl-C and SIGTERM also save before stopping",
     )
-    o.add_argument(
+    group.add_argument(
         "--dist-timeout",
         type=float,
         help="minutes a process waits for the others under torchrun before the job fails (default 30)",
     )
-    o.add_argument("--progress", action=argparse.BooleanOptionalAction, help="show progress bars (default on)")
-    o.add_argument(
+    group.add_argument("--progress", action=argparse.BooleanOptionalAction, help="show progress bars (default on)")
+
+
+def _add_tracking_arguments(group: argparse._ArgumentGroup) -> None:
+    """Experiment trackers beside log.jsonl."""
+    group.add_argument(
         "--logger",
         dest="loggers",
         action="append",
@@ -142,106 +166,123 @@ def _add_optimisation_arguments(parser: argparse.ArgumentParser, stage: str) -> 
         help="also track the run with TensorBoard (<out>/tensorboard) or Weights & Biases (WANDB_MODE=offline "
         "works without an account); repeat for both. log.jsonl is always written",
     )
-    o.add_argument(
+    group.add_argument(
         "--wandb-project",
         metavar="NAME",
         help="the Weights & Biases project of --logger wandb (default: WANDB_PROJECT, else procap)",
     )
-    o.add_argument(
+    group.add_argument(
         "--wandb-name",
         metavar="NAME",
         help="the Weights & Biases run name of --logger wandb (default: WANDB_NAME, else the stage: vqgan, stage1, "
         "stage2)",
     )
-    if stage == "pretrain":
-        o.add_argument(
-            "--lr-start",
-            type=float,
-            help=f"warm-up start lr (default {STAGE_DEFAULTS['pretrain']['lr_start']:g}, the paper's)",
-        )
-        o.add_argument(
-            "--item-masks",
-            action=argparse.BooleanOptionalAction,
-            help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
-            "or --grad-accum > 1), so it matches a split run with the same global batch",
-        )
-    return o
+
+
+def _add_stage1_optimisation_arguments(group: argparse._ArgumentGroup) -> None:
+    """``pretrain``'s warm-up start and its per-item MSM masks."""
+    group.add_argument(
+        "--lr-start",
+        type=float,
+        help=f"warm-up start lr (default {STAGE_DEFAULTS['pretrain']['lr_start']:g}, the paper's)",
+    )
+    group.add_argument(
+        "--item-masks",
+        action=argparse.BooleanOptionalAction,
+        help="draw MSM masks per item from (seed, epoch, index) even in a plain run (automatic under torchrun "
+        "or --grad-accum > 1), so it matches a split run with the same global batch",
+    )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, stage: str, optimisation: argparse._ArgumentGroup) -> None:
     """The "model" group of ``pretrain`` and ``train``, and ``train``'s lr flags and "validation" group."""
-    if stage in ("pretrain", "train"):
-        m = parser.add_argument_group("model")
-        m.add_argument(
-            "--vqgan",
-            metavar="FILE",
-            help="frozen VQGAN tokenizer of a new model: weights from `procap vqgan`, or 'untrained' for the preset's "
-            "random one (smoke runs only). Default: the tokenizer shipped in the package where it fits the preset "
-            "(tiny, 64 px synthetic scenes); other presets need it. Not used with --init, whose checkpoint carries "
-            "its tokenizer",
-        )
-        add_keyframes_argument(
-            m,
-            "k, the keyframes (procedure queries) per pair (default: the preset's, 2; with --init the checkpoint's)"
-            + ("; 0 gives the static-pair baseline" if stage == "train" else ""),
-        )
+    if stage not in ("pretrain", "train"):
+        return
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--vqgan",
+        metavar="FILE",
+        help="frozen VQGAN tokenizer of a new model: weights from `procap vqgan`, or 'untrained' for the preset's "
+        "random one (smoke runs only). Default: the tokenizer shipped in the package where it fits the preset "
+        "(tiny, 64 px synthetic scenes); other presets need it. Not used with --init, whose checkpoint carries "
+        "its tokenizer",
+    )
+    add_keyframes_argument(
+        group,
+        "k, the keyframes (procedure queries) per pair (default: the preset's, 2; with --init the checkpoint's)"
+        + ("; 0 gives the static-pair baseline" if stage == "train" else ""),
+    )
     if stage == "pretrain":
-        m.add_argument("--init", help="continue from an earlier stage-1 checkpoint (its model and tokenizer)")
-        m.add_argument(
-            "--init-encoder",
-            metavar="clip:PATH",
-            help="start the encoder blocks from a CLIP ViT checkpoint (OpenAI TorchScript .pt, open_clip or "
-            "Hugging Face safetensors; read without running its code), as the authors' code does",
-        )
-        m.add_argument(
-            "--procedures",
-            help="stage-1 frames: 'crossfade' (stand-in; the default), 'truth' (the exact intermediate frames of a "
-            "`procap synth` benchmark in --data) or a procedure cache path",
-        )
-    if stage == "train":
-        m.add_argument(
+        _add_stage1_model_arguments(group)
+    else:
+        group.add_argument(
             "--init",
             help="stage-1 checkpoint to start from (`procap pretrain`'s stage1.safetensors), its model and tokenizer. "
             "Without it a new model is trained from scratch with the preset's k = 2 procedure queries (ProCap "
             "without stage 1); add --num-keyframes 0 for the static-pair baseline",
         )
-        optimisation.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
-        optimisation.add_argument(
-            "--decoder-lr",
-            type=float,
-            help=f"decoder peak lr after warm-up (default {STAGE_DEFAULTS['train']['decoder_lr']:g}, the paper's)",
-        )
-        optimisation.add_argument(
-            "--warmup-frac",
-            type=float,
-            help=f"decoder warm-up fraction of all steps (default {STAGE_DEFAULTS['train']['warmup_frac']:g}, the "
-            "paper's)",
-        )
-        optimisation.add_argument(
-            "--encoder-warmup",
-            action=argparse.BooleanOptionalAction,
-            help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default on; "
-            "docs/model.md); --no-encoder-warmup keeps it constant from step 0, as the paper does",
-        )
-        optimisation.add_argument(
-            "--identical-pairs",
-            type=float,
-            metavar="SHARE",
-            help="add this share of training pairs that show one training image twice, captioned with the "
-            "split's no-change captions, so that the same image twice is said to be no change (default 0, the "
-            "paper's: none; needs no-change pairs in the split)",
-        )
-        v = parser.add_argument_group("validation")
-        v.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
-        v.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
-        v.add_argument(
-            "--select",
-            dest="select_metric",
-            choices=SELECT_METRICS,
-            help="what picks best.safetensors: validation CIDEr (default) or correctness, the mean of the change, "
-            "type and object accuracies of the captions (needs the pairs' truths: CLEVR-Change and the synthetic "
-            "benchmark)",
-        )
+        _add_stage2_learning_rate_arguments(optimisation)
+        _add_validation_arguments(parser)
+
+
+def _add_stage1_model_arguments(group: argparse._ArgumentGroup) -> None:
+    """Where ``pretrain``'s model starts from and which frames it learns the procedures from."""
+    group.add_argument("--init", help="continue from an earlier stage-1 checkpoint (its model and tokenizer)")
+    group.add_argument(
+        "--init-encoder",
+        metavar="clip:PATH",
+        help="start the encoder blocks from a CLIP ViT checkpoint (OpenAI TorchScript .pt, open_clip or "
+        "Hugging Face safetensors; read without running its code), as the authors' code does",
+    )
+    group.add_argument(
+        "--procedures",
+        help="stage-1 frames: 'crossfade' (stand-in; the default), 'truth' (the exact intermediate frames of a "
+        "`procap synth` benchmark in --data) or a procedure cache path",
+    )
+
+
+def _add_stage2_learning_rate_arguments(optimisation: argparse._ArgumentGroup) -> None:
+    """``train``'s encoder and decoder learning rates, its warm-up and its identical pairs (in "optimisation")."""
+    optimisation.add_argument("--encoder-lr", type=float, help="encoder lr (default: the dataset's paper value)")
+    optimisation.add_argument(
+        "--decoder-lr",
+        type=float,
+        help=f"decoder peak lr after warm-up (default {STAGE_DEFAULTS['train']['decoder_lr']:g}, the paper's)",
+    )
+    optimisation.add_argument(
+        "--warmup-frac",
+        type=float,
+        help=f"decoder warm-up fraction of all steps (default {STAGE_DEFAULTS['train']['warmup_frac']:g}, the paper's)",
+    )
+    optimisation.add_argument(
+        "--encoder-warmup",
+        action=argparse.BooleanOptionalAction,
+        help="warm the encoder lr up with the decoder's, which stops the memory from collapsing (default on; "
+        "docs/model.md); --no-encoder-warmup keeps it constant from step 0, as the paper does",
+    )
+    optimisation.add_argument(
+        "--identical-pairs",
+        type=float,
+        metavar="SHARE",
+        help="add this share of training pairs that show one training image twice, captioned with the "
+        "split's no-change captions, so that the same image twice is said to be no change (default 0, the "
+        "paper's: none; needs no-change pairs in the split)",
+    )
+
+
+def _add_validation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``train``'s "validation" group: how often, on how many pairs, and what picks the best checkpoint."""
+    group = parser.add_argument_group("validation")
+    group.add_argument("--val-every", type=int, help="validate every N steps (default: every epoch)")
+    group.add_argument("--val-pairs", type=int, help="validation pairs used (default 200)")
+    group.add_argument(
+        "--select",
+        dest="select_metric",
+        choices=SELECT_METRICS,
+        help="what picks best.safetensors: validation CIDEr (default) or correctness, the mean of the change, "
+        "type and object accuracies of the captions (needs the pairs' truths: CLEVR-Change and the synthetic "
+        "benchmark)",
+    )
 
 
 def add_keyframes_argument(
