@@ -28,6 +28,15 @@ RESULTS_ON_STDOUT = "the captions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_pair_arguments(parser)
+    _add_output_arguments(parser)
+    _add_model_arguments(parser)
+    add_decoding_arguments(parser)
+    add_hub_arguments(parser)
+
+
+def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pairs to caption: image arguments, or the "many pairs" group."""
     parser.add_argument("images", nargs="*", metavar="IMAGE", help="BEFORE AFTER [BEFORE AFTER ...] image files")
     source = parser.add_argument_group("many pairs (instead of IMAGE arguments)")
     source.add_argument(
@@ -38,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     source.add_argument("--before-dir", metavar="DIR", help="before images, paired by file name with --after-dir")
     source.add_argument("--after-dir", metavar="DIR", help="after images, paired by file name with --before-dir")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "output" group: printed or written, resumed or replaced, with or without a progress bar."""
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out",
@@ -48,34 +61,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="with an existing --out, caption only the pairs it does not hold"
     )
     output.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    output.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
     output.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="show a progress bar on stderr when there is more than one batch (default on)",
     )
-    parser.add_argument(
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "checkpoint and compute" group: the model, where and in what precision it runs, batch and length."""
+    group = parser.add_argument_group("checkpoint and compute")
+    group.add_argument(
         "--ckpt",
         required=True,
         help=CHECKPOINT_HELP,
     )
-    parser.add_argument("--json", action="store_true", help="print a JSON list of {before, after, caption}")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument(
+    group.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    group.add_argument(
         "--dtype",
         default=None,
         choices=COMPUTE_DTYPES,
         help="compute dtype (default: bf16 on CUDA, fp32 on CPU)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--max-len",
         type=int,
         default=None,
         help="caption length including BOS (default: the checkpoint's max_caption_len)",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
-    add_decoding_arguments(parser)
-    add_hub_arguments(parser)
+    group.add_argument("--batch-size", type=int, default=32, help="pairs per batch (default 32)")
 
 
 def decoding_flags() -> dict[str, str]:

@@ -13,37 +13,68 @@ HELP = "Run the whole pipeline on the embedded synthetic benchmark: ProCap and i
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument(
+    _add_output_arguments(parser)
+    _add_budget_arguments(parser)
+    _add_pipeline_arguments(parser)
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "output" group: where the demo writes, going on from an earlier one, what it shows as it runs."""
+    group = parser.add_argument_group("output")
+    group.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="read back the seeds of --out whose four models were evaluated (same settings) and train only the "
+        "others: an interrupted demo goes on from its last finished seed",
+    )
+    group.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars, and one status line of the runs training side by side (default on; --no-progress: "
+        "neither, only the timestamped lines)",
+    )
+
+
+def _add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "budget and machine" group: how much is trained, with which seeds, on what."""
+    group = parser.add_argument_group("budget and machine")
+    group.add_argument(
         "--quick",
         action="store_true",
         help="tiny budget: an end-to-end check (about 10 min for the four models on a 2-core machine; "
         "longer beside other work)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
-    parser.add_argument(
+    group.add_argument("--seed", type=int, default=0, help="random seed of the benchmark and first run (default 0)")
+    group.add_argument(
         "--seeds",
         type=int,
         default=1,
         help="training seeds per model, 1 to 64; reports mean and std over them (default 1)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    parser.add_argument(
+    group.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    group.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
+    group.add_argument(
         "--jobs",
         type=int,
         default=None,
         help="stage-2 runs of a seed side by side, one process each (1-4; default: one per thread on a CPU with 2+ "
         "threads, at most 4, else 1)",
     )
-    parser.add_argument(
+
+
+def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "benchmark and pipeline" group: the scenes, stage 1's frames and the tokenizer."""
+    group = parser.add_argument_group("benchmark and pipeline")
+    group.add_argument(
         "--procedures",
         choices=DEMO_PROCEDURES,
         default="interpolated",
         help="stage-1 frames: the optical-flow procedure pipeline (interpolated, the default), the cross-fade "
         "stand-in, or the benchmark's exact intermediate frames (truth: an upper bound for stage 1)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--viewpoint",
         choices=VIEWPOINTS,
         default=None,
@@ -51,23 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "as in CLEVR-Change, whose change pairs are jittered too; with --quick none, as its budget learns nothing "
         "under viewpoint change)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--train-tokenizer",
         action="store_true",
         help="fit a new VQGAN tokenizer (the budget's steps) instead of using the one shipped in the package",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="read back the seeds of --out whose four models were evaluated (same settings) and train only the "
-        "others: an interrupted demo goes on from its last finished seed",
-    )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="progress bars, and one status line of the runs training side by side (default on; --no-progress: "
-        "neither, only the timestamped lines)",
     )
 
 

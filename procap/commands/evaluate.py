@@ -19,40 +19,61 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from procap.commands.caption import add_decoding_arguments
+
+    _add_data_arguments(parser)
+    _add_output_arguments(parser)
+    _add_captioning_arguments(parser)
+    add_decoding_arguments(parser)
+    add_hub_arguments(parser)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "checkpoint and data" group: what is evaluated, on which pairs."""
     from procap.data.datasets import DATASETS, DEFAULT_DATASET, SPLITS
 
-    parser.add_argument("--ckpt", required=True, help=CHECKPOINT_HELP)
-    parser.add_argument("--data", required=True, help="dataset root folder")
-    parser.add_argument(
+    group = parser.add_argument_group("checkpoint and data")
+    group.add_argument("--ckpt", required=True, help=CHECKPOINT_HELP)
+    group.add_argument("--data", required=True, help="dataset root folder")
+    group.add_argument(
         "--dataset",
         choices=sorted(DATASETS),
         default=DEFAULT_DATASET,
         help=f"dataset format (default {DEFAULT_DATASET})",
     )
-    parser.add_argument("--split", default="test", choices=SPLITS, help="split (default test)")
-    parser.add_argument(
-        "--out",
-        help=f"folder for {', '.join(EVALUATION_FILES)} (default: eval_SPLIT beside the checkpoint, in the current "
-        "folder for an hf:// one); one that holds them already is refused without --overwrite",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace the evaluation already in --out")
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="show a progress bar on stderr when there is more than one batch (default on)",
-    )
-    parser.add_argument(
+    group.add_argument("--split", default="test", choices=SPLITS, help="split (default test)")
+    group.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs (N >= 1)")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "scores and output" group: which metrics, where the files go."""
+    group = parser.add_argument_group("scores and output")
+    group.add_argument(
         "--metrics",
         nargs="+",
         help=f"metrics to compute, {METRICS_SPELLING_HELP} (default: all; METEOR and SPICE are skipped with a "
         "one-line note when Java, or SPICE's CoreNLP jars, are missing); scores are x100 in the table and "
         "metrics.json",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
-    parser.add_argument("--max-pairs", type=int, help="evaluate only the first N pairs (N >= 1)")
-    path = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--out",
+        help=f"folder for {', '.join(EVALUATION_FILES)} (default: eval_SPLIT beside the checkpoint, in the current "
+        "folder for an hf:// one); one that holds them already is refused without --overwrite",
+    )
+    group.add_argument("--overwrite", action="store_true", help="replace the evaluation already in --out")
+    group.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show a progress bar on stderr when there is more than one batch (default on)",
+    )
+
+
+def _add_captioning_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "captioning" group: batch, device, the oracle or the fast path, and ablations."""
+    group = parser.add_argument_group("captioning")
+    group.add_argument("--batch-size", type=int, default=32, help="captions per batch (default 32)")
+    group.add_argument("--device", default="auto", help="cpu, cuda ... (default: cuda when available)")
+    path = group.add_mutually_exclusive_group()
     path.add_argument(
         "--exact",
         dest="fast",
@@ -67,15 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "captions equal the oracle's)",
     )
     parser.set_defaults(fast=False)
-    add_decoding_arguments(parser)
-    parser.add_argument(
+    group.add_argument(
         "--ablate",
         nargs="+",
         choices=ABLATABLE_PARTS,
         help="inference-time ablation with the oracle: hide these parts of the decoder memory (the procedure "
         "queries' outputs, the pooled change token's slot, its window's cells) from the decoder",
     )
-    add_hub_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,69 +11,87 @@ HELP = "Build the procedure cache: interpolated frames, confidence scores and VQ
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=sorted(DATASETS), help="dataset layout under --root")
-    parser.add_argument("--root", required=True, help="dataset directory")
-    parser.add_argument("--out", required=True, help="cache directory (created; an existing one is resumed)")
-    parser.add_argument(
+    _add_data_arguments(parser)
+    _add_procedure_arguments(parser)
+    _add_work_arguments(parser)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "data and cache" group: which pairs are read and where the cache goes."""
+    group = parser.add_argument_group("data and cache")
+    group.add_argument("--dataset", required=True, choices=sorted(DATASETS), help="dataset layout under --root")
+    group.add_argument("--root", required=True, help="dataset directory")
+    group.add_argument("--out", required=True, help="cache directory (created; an existing one is resumed)")
+    group.add_argument(
         "--split",
         action="append",
         choices=SPLITS,
         help="split(s) to prepare, repeatable (default: train)",
     )
-    parser.add_argument(
-        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l, generated frames per pair (default 7)"
-    )
-    parser.add_argument(
-        "--size", type=int, default=None, help="stored frame size S (default: the --vqgan's image size; 224 for taming)"
-    )
-    parser.add_argument(
-        "--similarity",
-        default="vqgan",
-        choices=FRAME_SIMILARITIES,
-        help="frame similarity for the confidence score (default vqgan)",
-    )
-    parser.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")
-    parser.add_argument("--dinov2-weights", dest="dinov2_weights", help="DINOv2 ViT-L/14 weights (needs timm)")
-    parser.add_argument(
-        "--vqgan",
-        help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
-        "also stores the VQ codes of every frame",
-    )
-    parser.add_argument("--workers", type=int, default=1, help="processes synthesizing frames (default 1)")
-    parser.add_argument("--device", help="device for the similarity model and VQGAN (default: cuda if available)")
-    parser.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
-    parser.add_argument(
+    group.add_argument("--limit", type=int, help="only the first N pairs (N >= 1; quick runs)")
+    group.add_argument(
         "--allow-size-mismatch",
         dest="allow_size_mismatch",
         action="store_true",
         help="resize before/after of different sizes instead of stopping",
     )
-    parser.add_argument(
+    group.add_argument("--compression", choices=("gzip", "lzf"), help="HDF5 compression (default: none)")
+
+
+def _add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "procedures" group: how the frames are made, scored and stored."""
+    group = parser.add_argument_group("procedures")
+    group.add_argument(
+        "--frames", type=int, default=7, choices=GENERATED_FRAME_COUNTS, help="l, generated frames per pair (default 7)"
+    )
+    group.add_argument(
+        "--size", type=int, default=None, help="stored frame size S (default: the --vqgan's image size; 224 for taming)"
+    )
+    group.add_argument(
         "--recursive",
         dest="direct",
         action="store_false",
         help="recursive midpoints as in the paper (default: all l frames from one flow, faster)",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--similarity",
+        default="vqgan",
+        choices=FRAME_SIMILARITIES,
+        help="frame similarity for the confidence score (default vqgan)",
+    )
+    group.add_argument("--scores-file", dest="scores_file", help="the authors' similarity JSON (--similarity scores)")
+    group.add_argument("--dinov2-weights", dest="dinov2_weights", help="DINOv2 ViT-L/14 weights (needs timm)")
+    group.add_argument(
+        "--vqgan",
+        help="VQGAN weights (.safetensors from `procap vqgan`, or a taming .ckpt); "
+        "also stores the VQ codes of every frame",
+    )
+    group.add_argument(
         "--codes",
         dest="store_codes",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="store the VQ codes of every frame (default on; --no-codes leaves them out)",
     )
-    parser.add_argument("--limit", type=int, help="only the first N pairs (N >= 1; quick runs)")
-    parser.add_argument(
+
+
+def _add_work_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "work" group: processes, device, shards and progress."""
+    group = parser.add_argument_group("work")
+    group.add_argument("--workers", type=int, default=1, help="processes synthesizing frames (default 1)")
+    group.add_argument("--device", help="device for the similarity model and VQGAN (default: cuda if available)")
+    group.add_argument(
         "--shard",
         help="I/N: build only pairs I, I+N, I+2N ... into OUT/shards/I-of-N (0 <= I < N; one per machine or "
         "process), then join them with --merge. Under torchrun each rank takes its shard and rank 0 merges",
     )
-    parser.add_argument(
+    group.add_argument(
         "--merge",
         action="store_true",
         help="join OUT/shards/*-of-N into the cache OUT, checking every pair is there exactly once (give the same "
         "--dataset, --root, --split and --limit as the shards)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars (default on)"
     )
 
