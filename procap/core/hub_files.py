@@ -152,20 +152,28 @@ def download(
         if hub.filename:
             return Path(hf.hf_hub_download(hub.repo_id, hub.filename, **common))
         return Path(hf.snapshot_download(hub.repo_id, allow_patterns=list(PRETRAINED_FILES), **common))
-    except errors.LocalEntryNotFoundError:
+    except (errors.EntryNotFoundError, errors.HfHubHTTPError, OSError, ValueError) as exc:
+        raise _download_failure(exc, errors, f"{what} {hub}", hub, cache_dir) from None
+
+
+def _download_failure(
+    exc: Exception, errors: ModuleType, named: str, hub: HubPath, cache_dir: str | os.PathLike | None
+) -> ProCapError:
+    """The sentence for a failed :func:`download`, the most specific cause first (``errors`` is
+    ``huggingface_hub.errors``, whose not-found errors are HTTP errors or OSErrors too; ``named`` says what failed)."""
+    if isinstance(exc, errors.LocalEntryNotFoundError):
         where = f" ({cache_dir})" if cache_dir else ""
-        raise ProCapError(
-            f"{what} {hub} is not in the local Hugging Face cache{where} and downloads are off "
+        return ProCapError(
+            f"{named} is not in the local Hugging Face cache{where} and downloads are off "
             f"(HF_HUB_OFFLINE=1 or local_files_only); download it once with network access."
-        ) from None
-    except errors.RevisionNotFoundError:
-        raise ProCapError(f"{what} {hub}: the repo has no revision {hub.revision!r}.") from None
-    except errors.RepositoryNotFoundError:
-        raise ProCapError(f"{what} {hub}: no such Hugging Face repo (or it is private: log in first).") from None
-    except errors.EntryNotFoundError:
-        raise ProCapError(f"{what} {hub}: the repo has no file {hub.filename!r}.") from None
-    except (errors.HfHubHTTPError, OSError, ValueError) as exc:
-        raise ProCapError(f"{what} {hub} could not be fetched ({exc}).") from None
+        )
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return ProCapError(f"{named}: the repo has no revision {hub.revision!r}.")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return ProCapError(f"{named}: no such Hugging Face repo (or it is private: log in first).")
+    if isinstance(exc, errors.EntryNotFoundError):
+        return ProCapError(f"{named}: the repo has no file {hub.filename!r}.")
+    return ProCapError(f"{named} could not be fetched ({exc}).")
 
 
 def as_text(value: str | os.PathLike) -> str:

@@ -452,39 +452,55 @@ def generate(
     Returns:
         The splits written to splits.json: {"train"|"val"|"test": [scene index, ...]}.
     """
-    import shutil
-    import tempfile
-
-    # Bounded before anything is allocated: the scene indices are listed up front (10**10 scenes took all memory).
-    validate.integer(scenes, "scenes", minimum=1, maximum=MAX_SCENES)
-    validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
-    validate.seed(seed, "seed")
-    validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
-    check_viewpoint(viewpoint)
-
+    _check_generate_arguments(scenes, size, seed, workers, viewpoint)
     root = Path(out_dir)
     created: list[Path] = []
-    staging = None
     try:
         with writing(root):
             created = make_parents(root / "scenes.json")
         # one generate per folder: a second one's swap would interleave with this one's, and only with the lock
         # held is a staging folder left inside known to be a dead run's
         with RunFolderLock(root, "the benchmark folder"):
-            for note in recover_interrupted_swap(root):
-                logger.warning("procap: note: %s.", note)
-            check_replaceable(root)
-            with writing(root):
-                staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
-            splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
-            with writing(root):
-                _swap_in(staging, root)
-        return splits
+            return _replace_benchmark(root, scenes, size, seed, workers, progress, viewpoint)
     except BaseException:
-        if staging is not None and not _swapped_out(staging):
-            shutil.rmtree(staging, ignore_errors=True)  # no half-written benchmark is left behind
         remove_empty(created)
         raise
+
+
+def _check_generate_arguments(scenes: int, size: int, seed: int, workers: int, viewpoint: str) -> None:
+    """:func:`generate`'s arguments, bounded before anything is allocated: the scene indices are listed up front
+    (10**10 scenes took all memory)."""
+    validate.integer(scenes, "scenes", minimum=1, maximum=MAX_SCENES)
+    validate.integer(size, "size", minimum=16, maximum=MAX_SIZE)
+    validate.seed(seed, "seed")
+    validate.integer(workers, "workers", minimum=1, maximum=validate.MAX_WORKERS)
+    check_viewpoint(viewpoint)
+
+
+def _replace_benchmark(
+    root: Path, scenes: int, size: int, seed: int, workers: int, progress: bool, viewpoint: str
+) -> dict[str, list[int]]:
+    """Under :func:`generate`'s lock: what a killed run left put right, then the new benchmark written into a
+    staging folder inside ``root`` and swapped in. A failed or interrupted one is deleted, so no half-written
+    benchmark is left behind, unless its swap could not be undone (the next ``generate`` puts the old entries
+    back)."""
+    import shutil
+    import tempfile
+
+    for note in recover_interrupted_swap(root):
+        logger.warning("procap: note: %s.", note)
+    check_replaceable(root)
+    with writing(root):
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+    try:
+        splits = _write_benchmark(staging, scenes, size, seed, workers, progress, viewpoint)
+        with writing(root):
+            _swap_in(staging, root)
+    except BaseException:
+        if not _swapped_out(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return splits
 
 
 STAGING_PREFIX = ".synth-new-"

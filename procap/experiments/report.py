@@ -166,12 +166,29 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+# The last sentences of the report's opening paragraph: what each figure measures.
+HOW_TO_READ = (
+    "How to read it: <b>change</b> is the share of pairs whose caption rightly says whether something changed, "
+    "<b>type</b> the share of change pairs whose caption names the kind of change, <b>object</b> the share whose "
+    "caption names the changed object's size, colour, material and shape; <b>miss</b> is the share of change "
+    "pairs captioned 'no change' and <b>false pos.</b> the share of distractors captioned with a change (lower "
+    "is better); <b>CIDEr</b> scores the words against the reference captions (x100, not a percentage: on "
+    "templated captions it passes 100)."
+)
+
+
 def about_html(summary: dict[str, Any], image_size: int | None = None) -> str:
     """The opening paragraph: what was trained, on what, how big the check is and how to read the figures.
 
     Every fact comes from ``metrics.json`` (a clause whose fact it lacks is left out); ``image_size`` is the side of
     the benchmark's images in pixels, when known.
     """
+    parts = [_models_sentence(summary), _benchmark_sentence(summary, image_size), *_check_sentences(summary)]
+    return "<p id='about'>" + " ".join([*parts, HOW_TO_READ]) + "</p>"
+
+
+def _models_sentence(summary: dict[str, Any]) -> str:
+    """``This page reports ... trained here: <the models>.``"""
     described = {label: text for _, label, text in RUNS}
     labels = list(summary["results"])
     models = [
@@ -179,7 +196,11 @@ def about_html(summary: dict[str, Any], image_size: int | None = None) -> str:
     ]
     listed = ", ".join(models[:-1]) + f" and {models[-1]}" if len(models) > 1 else models[0]
     ablation = "the paper's 2 x 2 ablation, " if len(labels) == 4 else ""
-    parts = [f"This page reports {ablation}{_plural(len(labels), 'tiny ProCap captioner')} trained here: {listed}."]
+    return f"This page reports {ablation}{_plural(len(labels), 'tiny ProCap captioner')} trained here: {listed}."
+
+
+def _benchmark_sentence(summary: dict[str, Any], image_size: int | None) -> str:
+    """The benchmark the models were trained on: its scenes, pairs, changes and viewpoint."""
     budget, pairs = summary.get("budget") or {}, summary.get("pairs") or {}
     accuracy = _first_result(summary).get("accuracy") or {}
     benchmark = "They were trained on the synthetic CLEVR-Change benchmark the demo generated"
@@ -196,7 +217,14 @@ def about_html(summary: dict[str, Any], image_size: int | None = None) -> str:
     viewpoint = summary.get("viewpoint")
     if viewpoint:
         benchmark += f"; viewpoint <code>{html.escape(viewpoint)}</code>: {VIEWPOINT_TEXT.get(viewpoint, 'as named')}"
-    parts.append(benchmark + ".")
+    return benchmark + "."
+
+
+def _check_sentences(summary: dict[str, Any]) -> list[str]:
+    """How large the check is (seeds, test pairs, what one caption moves) and so how far its figures carry."""
+    parts = []
+    pairs = summary.get("pairs") or {}
+    accuracy = _first_result(summary).get("accuracy") or {}
     test = pairs.get("test") or _first_result(summary).get("pairs")
     seeds = _seed_count(summary)
     if test:
@@ -220,15 +248,7 @@ def about_html(summary: dict[str, Any], image_size: int | None = None) -> str:
         )
     else:
         parts.append("the figures are means over the seeds, ± their standard deviation.")
-    parts.append(
-        "How to read it: <b>change</b> is the share of pairs whose caption rightly says whether something changed, "
-        "<b>type</b> the share of change pairs whose caption names the kind of change, <b>object</b> the share whose "
-        "caption names the changed object's size, colour, material and shape; <b>miss</b> is the share of change "
-        "pairs captioned 'no change' and <b>false pos.</b> the share of distractors captioned with a change (lower "
-        "is better); <b>CIDEr</b> scores the words against the reference captions (x100, not a percentage: on "
-        "templated captions it passes 100)."
-    )
-    return "<p id='about'>" + " ".join(parts) + "</p>"
+    return parts
 
 
 def _schedule(budget: dict[str, Any], part: str) -> str:

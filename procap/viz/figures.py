@@ -214,25 +214,47 @@ def imagine(
         ProCapError: the model has no MSM head or no procedure queries, or an image has the wrong shape.
     """
     check_imaginable(model)
-    config = model.config
-    device = next(model.parameters()).device
-    before = _as_batch(before, config.image_size, "before").to(device)
-    after = _as_batch(after, config.image_size, "after").to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        caption_ids = _caption_ids(model, vocab, condition, device)
-        logits = procedure_logits(model, before, after, caption_ids)[0]
-        codes, probs = choose_codes(logits, sample, generator)  # (k, n)
-        grid = config.latent_size
-        frames = model.vqgan.decode_codes(codes, grid, grid).float().clamp(0.0, 1.0)  # (k, 3, S, S)
-        caption = _strip_caption(model, vocab, before, after, condition, stage)
-    finally:
-        model.train(was_training)
+    before, after = _model_inputs(model, before, after)
+    codes, probs, frames, caption = _imagine_in_eval_mode(
+        model, before, after, vocab, condition, stage, sample, generator
+    )
     before, after = before[0].cpu(), after[0].cpu()
     frames = frames.cpu()
     strip = render_strip(before, frames, after, caption, tile)
     return ImaginedProcedure(codes.cpu(), probs.cpu(), frames, before, after, caption, head_note(stage), strip)
+
+
+def _model_inputs(model: ProCap, before: Any, after: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both images as (1, 3, S, S) batches on the model's device (see :func:`imagine` for what they may be)."""
+    device = next(model.parameters()).device
+    size = model.config.image_size
+    return _as_batch(before, size, "before").to(device), _as_batch(after, size, "after").to(device)
+
+
+def _imagine_in_eval_mode(
+    model: ProCap,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    vocab: Vocabulary | None,
+    condition: str | None,
+    stage: str | None,
+    sample: bool,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """``(codes (k, n), probabilities (k, n), frames (k, 3, S, S) in [0, 1], caption)`` of one pair (a batch of
+    one on the model's device), with the model in eval mode and its mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        caption_ids = _caption_ids(model, vocab, condition, before.device)
+        logits = procedure_logits(model, before, after, caption_ids)[0]
+        codes, probs = choose_codes(logits, sample, generator)  # (k, n)
+        grid = model.config.latent_size
+        frames = model.vqgan.decode_codes(codes, grid, grid).float().clamp(0.0, 1.0)  # (k, 3, S, S)
+        caption = _strip_caption(model, vocab, before, after, condition, stage)
+    finally:
+        model.train(was_training)
+    return codes, probs, frames, caption
 
 
 def _caption_ids(
@@ -385,6 +407,16 @@ def explicit_procedure(
 
     if frames.dtype == torch.uint8:
         frames = frames.float() / 255.0
+    _check_procedure_shapes(frames, s_bef, s_aft)
+    weights = confidence_weights(s_bef, s_aft)
+    keyframes = sample_keyframes(weights, num_keyframes, sampling, generator)[1:-1]
+    frames = frames.float().clamp(0.0, 1.0).cpu()
+    strip = render_procedure_strip(frames, weights, keyframes, caption, tile)
+    return ExplicitProcedure(frames, weights, keyframes, strip)
+
+
+def _check_procedure_shapes(frames: torch.Tensor, s_bef: torch.Tensor, s_aft: torch.Tensor) -> None:
+    """One sentence for frames that are no procedure, or similarities that do not score each of its frames."""
     if frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 3:
         raise ProCapError(f"frames must be (l + 2, 3, S, S) with l >= 1, got {tuple(frames.shape)}.")
     if s_bef.shape != (frames.shape[0],) or s_aft.shape != (frames.shape[0],):
@@ -392,11 +424,6 @@ def explicit_procedure(
             f"{frames.shape[0]} frames need {frames.shape[0]} similarities each, got {tuple(s_bef.shape)} and "
             f"{tuple(s_aft.shape)}."
         )
-    weights = confidence_weights(s_bef, s_aft)
-    keyframes = sample_keyframes(weights, num_keyframes, sampling, generator)[1:-1]
-    frames = frames.float().clamp(0.0, 1.0).cpu()
-    strip = render_procedure_strip(frames, weights, keyframes, caption, tile)
-    return ExplicitProcedure(frames, weights, keyframes, strip)
 
 
 def procedure_from_cache(cache: Any, pair_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -494,12 +521,17 @@ def render_procedure_strip(
             draw.rectangle(border, fill=KEY_COLOUR)
         strip.paste(_to_pil(frames[index], tile), (x, top))
         if 0 < index < count - 1:
-            score = float(weights[index - 1])
-            draw.rectangle((x, bar_top, x + tile - 1, bar_top + BAR_HEIGHT - 1), fill=BAR_TRACK)
-            filled = round(min(max(score, 0.0), 1.0) * tile)
-            if filled:
-                draw.rectangle((x, bar_top, x + filled - 1, bar_top + BAR_HEIGHT - 1), fill=BAR_COLOUR)
-            draw.text((x, bar_top + BAR_HEIGHT + GAP), f"{score:.3f}", fill=TEXT, font=font)
+            _draw_confidence(draw, (x, bar_top), tile, float(weights[index - 1]), font)
     for number, line in enumerate(lines):
         draw.text((GAP, 5 * GAP + 2 * step + tile + BAR_HEIGHT + number * step), line, fill=TEXT, font=font)
     return strip
+
+
+def _draw_confidence(draw: ImageDraw.ImageDraw, corner: tuple[int, int], tile: int, score: float, font: Font) -> None:
+    """A frame's confidence under its tile: a bar across the tile filled to ``score`` and the score below it."""
+    x, top = corner
+    draw.rectangle((x, top, x + tile - 1, top + BAR_HEIGHT - 1), fill=BAR_TRACK)
+    filled = round(min(max(score, 0.0), 1.0) * tile)
+    if filled:
+        draw.rectangle((x, top, x + filled - 1, top + BAR_HEIGHT - 1), fill=BAR_COLOUR)
+    draw.text((x, top + BAR_HEIGHT + GAP), f"{score:.3f}", fill=TEXT, font=font)
