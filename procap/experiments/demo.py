@@ -963,7 +963,6 @@ def train_seed(
     floating-point reductions differs.
     """
     from procap.train.stage1 import pretrain
-    from procap.train.stage2 import train
 
     stage1_pairs = splits["train"][: budget.stage1_pairs] if budget.stage1_pairs else splits["train"]
     seed_started = clock.total
@@ -974,6 +973,15 @@ def train_seed(
         # the configs' progress is the demo's --progress / --no-progress
         outlook = {"later_seeds": later_seeds, "seed_started": seed_started, "evaluate_s": evaluate_s}
         return _train_side_by_side(seed, configs, splits, vocab, clock, jobs, configs["procap"].progress, outlook)
+    return _train_in_turn(seed, configs, splits, vocab, cache, clock)
+
+
+def _train_in_turn(
+    seed: int, configs: dict[str, TrainConfig], splits: dict, vocab: Any, cache: ImageCache, clock: Clock
+) -> dict[str, Path]:
+    """The four stage-2 runs of one seed one after the other, in this process; each model's best checkpoint."""
+    from procap.train.stage2 import train
+
     best = {}
     for name, label in MODELS:
         cfg = configs[name]
@@ -1214,37 +1222,45 @@ def _seed_reports(study: _Study, run_seed: int) -> dict[str, dict[str, Any]]:
     if reports is not None:
         study.clock.phase("resume", f"seed {run_seed}: finished before, its evaluation read back from {folder}")
     else:
-        best = train_seed(
-            run_seed,
-            configs,
-            study.splits,
-            study.vocab,
-            study.cache,
-            study.clock,
-            study.budget,
-            study.procedures,
-            study.jobs,
-            later_seeds=study.base_seed + study.seeds - 1 - run_seed,
-            evaluate_s=study.clock.phases.get("evaluate", 0.0) / study.evaluated if study.evaluated else 0.0,
-        )
-        study.evaluated += 1
-        study.clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(study.test)} test pairs")
-        reports = {
-            name: evaluate_run(
-                name,
-                best[name],
-                study.test,
-                study.metrics,
-                study.cache,
-                study.device,
-                folder,
-                study.truths,
-                study.progress,
-            )
-            for name, _ in MODELS
-        }
+        reports = _train_and_evaluate(study, run_seed, configs, folder)
     study.clock.done()
     return reports
+
+
+def _train_and_evaluate(
+    study: _Study, run_seed: int, configs: dict[str, TrainConfig], folder: Path
+) -> dict[str, dict[str, Any]]:
+    """One seed's four models trained, then evaluated on the test pairs (the clock's ``evaluate`` phase is left
+    running: :func:`_seed_reports` ends it)."""
+    best = train_seed(
+        run_seed,
+        configs,
+        study.splits,
+        study.vocab,
+        study.cache,
+        study.clock,
+        study.budget,
+        study.procedures,
+        study.jobs,
+        later_seeds=study.base_seed + study.seeds - 1 - run_seed,
+        evaluate_s=study.clock.phases.get("evaluate", 0.0) / study.evaluated if study.evaluated else 0.0,
+    )
+    study.evaluated += 1
+    study.clock.phase("evaluate", f"seed {run_seed}: evaluation on {len(study.test)} test pairs")
+    return {
+        name: evaluate_run(
+            name,
+            best[name],
+            study.test,
+            study.metrics,
+            study.cache,
+            study.device,
+            folder,
+            study.truths,
+            study.progress,
+        )
+        for name, _ in MODELS
+    }
 
 
 def _write_report(out: Path, clock: Clock) -> None:
