@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from procap.commands.hub_args import CHECKPOINT_HELP, add_hub_arguments, checkpoint_file, local_checkpoint
 from procap.core.config import ABLATABLE_PARTS
 from procap.eval.metrics import EVALUATION_FILES, METRICS_SPELLING_HELP
+
+if TYPE_CHECKING:  # annotations only: the command's module stays torch-free (procap --help)
+    import torch
+
+    from procap.data.records import ChangePair
+    from procap.data.vocab import Vocabulary
+    from procap.model.decoding import DecodingStrategy
+    from procap.model.procap import ProCap
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +108,9 @@ def _add_captioning_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from procap.commands.caption import strategy_from_args
     from procap.core import validate
     from procap.core.errors import ProCapError
-    from procap.model.decoding import strategy_record
 
     # Every check that needs no torch (flags, a local --ckpt, --out, the split's pairs) comes before the device's,
     # which imports it: a wrong argument is one sentence in the first second (docs/errors.md).
@@ -124,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     split_pairs, pairs = _pairs_to_evaluate(args)
     device = validate.device(args.device)
     checkpoint = checkpoint_file(args)
-    from procap.eval.split import evaluate_model
     from procap.loading.checkpoint import check_can_caption, load_checkpoint
     from procap.train.batch_memory import check_checkpoint_batch
 
@@ -132,14 +138,34 @@ def run(args: argparse.Namespace) -> int:
     args.batch_size = check_checkpoint_batch(checkpoint, args.batch_size, len(pairs), device, what, "evaluate")
     model, vocab, metadata = load_checkpoint(checkpoint, map_location=device)
     check_can_caption(metadata, args.ckpt)
-    checkpoint_facts = metadata.get("extra") or {}
+    report = _evaluate(args, model, vocab, pairs, split_pairs, metrics, device, out, strategy, metadata)
+    print(format_report(report))
+    print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
+    return 0
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    model: ProCap,
+    vocab: Vocabulary,
+    pairs: list[ChangePair],
+    split_pairs: list[ChangePair],
+    metrics: list[str] | None,
+    device: torch.device,
+    out: Path,
+    strategy: DecodingStrategy,
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    """Caption and score ``pairs`` with the loaded model, writing the evaluation under ``out``; the report."""
+    from procap.eval.split import evaluate_model
+
     truths = None
     if args.dataset == "clevr-change":
         from procap.eval.correctness import scene_truths
 
         truths = scene_truths(args.data, pairs)  # object / new value only where a synthetic scenes.json exists
     generate = _generator(args, model, vocab, device, strategy)
-    report = evaluate_model(
+    return evaluate_model(
         model,
         vocab,
         pairs,
@@ -147,26 +173,33 @@ def run(args: argparse.Namespace) -> int:
         args.batch_size,
         device,
         out=out,
-        extra={
-            "checkpoint": str(args.ckpt),
-            # which weights were scored: a run's best.safetensors is the step validation picked, not the last one
-            "checkpoint_step": checkpoint_facts.get("step"),
-            "checkpoint_stage": checkpoint_facts.get("stage"),
-            "dataset": args.dataset,
-            "split": args.split,
-            "split_pairs": len(split_pairs),  # with "pairs": the part of the split the scores cover
-            "decoding": {"path": "fast" if args.fast else "exact", **strategy_record(strategy)},
-            "ablated": list(args.ablate or []),
-        },
+        extra=_recorded_facts(args, split_pairs, strategy, metadata),
         truths=truths,
         generate=generate,
         strategy=strategy,
         references=True,
         progress=args.progress,
     )
-    print(format_report(report))
-    print(f"wrote {out / 'results.json'}, {out / 'metrics.json'} and {out / 'references.json'}")
-    return 0
+
+
+def _recorded_facts(
+    args: argparse.Namespace, split_pairs: list[ChangePair], strategy: DecodingStrategy, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """What ``metrics.json`` records beside the scores: the checkpoint, the split and how the captions were made."""
+    from procap.model.decoding import strategy_record
+
+    checkpoint_facts = metadata.get("extra") or {}
+    return {
+        "checkpoint": str(args.ckpt),
+        # which weights were scored: a run's best.safetensors is the step validation picked, not the last one
+        "checkpoint_step": checkpoint_facts.get("step"),
+        "checkpoint_stage": checkpoint_facts.get("stage"),
+        "dataset": args.dataset,
+        "split": args.split,
+        "split_pairs": len(split_pairs),  # with "pairs": the part of the split the scores cover
+        "decoding": {"path": "fast" if args.fast else "exact", **strategy_record(strategy)},
+        "ablated": list(args.ablate or []),
+    }
 
 
 def _checked_metrics(args: argparse.Namespace) -> list[str] | None:
