@@ -59,7 +59,7 @@ PRESET = "tiny"
 # before torch is imported.
 MAX_SEEDS = DEMO_MAX_SEEDS
 IMAGE_SIZE = 64
-# The demo's table keeps the four columns its README results quote; `procap evaluate` reports every metric.
+# The demo's table keeps four caption metrics beside the correctness columns; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 MODELS = DEMO_MODELS  # (run folder, label)
 # correctness figures averaged over seeds (procap.eval.correctness.caption_accuracy), the failure kinds included
