@@ -54,11 +54,12 @@ def _report(seed: int, miss: float, false_positive: float, unparsed: int) -> dic
 def test_the_failure_table_shows_each_kind_with_its_spread():
     results = {"static pair (k=0)": aggregate([_report(0, 0.1, 0.2, 3), _report(1, 0.3, 0.0, 1)], ["CIDEr"])}
     table = format_failures(results).splitlines()
-    assert [t in table[0] for t in ("miss", "false pos.", "unparsed", "move as add/drop")] == [True] * 4
+    assert [t in table[0] for t in ("miss", "false pos.", "same image", "unparsed", "move as add/drop")] == [True] * 5
     row = table[2]
     assert row.startswith("static pair (k=0)")
-    # miss 20 +- 14.1 %, false positives 10 +- 14.1 %, unparsed 2 +- 1.4 change captions, no move pairs
-    assert row.split()[3:] == ["20.0", "±14.1", "10.0", "±14.1", "2.0", "±1.4", "n/a"]
+    # miss 20 +- 14.1 %, false positives 10 +- 14.1 %, no identical images tried, unparsed 2 +- 1.4 change captions,
+    # no move pairs
+    assert row.split()[3:] == ["20.0", "±14.1", "10.0", "±14.1", "n/a", "2.0", "±1.4", "n/a"]
 
 
 def test_the_cells_from_stage_1_fine_tune_their_encoder_below_the_decoder(tmp_path):
