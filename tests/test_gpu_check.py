@@ -261,7 +261,7 @@ def test_suite_dry_run_installs_the_carried_wheels_and_counts_the_tests(tmp_path
     assert (site / "gpu_check_probe" / "__init__.py").is_file() and not (site / "gpu_check_shadow").exists()
     assert "pytest-1.0-py3-none-any.whl not used" in done.stderr
     report = json.loads((tmp_path / "out" / "result.json").read_text())
-    assert report["missing"] == ["setup", "e2e", "kernels", "train", "profile"]
+    assert report["missing"] == ["setup", "e2e", "kernels", "train", "profile", "ncu"]
     suite = report["summary"]["suite"]
     assert suite["counts"] == {"passed": 1, "failures": 1, "errors": 1, "skipped": 1, "tests": 4}
     # ids are relative to pytest's rootdir, which for a probe outside the checkout depends on where tmp_path lies
