@@ -82,7 +82,7 @@ def run_stage(stage: str, args: argparse.Namespace) -> int:
     notes: list[str] = []
     config = config_from_args(stage, args, notes)  # every check, before the training code is imported
     from procap.train.common import load_pairs
-    from procap.train.distributed import env_context
+    from procap.train.distributed import env_context, teardown
 
     spec = STAGES[stage]
     train: Callable[..., Any] = getattr(importlib.import_module(spec.module), spec.function)
@@ -92,6 +92,9 @@ def run_stage(stage: str, args: argparse.Namespace) -> int:
     pairs = [load_pairs(config, split) for split in splits]
     print_notes(notes)
     path = train(config, *pairs)
+    # Every rank leaves the process group before it exits: left to interpreter shutdown, gloo's teardown races
+    # with the peer's, and one node's launcher may then wait for the other until its exit timeout.
+    teardown()
     if is_main:  # under torchrun: one line, not one per process
         print(f"{spec.result}: {path}")
     return 0

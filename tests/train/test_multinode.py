@@ -65,7 +65,9 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     """This checkout's procap, one thread per process, and no torchrun variables inherited from a parent job."""
-    env = subprocess_env(OMP_NUM_THREADS="1")
+    env = subprocess_env(
+        OMP_NUM_THREADS="1", LOGLEVEL="INFO"
+    )  # the launchers log their exit barrier: a hang shows where
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"):
         env.pop(name, None)
     return env
@@ -109,13 +111,19 @@ def _start(started: list[subprocess.Popen], command: list[str], log: Path) -> su
     return proc
 
 
+def _tails(logs: list[Path]) -> str:
+    return "\n".join(f"--- {log.name}:\n{log.read_text()[-6000:]}" for log in logs)
+
+
 def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> list[int]:
+    """The processes' exit codes; fails with every log's tail if one is still running after ``timeout``."""
     deadline = time.monotonic() + timeout
     for proc, log in zip(procs, logs):
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{log.name} did not end within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+            codes = [p.poll() for p in procs]
+            pytest.fail(f"{log.name} did not end within {timeout:.0f} s (exit codes {codes}):\n{_tails(logs)}")
     return [proc.returncode for proc in procs]
 
 
@@ -165,7 +173,7 @@ def _run_two_nodes(args: list[str], logs: Path) -> None:
     with _processes() as started:
         procs, paths = _start_two_nodes(started, args, logs)
         codes = _wait(procs, paths, RUN_TIMEOUT_S)
-    assert codes == [0, 0], "\n".join(p.read_text()[-3000:] for p in paths)
+    assert codes == [0, 0], _tails(paths)
 
 
 def _run_one_process(args: list[str], logs: Path) -> None:
@@ -241,8 +249,7 @@ def test_killed_node_resumes_from_its_last_checkpoint(runs, tmp_path, clevr_root
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not marker.exists():
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                tails = "\n".join(p.read_text()[-3000:] for p in paths)
-                pytest.fail(f"node 1 never reached step {KILLED_AT}:\n{tails}")
+                pytest.fail(f"node 1 never reached step {KILLED_AT}:\n{_tails(paths)}")
             time.sleep(0.2)
         saved_step = json.loads((out / "last.state.json").read_text())["step"]
         _kill_group(int(marker.read_text()), signal.SIGKILL)  # the worker runs in a session of its own
