@@ -6,6 +6,7 @@ authors' reduced-size checkpoint that ``tests/convert`` checks against.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,15 @@ from procap.model.decoder import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID, CaptionDe
 
 # The one CUDA skip marker. A string condition is evaluated lazily, so collection never initialises CUDA.
 requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
+
+
+def parse_stage_args(stage: str, *argv: str) -> argparse.Namespace:
+    """``argv`` parsed as a training command's options (``procap.commands.cli_args.add_common_arguments``)."""
+    from procap.commands.cli_args import add_common_arguments
+
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, stage)
+    return parser.parse_args(list(argv))
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

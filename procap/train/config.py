@@ -128,6 +128,19 @@ def comparable(field: str, value: Any) -> Any:
     return value
 
 
+def resume_mismatches(config: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """The fields of a resumed run's full ``config`` (``TrainConfig.replay_dict()``) that differ from the ``saved``
+    config of the run it continues and that a resume may not change (a saved key that is no field is skipped)."""
+    return [
+        field
+        for field, value in saved.items()
+        if field in config
+        and field not in NOT_RESUMED
+        and field not in RESUME_CHANGEABLE
+        and comparable(field, config[field]) != comparable(field, value)
+    ]
+
+
 def resumed_values(saved: dict[str, Any], given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The options of a resumed run: ``given`` (what the user repeated) over ``saved`` (the run's config file).
 
@@ -141,14 +154,7 @@ def resumed_values(saved: dict[str, Any], given: dict[str, Any]) -> tuple[dict[s
         if field in NOT_RESUMED or field in values or (length_given and field in RUN_LENGTH):
             continue
         values[field] = value
-    conflicts = [
-        field
-        for field, value in given.items()
-        if field in saved
-        and field not in NOT_RESUMED
-        and field not in RESUME_CHANGEABLE
-        and comparable(field, value) != comparable(field, saved[field])
-    ]
+    conflicts = resume_mismatches(given, saved)
     return values, conflicts
 
 

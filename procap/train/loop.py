@@ -39,10 +39,10 @@ from procap.core.files import (
     remove_empty,
     writing,
 )
-from procap.core.json_files import read_json_lines
+from procap.core.json_files import read_json, read_json_lines
 from procap.core.logs import TO_STDOUT
 from procap.train import distributed
-from procap.train.config import MAX_STEPS, TrainConfig, filled
+from procap.train.config import MAX_STEPS, TrainConfig, filled, resume_mismatches
 from procap.train.datasets import EpochBatchSampler, EpochDataset
 from procap.train.run_folder import MARKER, RunFolder, run_files
 from procap.train.run_guard import StopRequests, TrainingInterrupted
@@ -268,9 +268,22 @@ class Trainer:
         logger.debug("%s: saved step %d to %s", self.name, self.state.step, self.last_path)
 
     def _check_resumable(self) -> None:
+        """Refuse a resume without a saved state, or whose options contradict the run's config file (the command
+        line fills the options it is not given from that file; a program passes the run's own TrainConfig)."""
         if not has_resumable(self.last_path):
             raise ProCapError(
                 f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"
+            )
+        if not self.config_path.is_file():
+            return  # an older run or a deleted file: resumed from the options given, as the command line notes
+        saved = read_json(self.config_path, "run config file")
+        mismatches = resume_mismatches(self.cfg.replay_dict(), saved) if isinstance(saved, dict) else []
+        if mismatches:
+            field = mismatches[0]
+            raise ProCapError(
+                f"--resume: TrainConfig.{field} = {getattr(self.cfg, field)!r} differs from the {saved[field]!r} the "
+                f"run in {self.out} was trained with ({self.config_path.name}); resume with the run's own options "
+                "or start a new run."
             )
 
     def _clear_dead_saves(self) -> None:

@@ -13,27 +13,10 @@ import pytest
 from procap.commands.cli import main
 from procap.commands.cli_args import add_common_arguments, config_from_args
 from procap.core.errors import ProCapError
-from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog, validation_line
 from procap.train.tracking import scalars
-from tests.support import small_training_config
-
-
-@pytest.fixture
-def small_model(monkeypatch):
-    """``new_model`` builds the 16 px test configuration whatever the preset (the preset is still recorded)."""
-    from procap.train import stage1
-
-    monkeypatch.setattr(
-        stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_training_config(len(vocab), **kw))
-    )
-
-
-def _parse(stage: str, *argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_common_arguments(parser, stage)
-    return parser.parse_args(list(argv))
+from tests.support import parse_stage_args
 
 
 def _pretrain(*argv: str) -> list[str]:
@@ -54,17 +37,17 @@ def test_a_run_replays_from_its_config_and_flags_override_it(tmp_path, small_mod
     # folder holds the finished run, which a replay may not write over without --overwrite).
     config = str(first / "stage1_config.json")
     with pytest.raises(ProCapError, match="holds a finished `procap pretrain` run; pass --resume"):
-        config_from_args("pretrain", _parse("pretrain", "--config", config))
+        config_from_args("pretrain", parse_stage_args("pretrain", "--config", config))
     replay = str(tmp_path / "replay")
-    replayed = config_from_args("pretrain", _parse("pretrain", "--config", config, "--out", replay))
+    replayed = config_from_args("pretrain", parse_stage_args("pretrain", "--config", config, "--out", replay))
     assert replayed.resolved().to_dict() == {k: v for k, v in written.items() if k != "data_parallel"} | {
         "val_metrics": tuple(written["val_metrics"]),
         "loggers": (),
         "out": replay,
     }
-    overwriting = config_from_args("pretrain", _parse("pretrain", "--config", config, "--overwrite"))
+    overwriting = config_from_args("pretrain", parse_stage_args("pretrain", "--config", config, "--overwrite"))
     assert overwriting.out == str(first) and overwriting.seed == 4 and overwriting.overwrite
-    changed = _parse("pretrain", "--config", config, "--seed", "9", "--out", "x")
+    changed = parse_stage_args("pretrain", "--config", config, "--seed", "9", "--out", "x")
     assert (config_from_args("pretrain", changed).seed, config_from_args("pretrain", changed).out) == (9, "x")
 
 
@@ -73,8 +56,8 @@ def test_a_yaml_config_gives_the_same_options(tmp_path, clevr_root):
     options = {"data": str(clevr_root), "out": "run", "preset": "tiny", "steps": 7, "val_metrics": ["BLEU-4", "CIDEr"]}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(options))
     (tmp_path / "c.json").write_text(json.dumps(options))
-    from_yaml = config_from_args("train", _parse("train", "--config", str(tmp_path / "c.yaml")))
-    assert from_yaml == config_from_args("train", _parse("train", "--config", str(tmp_path / "c.json")))
+    from_yaml = config_from_args("train", parse_stage_args("train", "--config", str(tmp_path / "c.yaml")))
+    assert from_yaml == config_from_args("train", parse_stage_args("train", "--config", str(tmp_path / "c.json")))
     assert from_yaml.steps == 7 and from_yaml.val_metrics == ("BLEU-4", "CIDEr")
 
 
@@ -91,25 +74,29 @@ def test_bad_config_files_are_one_sentence(tmp_path, clevr_root, content, messag
     path = tmp_path / "config.json"
     path.write_text(content)
     with pytest.raises(ProCapError, match=message):
-        config_from_args("pretrain", _parse("pretrain", "--config", str(path), "--data", str(clevr_root)))
+        config_from_args("pretrain", parse_stage_args("pretrain", "--config", str(path), "--data", str(clevr_root)))
 
 
 def test_without_preset_a_new_model_takes_the_datasets_paper_preset_and_says_so(tmp_path, clevr_root, caplog):
     caplog.set_level(logging.INFO, logger="procap")  # the notes are INFO records (on stderr from the command line)
     untrained = ("--vqgan", "untrained")  # a paper preset's new model needs a tokenizer (test_train_help.py)
-    args = _parse("train", "--data", str(clevr_root), "--out", "run", "--dataset", "spot-the-diff", *untrained)
+    args = parse_stage_args(
+        "train", "--data", str(clevr_root), "--out", "run", "--dataset", "spot-the-diff", *untrained
+    )
     assert config_from_args("train", args).preset == "spot"
     assert "using 'spot', the paper's preset for spot-the-diff" in caplog.text
-    args = _parse("train", "--data", str(clevr_root), "--out", "r", *untrained)
+    args = parse_stage_args("train", "--data", str(clevr_root), "--out", "r", *untrained)
     assert config_from_args("train", args).preset == "clevr"
     caplog.clear()
     init = tmp_path / "s1.safetensors"
     init.write_bytes(b"x")  # unreadable: loading it names the file (test_checkpoint.py); no preset is announced here
-    config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--init", str(init)))
-    config_from_args("train", _parse("train", "--data", str(clevr_root), "--out", "r", "--preset", "tiny", *untrained))
+    config_from_args("train", parse_stage_args("train", "--data", str(clevr_root), "--out", "r", "--init", str(init)))
+    config_from_args(
+        "train", parse_stage_args("train", "--data", str(clevr_root), "--out", "r", "--preset", "tiny", *untrained)
+    )
     assert caplog.text == ""  # the checkpoint's model, or a preset asked for: nothing to announce
     with pytest.raises(ProCapError, match="--out is required"):
-        config_from_args("train", _parse("train", "--data", str(clevr_root)))
+        config_from_args("train", parse_stage_args("train", "--data", str(clevr_root)))
 
 
 @pytest.mark.parametrize("stage", ["vqgan", "pretrain", "train"])
@@ -126,7 +113,7 @@ def test_bad_data_is_refused_before_the_default_notes(tmp_path, capsys, stage):
 
 def test_the_default_notes_are_kept_for_the_caller_when_asked(clevr_root, capsys):
     notes: list[str] = []
-    args = _parse("train", "--data", str(clevr_root), "--out", "r", "--vqgan", "untrained")
+    args = parse_stage_args("train", "--data", str(clevr_root), "--out", "r", "--vqgan", "untrained")
     assert config_from_args("train", args, notes).preset == "clevr"
     assert capsys.readouterr().err == ""
     assert len(notes) == 1 and "no --preset given: using 'clevr'" in notes[0]
@@ -190,7 +177,7 @@ def test_the_wandb_project_and_run_name_come_from_flags_then_the_environment(tmp
     RunTrackers(("wandb",), tmp_path, "stage2", {}, project="p", run_name="n").close()
     assert [(s["project"], s["name"]) for s in started] == [("levir-runs", "k2-seed0"), ("p", "n")]
 
-    args = _parse(
+    args = parse_stage_args(
         "train",
         "--data",
         str(clevr_root),
@@ -220,7 +207,7 @@ def test_a_replay_from_another_folder_reads_the_same_data(tmp_path, small_model,
     monkeypatch.chdir(elsewhere)
     # (its own folder holds a finished run now: a replay there needs --overwrite, which replaces it)
     replayed = config_from_args(
-        "pretrain", _parse("pretrain", "--config", str(first / "stage1_config.json"), "--overwrite")
+        "pretrain", parse_stage_args("pretrain", "--config", str(first / "stage1_config.json"), "--overwrite")
     )
     assert (replayed.data, replayed.out) == (str(clevr_root), str(first))
     # the replay trains on the same data: the same losses, into the folder given on the command line
@@ -237,7 +224,7 @@ def test_relative_paths_in_a_config_file_are_read_against_its_folder(tmp_path, c
     options = {"data": data, "out": "../runs/x", "preset": "tiny", "procedures": source, "steps": 3}
     (configs / "c.json").write_text(json.dumps(options))
     monkeypatch.chdir(clevr_root)  # anywhere else
-    config = config_from_args("pretrain", _parse("pretrain", "--config", str(configs / "c.json")))
+    config = config_from_args("pretrain", parse_stage_args("pretrain", "--config", str(configs / "c.json")))
     assert (config.data, config.out) == (str(clevr_root), str(tmp_path / "runs" / "x"))
     assert config.procedures == source  # a name, not a path
     assert config.replay_dict()["procedures"] == source and "h5py" not in config.optional_packages()
@@ -250,10 +237,11 @@ def test_a_resumed_runs_config_replays_as_a_new_run(tmp_path, small_model, clevr
     written = json.loads((out / "stage1_config.json").read_text())
     assert written["resume"] is False and written["overwrite"] is False
     replayed = config_from_args(
-        "pretrain", _parse("pretrain", "--config", str(out / "stage1_config.json"), "--out", str(tmp_path / "new"))
+        "pretrain",
+        parse_stage_args("pretrain", "--config", str(out / "stage1_config.json"), "--out", str(tmp_path / "new")),
     )
     assert replayed.resume is False
-    resumed = _parse("pretrain", "--config", str(out / "stage1_config.json"), "--resume")
+    resumed = parse_stage_args("pretrain", "--config", str(out / "stage1_config.json"), "--resume")
     assert config_from_args("pretrain", resumed).resume is True  # continuing is asked on the command line
 
 
@@ -277,8 +265,8 @@ def test_a_files_boolean_is_flipped_back_on_the_command_line(tmp_path, clevr_roo
     flipped = {"amp": False, "progress": False, "cache_images": False, "cache_features": True, "encoder_warmup": False}
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"data": str(clevr_root), "out": "run", "preset": "tiny"} | flipped))
-    from_file = config_from_args("train", _parse("train", "--config", str(path)))
+    from_file = config_from_args("train", parse_stage_args("train", "--config", str(path)))
     assert {name: getattr(from_file, name) for name in flipped} == flipped
     argv = ["--amp", "--progress", "--cache", "--no-cache-features", "--encoder-warmup"]
-    back = config_from_args("train", _parse("train", "--config", str(path), *argv))
+    back = config_from_args("train", parse_stage_args("train", "--config", str(path), *argv))
     assert {name: getattr(back, name) for name in flipped} == {name: not value for name, value in flipped.items()}

@@ -4,34 +4,17 @@ run's saved config, and a repeated option that contradicts it is refused unless 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 
 import pytest
 
 from procap.commands.cli import main
-from procap.commands.cli_args import add_common_arguments, config_from_args
+from procap.commands.cli_args import config_from_args
 from procap.core.errors import ProCapError
-from procap.model.procap import ProCap
 from procap.train.config import RESUME_CHANGEABLE, TrainConfig, resumed_values
-from tests.support import small_training_config
-
-
-@pytest.fixture
-def small_model(monkeypatch):
-    """``new_model`` builds the 16 px test configuration whatever the preset (the preset is still recorded)."""
-    from procap.train import stage1
-
-    monkeypatch.setattr(
-        stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_training_config(len(vocab), **kw))
-    )
-
-
-def _parse(stage: str, *argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_common_arguments(parser, stage)
-    return parser.parse_args(list(argv))
+from procap.train.loop import JsonlLog
+from tests.support import parse_stage_args
 
 
 @pytest.fixture
@@ -54,7 +37,7 @@ def stage2_run(tmp_path, clevr_root):
 def test_a_resume_takes_every_option_it_is_not_given_from_the_run(stage2_run):
     """Without --val-pairs the resumed run validated on the default 200 pairs, where the run had used 50, and
     rewrote best's recorded score on another subset; --data had to be given again."""
-    resumed = config_from_args("train", _parse("train", "--out", str(stage2_run), "--resume"))
+    resumed = config_from_args("train", parse_stage_args("train", "--out", str(stage2_run), "--resume"))
     saved = json.loads((stage2_run / "stage2_config.json").read_text())
     assert (resumed.val_pairs, resumed.seed, resumed.steps, resumed.data) == (50, 7, 20, saved["data"])
     assert resumed.resume
@@ -70,17 +53,19 @@ def test_a_resume_refuses_an_option_that_contradicts_the_run(stage2_run, capsys)
     assert err.startswith("procap: error: --resume: --val-pairs 200 differs from the 50 the run in ")
     assert "leave --val-pairs out" in err and err.count("\n") == 1
     with pytest.raises(ProCapError, match="--seed 8 differs from the 7"):
-        config_from_args("train", _parse("train", "--out", str(stage2_run), "--resume", "--seed", "8"))
-    same = config_from_args("train", _parse("train", "--out", str(stage2_run), "--resume", "--seed", "7"))
+        config_from_args("train", parse_stage_args("train", "--out", str(stage2_run), "--resume", "--seed", "8"))
+    same = config_from_args("train", parse_stage_args("train", "--out", str(stage2_run), "--resume", "--seed", "7"))
     assert same.seed == 7  # repeating the run's own value is no contradiction
 
 
 def test_a_resume_may_extend_the_run_and_change_how_it_runs(stage2_run):
     argv = ["--out", str(stage2_run), "--resume", "--steps", "40", "--no-progress", "--workers", "2"]
-    resumed = config_from_args("train", _parse("train", *argv))
+    resumed = config_from_args("train", parse_stage_args("train", *argv))
     assert (resumed.steps, resumed.progress, resumed.workers, resumed.val_pairs) == (40, False, 2, 50)
     # the length is one choice: --epochs on resume drops the saved --steps, which would win over it
-    by_epochs = config_from_args("train", _parse("train", "--out", str(stage2_run), "--resume", "--epochs", "3"))
+    by_epochs = config_from_args(
+        "train", parse_stage_args("train", "--out", str(stage2_run), "--resume", "--epochs", "3")
+    )
     assert (by_epochs.steps, by_epochs.epochs) == (None, 3)
 
 
@@ -119,6 +104,25 @@ def test_a_config_file_that_is_not_utf8_is_refused_not_altered(tmp_path, clevr_r
     path.write_bytes(text.encode("latin-1"))
     position = text.encode("latin-1").index(b"\xe9")
     with pytest.raises(ProCapError, match=f"is not UTF-8 text \\(byte 0xe9 at position {position}\\)"):
-        config_from_args("train", _parse("train", "--config", str(path)))
+        config_from_args("train", parse_stage_args("train", "--config", str(path)))
     path.write_bytes(text.encode("utf-8"))
-    assert config_from_args("train", _parse("train", "--config", str(path))).wandb_name == "café"
+    assert config_from_args("train", parse_stage_args("train", "--config", str(path))).wandb_name == "café"
+
+
+def test_a_program_resuming_with_other_options_is_refused_by_the_library(tmp_path, small_model, train_pairs, vocab):
+    """The command line fills a resume's options from the run's config file; a program builds its own TrainConfig,
+    and the trainer itself compares it with that file, so an API resume cannot mix two runs' settings either."""
+    from procap.train.stage1 import pretrain
+
+    options = {"stage": "pretrain", "out": str(tmp_path / "run"), "batch_size": 4, "lr": 1e-3, "progress": False}
+    options.update(warmup_steps=1, save_every=2, log_every=1, seed=5)
+    pretrain(TrainConfig(**options, steps=2), pairs=train_pairs, vocab=vocab)
+    with pytest.raises(
+        ProCapError, match=r"TrainConfig\.lr = 0\.002 differs from the 0\.001 the run in .*stage1_config"
+    ):
+        pretrain(TrainConfig(**{**options, "lr": 2e-3}, steps=4, resume=True), pairs=train_pairs, vocab=vocab)
+    with pytest.raises(ProCapError, match=r"TrainConfig\.seed = 6 differs"):
+        pretrain(TrainConfig(**{**options, "seed": 6}, steps=4, resume=True), pairs=train_pairs, vocab=vocab)
+    pretrain(TrainConfig(**options, steps=4, resume=True), pairs=train_pairs, vocab=vocab)  # longer: allowed
+    steps = [r["step"] for r in JsonlLog(tmp_path / "run" / "log.jsonl").records() if "loss" in r]
+    assert steps == [1, 2, 3, 4]

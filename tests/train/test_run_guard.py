@@ -21,16 +21,6 @@ from procap.model.procap import ProCap
 from procap.train.config import TrainConfig
 from procap.train.loop import JsonlLog
 from procap.train.run_guard import StopRequests, TrainingInterrupted
-from tests.support import small_training_config
-
-
-@pytest.fixture
-def small_model(monkeypatch):
-    from procap.train import stage1
-
-    monkeypatch.setattr(
-        stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(small_training_config(len(vocab), **kw))
-    )
 
 
 def _config(out, **kw) -> TrainConfig:
