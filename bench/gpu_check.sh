@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check.sh setup     # the compiled ops (carried, or compiled there), the GPU-facing tests with -n
 #   bash bench/gpu_check.sh e2e       # end-to-end at k = 2 (eager fp32; fast at batch 1/8/32/128) and the stages
-#   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks
+#   bash bench/gpu_check.sh kernels   # masking, VQ, GroupNorm+SiLU and attention benchmarks, attention backends
 #   bash bench/gpu_check.sh train     # one optimizer step of stage 1 and stage 2, fused kernels against eager
 #   bash bench/gpu_check.sh profile   # bench/gpu_tune.py: named variants, every kernel at b1 and b32, the table last
 #   bash bench/gpu_check.sh ncu       # ncu of the GN statistics kernel (largest b32 launch) and finalize (b1)
@@ -162,6 +162,10 @@ step_kernels() {
   run_bounded kernels kernel_bench "$PYTHON" -m pytest bench/test_masking.py bench/test_vq.py \
     bench/test_groupnorm.py bench/test_attention.py --benchmark-only -q -p no:cacheprovider \
     ${GPU_CHECK_KERNELS_K:+-k "$GPU_CHECK_KERNELS_K"} --benchmark-json="$PARTS/kernels.bench.json"
+  # every attention backend (and the split-K decode kernels) on the encoder's and the decoding step's shapes: the
+  # results feed auto's MEASURED_ORDER (docs/gpu.md, "Attention backend by measurement")
+  run_bounded kernels attention_backends "$PYTHON" bench/attention_backends.py --out "$PARTS/attention_backends.json" \
+    $([ "$DRY_RUN" = 1 ] && echo --dry-run)
 }
 
 step_train() {

@@ -99,6 +99,22 @@ VARIANTS: dict[str, Variant] = {
         estimate_ms_b32=0.25,
         estimate_ms_b1=0.05,
     ),
+    # Issue 51 item 4c, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"). The 2026-11-26 b32
+    # profile: the cross attention ran on cuDNN's sm80 wmma kernel, 48 launches (24 steps x 2 layers) = 1.065 ms,
+    # 22.2 us each, reading one layer's keys and values, 32 x 784 x 1024 x 2 B = 51.4 MB (2.3 TB/s; the two layers'
+    # 103 MB do not stay in the 50 MB L2). Split-K reads the same bytes at the ~2.9 TB/s the GN apply kernel reached:
+    # 17.7 us, + 0.6 us of partials (3,328 x 66 fp32 written and read) + ~2 us for the combine launch = ~20 us, so
+    # 48 x ~2 us = -0.1 ms at b32 (the floor at 3.35 TB/s, 15.3 us + the combine, bounds it at -0.2). b1 was never
+    # profiled: 8 CTAs (one per head) walk 784 keys from L2 in 7 dependent 128-key steps, guessed 8-10 us; split-K
+    # is 104 programs of one 64-key tile (~3 us) + the combine (~2 us): ~-4 us x 48 = -0.2 ms, -0.15 after the
+    # ~70 % the last six estimates reached.
+    "decode_split_k": Variant(
+        "all + the decoding step's cross attention through the split-K Triton kernels (the decoder's "
+        "split_k_attention) instead of cuDNN's sm80 kernel",
+        {"fused_decoder": {"split_k_attention": True}},
+        estimate_ms_b32=0.1,
+        estimate_ms_b1=0.15,
+    ),
     # Issue 52, prepared on a CPU (fake-quant) and not yet measured. Estimates from the 2026-11-26 profile: the
     # encoder GEMMs take 6.3 ms at b32 at ~90 % of bf16 peak; at 1.6-1.9x in FP8 they save 2.6-3.3 ms, less the
     # per-row quantisation of 4 activations per layer (~0.3 ms at b32 while no producing kernel writes e4m3):

@@ -1,7 +1,7 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
 Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``,
-``logits_pick.py``) holds the op's whole story: its contract, the plain PyTorch reference,
+``logits_pick.py``, ``split_k_attention.py``) holds the op's whole story: its contract, the plain PyTorch reference,
 the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/
 (compiled on first use by ``_ext.py``).
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
@@ -19,6 +19,7 @@ from procap.kernels.layernorm import add_layer_norm, add_layer_norm_ref
 from procap.kernels.logits_pick import greedy_logits_step, greedy_logits_step_ref
 from procap.kernels.masking import MaskParams, masking, masking_ref
 from procap.kernels.residual import bias_add, bias_add_ref
+from procap.kernels.split_k_attention import decode_attention, decode_attention_ref
 from procap.kernels.vq import vq_nearest, vq_nearest_ref
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "bias_add",
     "bias_add_ref",
     "chosen_impl",
+    "decode_attention",
+    "decode_attention_ref",
     "greedy_logits_step",
     "greedy_logits_step_ref",
     "greedy_step",

@@ -9,8 +9,11 @@ Backends (``BACKENDS``):
   ``torch.nn.attention.sdpa_kernel``.
 - ``math``: the plain reference (softmax in fp32), the truth every other backend is tested against.
 
-``auto`` resolves to the fastest backend available for the device type and dtype. The decision is made
-once per ``(device type, dtype)`` and cached (like timm's ``fused_attn`` flag), and can be overridden for a
+``auto`` resolves to the first available backend of :func:`auto_order` for the device's architecture and the
+call's use (``USES``: ``encoder``, whole sequences; ``decode``, one query row against cached keys): the order a GPU
+measured fastest (:data:`MEASURED_ORDER`, filled from ``bench/attention_backends.py``'s results, docs/gpu.md),
+else :data:`SAFE_ORDER`, the backends that have run. The decision is made once per ``(architecture, dtype, use)``
+and cached (like timm's ``fused_attn`` flag), and can be overridden for a
 scope with :func:`use_backend` or for the process with the ``PROCAP_ATTENTION`` environment variable (checked
 when read: an unknown or unavailable backend there is a :class:`~procap.core.errors.ProCapError` naming it).
 Requesting an unavailable backend explicitly raises :class:`BackendUnavailableError` naming the backend and
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import math
 import os
@@ -47,11 +51,20 @@ _INSTALL_HINTS = {
     "sdpa_efficient": "a CUDA build of PyTorch",
     "sdpa_flash": "a CUDA build of PyTorch on compute capability >= 8.0 with fp16/bf16, or any CPU build",
 }
-# Priority used by ``auto``: fused third-party kernel, then PyTorch's own dispatcher, then the reference.
-_AUTO_ORDER = ("flash", "sdpa", "xformers", "math")
+# What ``auto`` chooses for: whole sequences (the encoder, every call with several queries), or one query row against
+# cached keys (the decoding steps), whose best kernels differ.
+USES = ("encoder", "decode")
+# ``auto``'s order where no GPU measured one: PyTorch's own dispatcher, which every GPU run so far used, then the
+# reference. flash-attn and xformers have never run here (the GPU image lacks them): they come first only once a
+# measurement puts them there.
+SAFE_ORDER = ("sdpa", "math")
+# ``auto``'s order per (architecture, use), fastest first, measured by bench/attention_backends.py (bf16) and pasted
+# from its ``--order-from`` output (docs/gpu.md, "Attention backend by measurement"). Architectures are
+# ``device_architecture``'s names (``sm90``: H100 / H200). Empty until a GPU has run the bench.
+MEASURED_ORDER: dict[tuple[str, str], tuple[str, ...]] = {}
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("procap_attention_backend", default=None)
-_auto_cache: dict[tuple[str, torch.dtype], str] = {}
+_auto_cache: dict[tuple[str, torch.dtype, str], str] = {}
 _probe_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
 _reason_cache: dict[tuple[str, str, torch.dtype], str | None] = {}
 
@@ -178,8 +191,33 @@ def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[s
     return [b for b in BACKENDS[1:] if unavailable_reason(b, device, dtype) is None]
 
 
-def select_backend(device: torch.device | str, dtype: torch.dtype) -> str:
-    """The backend ``auto`` resolves to for (device type, dtype); decided once and cached.
+def device_architecture(device: torch.device | str) -> str:
+    """The key of :data:`MEASURED_ORDER` for ``device``: ``sm<major><minor>`` for a CUDA GPU, else the device type."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    return _cuda_architecture(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _cuda_architecture(index: int) -> str:
+    """Asked once per GPU: ``auto`` reads it on every call."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def auto_order(architecture: str, use: str) -> tuple[str, ...]:
+    """The backends ``auto`` tries, in order: the measured order of (``architecture``, ``use``), then the rest of
+    :data:`SAFE_ORDER`; an architecture nothing was measured on gets :data:`SAFE_ORDER` alone."""
+    if use not in USES:
+        raise ValueError(f"unknown attention use {use!r}; choose one of {USES}")
+    measured = MEASURED_ORDER.get((architecture, use), ())
+    return (*measured, *(backend for backend in SAFE_ORDER if backend not in measured))
+
+
+def select_backend(device: torch.device | str, dtype: torch.dtype, use: str = "encoder") -> str:
+    """The backend ``auto`` resolves to for (device architecture, dtype, use): the first available one of
+    :func:`auto_order`; decided once and cached.
 
     A scope opened with :func:`use_backend` or the ``PROCAP_ATTENTION`` environment variable wins.
     """
@@ -190,19 +228,23 @@ def select_backend(device: torch.device | str, dtype: torch.dtype) -> str:
     if from_environment and from_environment != "auto":
         _check_environment_backend(from_environment, device, dtype)
         return from_environment
-    key = (torch.device(device).type, dtype)
+    key = (device_architecture(device), dtype, use)
     if key not in _auto_cache:
-        _auto_cache[key] = next(b for b in _AUTO_ORDER if unavailable_reason(b, key[0], dtype) is None)
+        device_type = torch.device(device).type
+        order = auto_order(key[0], use)
+        _auto_cache[key] = next(b for b in order if unavailable_reason(b, device_type, dtype) is None)
     return _auto_cache[key]
 
 
-def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype) -> str:
-    """The backend a layer set to ``backend`` runs on: ``auto`` resolved for the device and dtype, any other as it is.
+def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype, use: str = "encoder") -> str:
+    """The backend a layer set to ``backend`` runs on: ``auto`` resolved for the device, dtype and use
+    (:data:`USES`), any other as it is.
 
     What code fixing its backend ahead of the calls uses (the cached decoding step, whose state is set up once and
-    replayed, and ``procap.fast``'s settings), so that they resolve ``auto`` as :func:`attention` would.
+    replayed, with ``use="decode"``, and ``procap.fast``'s settings), so that they resolve ``auto`` as
+    :func:`attention` would.
     """
-    return select_backend(device, dtype) if backend == "auto" else backend
+    return select_backend(device, dtype, use) if backend == "auto" else backend
 
 
 def _check_environment_backend(backend: str, device: torch.device | str, dtype: torch.dtype) -> None:
@@ -359,7 +401,8 @@ def attention(
         causal: query i sees keys ``j <= i + Lk - Lq`` (bottom-right aligned).
         attn_mask: optional mask broadcastable to (B, H, Lq, Lk): bool, True = may attend, or an additive bias in a
             floating dtype (0 visible, -inf hidden), which SDPA takes as it is.
-        backend: one of ``BACKENDS``; ``auto`` uses :func:`select_backend`.
+        backend: one of ``BACKENDS``; ``auto`` uses :func:`select_backend`, for the ``decode`` use when there is one
+            query row (Lq = 1), else for ``encoder``.
 
     Returns:
         (B, H, Lq, Dh) in q's dtype.
@@ -368,7 +411,7 @@ def attention(
         BackendUnavailableError: an explicitly named backend cannot run here.
     """
     if backend == "auto":
-        backend = select_backend(q.device, q.dtype)
+        backend = select_backend(q.device, q.dtype, "decode" if q.shape[-2] == 1 else "encoder")
         if backend == "flash" and not _flash_fits(q, attn_mask):
             backend = "sdpa"  # flash-attn takes no arbitrary mask / large head dims: PyTorch's kernels do
     if backend not in BACKENDS:

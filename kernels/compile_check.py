@@ -241,6 +241,17 @@ def _launch_logits_pick(config: Any, pairs: int) -> None:
         )
 
 
+def _launch_split_k_attention(config: Any, pairs: int) -> None:
+    from procap.kernels import split_k_attention
+
+    d, heads, n = config.dec_dim, config.dec_heads, config.memory_tokens
+    for dtype in DTYPES:  # the step's cross attention: strided (B, H, N, Dh) views of its (B, N, 2D) cache
+        cache = torch.empty(pairs, n, 2 * d, dtype=dtype)
+        keys, values = (cache[..., i * d : (i + 1) * d].view(pairs, n, heads, -1).transpose(1, 2) for i in range(2))
+        query = torch.empty(pairs, d, dtype=dtype).view(pairs, heads, 1, -1)
+        split_k_attention.decode_attention_triton(query, keys, values)
+
+
 def _launch_encoder(config: Any, pairs: int) -> None:
     from procap.kernels import layernorm
 
@@ -259,6 +270,7 @@ LAUNCHERS = (
     _launch_bias_add,
     _launch_decode,
     _launch_logits_pick,
+    _launch_split_k_attention,
     _launch_encoder,
 )
 

@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from procap.kernels import attention as attn_mod
 from procap.kernels.attention import (
     BACKENDS,
+    SAFE_ORDER,
+    USES,
     BackendUnavailableError,
     attention,
     attention_math,
+    auto_order,
     available_backends,
     backend_for_mask,
     resolve_backend,
@@ -112,7 +115,7 @@ def test_mask_blocks_keys():
 def test_auto_is_cached_and_available():
     choice = select_backend("cpu", torch.float32)
     assert choice in available_backends("cpu", torch.float32)
-    assert attn_mod._auto_cache[("cpu", torch.float32)] == choice
+    assert attn_mod._auto_cache[("cpu", torch.float32, "encoder")] == choice
     assert select_backend(torch.device("cpu"), torch.float32) == choice
 
 
@@ -225,3 +228,51 @@ def test_resolve_backend_is_what_auto_runs():
     assert resolve_backend("math", "cpu", torch.float32) == "math"
     with use_backend("math"):
         assert resolve_backend("auto", "cpu", torch.float32) == "math"
+
+
+# -- auto's order: measured per (architecture, use), else the backends that have run --------------------------------
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """An empty MEASURED_ORDER and a fresh ``auto`` cache for the test to fill, both put back after it."""
+    monkeypatch.setattr(attn_mod, "MEASURED_ORDER", {})
+    monkeypatch.setattr(attn_mod, "_auto_cache", {})
+    monkeypatch.delenv("PROCAP_ATTENTION", raising=False)
+    return attn_mod.MEASURED_ORDER
+
+
+def test_unmeasured_architectures_take_the_safe_order(measured):
+    # flash-attn has never run anywhere: nothing unmeasured puts it (or xformers) first any more.
+    measured[("sm90", "encoder")] = ("flash", "sdpa_cudnn")
+    for arch, use in (("sm75", "encoder"), ("sm100", "decode"), ("sm90", "decode"), ("cpu", "encoder")):
+        assert auto_order(arch, use) == SAFE_ORDER
+    assert SAFE_ORDER[0] == "sdpa" and "flash" not in SAFE_ORDER and "xformers" not in SAFE_ORDER
+    assert auto_order("sm90", "encoder") == ("flash", "sdpa_cudnn", *SAFE_ORDER)  # then the safe ones, once each
+    with pytest.raises(ValueError, match="unknown attention use"):
+        auto_order("sm90", "training")
+
+
+def test_the_committed_measured_order_names_real_backends():
+    for (arch, use), order in attn_mod.MEASURED_ORDER.items():
+        assert arch.startswith("sm") and use in USES and order and set(order) <= set(BACKENDS) - {"auto"}
+
+
+def test_a_measured_order_changes_the_choice_of_its_architecture_and_use(measured):
+    assert select_backend("cpu", torch.float32) == "sdpa"
+    measured[("cpu", "encoder")] = ("xformers", "math")  # xformers cannot run on a CPU: the next one is taken
+    attn_mod._auto_cache.clear()
+    assert select_backend("cpu", torch.float32) == "math"
+    assert select_backend("cpu", torch.float32, "decode") == "sdpa"  # the other use keeps the safe order
+    assert resolve_backend("auto", "cpu", torch.float32, use="decode") == "sdpa"
+
+
+def test_one_query_row_resolves_auto_for_the_decode_use(measured, monkeypatch):
+    measured[("cpu", "decode")] = ("math",)
+    ran = []
+    real = attn_mod._run_backend
+    monkeypatch.setattr(attn_mod, "_run_backend", lambda backend, *args: ran.append(backend) or real(backend, *args))
+    q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 5, 8)
+    attention(q, k, k)
+    attention(k, k, k)
+    assert ran == ["math", "sdpa"]

@@ -71,6 +71,16 @@ def test_the_logits_pick_variant_is_the_defaults_with_the_decoders_option():
     assert variant.estimate_ms_b32 is not None and variant.estimate_ms_b1 is not None
 
 
+def test_the_split_k_variant_is_the_defaults_with_the_decoders_option(capsys):
+    from procap.model.decoder import CaptionDecoder
+
+    variant = tune.VARIANTS["decode_split_k"]
+    assert variant.captioner == {"fused_decoder": {"split_k_attention": True}}
+    assert set(variant.captioner["fused_decoder"]) <= set(CaptionDecoder.fused_options)
+    assert tune.main(["--list"]) == 0
+    assert "[estimate: -0.1 ms at b32, -0.15 ms at b1]" in capsys.readouterr().out  # written before any GPU ran it
+
+
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
     assert tune.main(["--list"]) == 0
     assert "baseline" in capsys.readouterr().out

@@ -19,7 +19,10 @@ the layers written out op by op take about 60):
 - the pick, the EOS bookkeeping, the next token's embedding + position and the mask entry in one launch
   (``procap.kernels.greedy_step``); with the decoder's ``logits_pick`` option the logits GEMV and the pick of each
   vocabulary tile in one Triton kernel instead of the GEMM, the greedy step reducing the tiles
-  (``procap.kernels.greedy_logits_step``; opt-in until a GPU has timed it).
+  (``procap.kernels.greedy_logits_step``; opt-in until a GPU has timed it);
+- with the decoder's ``split_k_attention`` option the cross attention (one query per head over the memory's cached
+  keys) through the split-K kernels of ``procap.kernels.decode_attention`` instead of the attention backend
+  (opt-in until a GPU has timed it).
 
 Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
 Attention goes through :func:`procap.kernels.attention.attention`, like every other layer's, with the backend
@@ -73,11 +76,19 @@ class FusedWeights:
 
     @torch.no_grad()
     def __init__(
-        self, decoder: CaptionDecoder, backend: str, bos_id: int, pad_id: int, logits_pick: bool = False
+        self,
+        decoder: CaptionDecoder,
+        backend: str,
+        bos_id: int,
+        pad_id: int,
+        logits_pick: bool = False,
+        split_k_attention: bool = False,
     ) -> None:
         """``backend``: a resolved attention backend (not ``auto``); ``logits_pick``: the greedy step's logits and
-        pick through :func:`procap.kernels.greedy_logits_step`."""
+        pick through :func:`procap.kernels.greedy_logits_step`; ``split_k_attention``: the cross attention through
+        :func:`procap.kernels.decode_attention`."""
         self.backend, self.bos_id, self.pad_id, self.logits_pick = backend, bos_id, pad_id, logits_pick
+        self.split_k_attention = split_k_attention
         self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
         self.layers = [_LayerWeights(layer) for layer in decoder.layers]
@@ -207,6 +218,14 @@ def _attend(
     return attention(q, kv[0], kv[1], attn_mask=mask, backend=backend_for_mask(backend, mask))
 
 
+def _attend_memory(weights: FusedWeights, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The cross attention's query over the memory's cached keys/values: the split-K kernels with
+    ``split_k_attention``, else the attention backend."""
+    if weights.split_k_attention:
+        return kernels.decode_attention(q, kv[0], kv[1])
+    return _attend(weights.backend, q, kv, None)
+
+
 def _add_norm(x: torch.Tensor, h: torch.Tensor, norm: torch.nn.LayerNorm, fp32: bool = False) -> torch.Tensor:
     return kernels.add_layer_norm(x, h, norm.weight, norm.bias, norm.eps, torch.float32 if fp32 else None)
 
@@ -225,7 +244,7 @@ def hidden_step(state: FusedDecodingState) -> torch.Tensor:
         torch.addmm(w.cross_q_bias, h, w.cross_q_weight_t, out=state.q_cross_rows)
         if state.cross_kv_e4m3 is not None:
             state.cross_kv_e4m3.load(index)
-        attended = _attend(w_all.backend, state.q_cross, state.cross_kv_heads[index], None)
+        attended = _attend_memory(w_all, state.q_cross, state.cross_kv_heads[index])
         out = torch.addmm(w.cross_out_bias, attended.view(rows, w_all.dim), w.cross_out_weight_t)
         h = _add_norm(x, out, w.norms[2])
         hidden = w.activation(torch.addmm(w.fc1_bias, h, w.fc1_weight_t))

@@ -144,6 +144,33 @@ def test_the_fused_logits_pick_decodes_as_the_step_before_it(trained, pairs, imp
         torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "impl,dtype", [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.bfloat16)], ids=str
+)
+def test_the_split_k_cross_attention_decodes_as_the_step_before_it(trained, pairs, impl, dtype, monkeypatch):
+    # split_k_attention runs the cross attention through kernels.decode_attention (the tiny fixture's 90 memory
+    # tokens: two splits): the same greedy tokens as the step on its backend, the logits up to the softmax's
+    # summation order (and, in bf16, the rounding of the attended values).
+    decoder = CaptionDecoder(trained[0].config)
+    decoder.load_state_dict(trained[0].decoder.state_dict())
+    decoder.eval().to(dtype)
+    with torch.no_grad():
+        memory = trained[0].memory(pairs[0][:3], pairs[1][:3]).to(dtype)
+    assert memory.shape[1] > kernels.split_k_attention.SPLIT_KEYS  # more than one split
+    monkeypatch.setenv("PROCAP_KERNELS", impl)
+    kernels.reset_dispatch()
+    before_logits, _, before_out = _decode_both(decoder, memory, 6)
+    decoder.use_fused(split_k_attention=True)
+    after_logits, _, after_out = _decode_both(decoder, memory, 6)
+    assert torch.equal(after_out, before_out)
+    assert len(set(after_out.flatten().tolist())) > 2  # varied tokens: a real comparison
+    tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
+    for (_, before), (_, after) in zip(before_logits, after_logits):
+        finite = torch.isfinite(before)
+        assert torch.equal(finite, torch.isfinite(after))
+        torch.testing.assert_close(after[finite], before[finite], **tolerance)
+
+
 class _KernelCount(TorchDispatchMode):
     """Counts ATen ops that launch work (views excluded); a fused op counts once, however it runs here."""
 
@@ -168,7 +195,7 @@ def _count_step(step, monkeypatch) -> list[str]:
             return real_run(name, impl, like, requires_grad, *args)
 
     monkeypatch.setattr(dispatch, "run", one_launch)
-    for module in (kernels.layernorm, kernels.greedy, kernels.logits_pick):
+    for module in (kernels.layernorm, kernels.greedy, kernels.logits_pick, kernels.split_k_attention):
         monkeypatch.setattr(module, "run", one_launch)
     with torch.no_grad(), counter:
         step()
@@ -195,3 +222,9 @@ def test_the_step_stays_under_the_op_ceiling(monkeypatch):
     pick_ops = _count_step(lambda: decoder.decode_step(state), monkeypatch)
     assert "fused:greedy_logits_step" in pick_ops and "fused:greedy_step" not in pick_ops
     assert len(pick_ops) == len(step_ops) - 1 and pick_ops.count("addmm") == step_ops.count("addmm") - 1
+    # split_k_attention: each layer's cross attention is the split-K op (two launches on a GPU) instead of SDPA's
+    decoder.use_fused(split_k_attention=True)
+    state = decoder.setup_caches(2, 24, torch.float32, "cpu")
+    decoder.prefill(memory, state)
+    split_ops = _count_step(lambda: decoder.decode_step(state), monkeypatch)
+    assert split_ops.count("fused:decode_attention") == config.dec_layers and len(split_ops) == len(step_ops)
