@@ -66,6 +66,7 @@ def test_every_kernel_is_launched(report):
     assert {"_masking_fwd_kernel", "_masking_bwd_kernel", "_vq_nearest_kernel", "_group_norm_stats_kernel"} <= names
     new = {"_group_norm_finalize_kernel", "_bias_add_kernel", "_add_layer_norm_kernel", "_greedy_step_kernel"}
     new |= {"_logits_tile_pick_kernel"}  # the decoding step's logits + pick (kernels/logits_pick.py)
+    new |= {"_decode_mlp_kernel", "_linear_gelu_kernel"}  # the step's MLP; the encoder's fc1 + erf GELU
     assert new <= names
 
 
