@@ -276,8 +276,9 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         layers: :class:`DecoderLayer` stack; ``norm`` the final LayerNorm.
     """
 
-    fused_options = ("logits_pick", "kv_cache_dtype")
-    fused_logits_pick = False  # the fused form's option, set by use_fused
+    fused_options = ("logits_pick", "kv_cache_dtype", "mlp")
+    fused_logits_pick = False  # the fused form's options, set by use_fused
+    fused_mlp = False
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
@@ -331,20 +332,23 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         instead of the logits GEMM (:func:`procap.kernels.greedy_logits_step`; the same tokens, the logits in
         another summation order), opt-in until a GPU has timed it; ``kv_cache_dtype``: None (the default: the
         memory's keys/values in the weights' dtype) or ``torch.float8_e4m3fn`` (e4m3 codes with one scale per token
-        and head, :class:`procap.model.decoder_step.Fp8CrossCache`).
+        and head, :class:`procap.model.decoder_step.Fp8CrossCache`); ``mlp`` (default False): each layer's fc1, erf
+        GELU and fc2 in one Triton kernel (:func:`procap.kernels.decode_mlp`; the same function, the GEMMs in another
+        summation order), opt-in until a GPU has timed it.
 
         The choice is taken by the next :meth:`setup_caches`: a state keeps the form it was set up in.
         """
         super().use_fused(enabled, **options)
 
     def _choose_fused(
-        self, enabled: bool, logits_pick: bool = False, kv_cache_dtype: torch.dtype | None = None
+        self, enabled: bool, logits_pick: bool = False, kv_cache_dtype: torch.dtype | None = None, mlp: bool = False
     ) -> None:
-        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`, :attr:`fused_logits_pick` and the cross
-        cache's dtype."""
+        """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`, :attr:`fused_logits_pick`,
+        :attr:`fused_mlp` and the cross cache's dtype."""
         if kv_cache_dtype not in (None, fp8.E4M3):
             raise ProCapError(f"kv_cache_dtype must be None or torch.float8_e4m3fn, got {kv_cache_dtype!r}.")
         self.fused_logits_pick = enabled and bool(logits_pick)
+        self.fused_mlp = enabled and bool(mlp)
         self.cross_kv_dtype = kv_cache_dtype
 
     def setup_caches(
@@ -369,7 +373,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             prefix = PrefixCache(batch, max_len, n, weight.shape[1], dtype, weight.device)
             return DecodingState(prefix, batch, max_len, weight.shape[0], weight.device)
         backend = resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype)
-        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID, self.fused_logits_pick)
+        weights = decoder_step.FusedWeights(self, backend, BOS_ID, PAD_ID, self.fused_logits_pick, self.fused_mlp)
         return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n, self.cross_kv_dtype)
 
     @torch.no_grad()
