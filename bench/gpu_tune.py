@@ -115,6 +115,41 @@ VARIANTS: dict[str, Variant] = {
         estimate_ms_b32=0.1,
         estimate_ms_b1=0.15,
     ),
+    # Issue 51 item 4b, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"). The issue's table:
+    # the step's 288 GEMM launches (24 steps x 2 layers x 6), the fp32 logits (24 x 15 us = 0.36 ms) and the
+    # decoder attention (48 launches, ~7 us each: ~0.34 ms) make ~2.6 ms at b32, so a GEMM launch is ~6.6 us
+    # ((2.6 - 0.36 - 0.34) / 288). The MLP of one layer and step is two of them plus the GELU (~2 us): ~15 us, x 48
+    # layer-steps = 0.73 ms now. The kernel: 2 row blocks x 16 hidden slices = 32 programs, each reading 256 KB of
+    # L2-resident weights (~1.0-1.7 us at 150-250 GB/s a SM), then the last program of a row block sums 16 partials
+    # of 16 x 512 fp32 (512 KB in 16 blocks: ~2.5-4 us), plus ~2 us of launch and ramp: 6-8 us, 0.29-0.38 ms.
+    # Saved 0.35-0.44 ms, x 0.7 (the last six estimates reached ~70 %): -0.3 ms. At b1 (never profiled): two GEMVs
+    # of ~4.5 us and the GELU, ~11 us x 48 = 0.53 ms, against 16 programs and a 32 KB sum, ~4 us x 48 = 0.19 ms:
+    # 0.34 x 0.7 = -0.2 ms (b1 has more launches per ms: the launch bound shows more there). Revised at the merge with
+    # decode_split_k's reading of the same profile: the cross attention was 48 x 22 us = 1.07 ms, not ~0.34, so a
+    # GEMM launch is ~4.1 us ((2.6 - 0.36 - 1.07) / 288), the MLP ~10 us x 48 = 0.49 ms now, and the saving
+    # (0.49 - 0.29 to 0.38) x 0.7 = -0.08 to -0.14: written -0.1 ms at b32 (b1 unchanged: never profiled).
+    "decode_mlp": Variant(
+        "all + the decoding step's fc1 + erf GELU + fc2 in one Triton kernel per layer (the decoder's mlp), "
+        "instead of two cuBLAS GEMMs and the GELU",
+        {"fused_decoder": {"mlp": True}},
+        estimate_ms_b32=0.1,
+        estimate_ms_b1=0.2,
+    ),
+    # Issue 51 item 5, estimated before any GPU ran it. The separate erf GELU: 1.37 ms at b32 (12 launches at
+    # 3.0 TB/s: 25,088 x 3,072 bf16 read and written, 3.7 GB). cuBLASLt's tanh epilogue measured -0.81 ms, i.e. its
+    # GEMM cost 0.56 ms more than the plain one. fc1 is 12 x 118 GFLOP = 1.42 TFLOP: ~1.97 ms in cuBLAS (~90 % of the
+    # measured 800 TFLOP/s); an untuned 128 x 128 x 64 Triton wgmma GEMM at 75-90 % of cuBLAS adds 0.2-0.65 ms, the
+    # erf epilogue (~20 fp32 operations on each of 925 M outputs, mostly under the next tile's loads) 0.05-0.15 ms.
+    # Net 1.37 - (0.25 to 0.8) = -0.57 to -1.12 ms, x 0.7: -0.4 to -0.8, written -0.55 ms. At b1 the GELU pass is
+    # 784 x 3,072 (9.6 MB a layer, ~4 us + launch) x 12 = ~0.07 ms, and 168 Triton tiles on 132 SMs give back
+    # ~0.02-0.03: -0.03 ms.
+    "encoder_gelu_erf_epilogue": Variant(
+        "all + the encoder MLP's fc1 bias + erf GELU in a Triton GEMM's epilogue (the model's GELU, unlike the "
+        "cuBLASLt tanh epilogue of encoder_gelu_epilogue)",
+        {"fused_encoder": {"add_norm": True, "gelu_erf_epilogue": True}},
+        estimate_ms_b32=0.55,
+        estimate_ms_b1=0.03,
+    ),
     # Issue 52, prepared on a CPU (fake-quant) and not yet measured. Estimates from the 2026-11-26 profile: the
     # encoder GEMMs take 6.3 ms at b32 at ~90 % of bf16 peak; at 1.6-1.9x in FP8 they save 2.6-3.3 ms, less the
     # per-row quantisation of 4 activations per layer (~0.3 ms at b32 while no producing kernel writes e4m3):

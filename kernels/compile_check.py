@@ -252,15 +252,35 @@ def _launch_split_k_attention(config: Any, pairs: int) -> None:
         split_k_attention.decode_attention_triton(query, keys, values)
 
 
+def _launch_decode_mlp(config: Any, pairs: int) -> None:
+    decode_mlp = importlib.import_module("procap.kernels.decode_mlp")  # the package attribute is the function
+
+    d, hidden = config.dec_dim, config.dec_ffn
+    partials, counters = decode_mlp.decode_mlp_workspace(pairs, d, hidden, "cpu")
+    for dtype in DTYPES:
+        decode_mlp.decode_mlp_triton(
+            torch.empty(pairs, d, dtype=dtype),
+            torch.empty(hidden, d, dtype=dtype),
+            torch.empty(hidden, dtype=dtype),
+            torch.empty(d, hidden, dtype=dtype),
+            torch.empty(d, dtype=dtype),
+            partials,
+            counters,
+        )
+
+
 def _launch_encoder(config: Any, pairs: int) -> None:
     from procap.kernels import layernorm
 
+    linear_gelu = importlib.import_module("procap.kernels.linear_gelu")  # the package attribute is the function
     d = config.enc_dim
     rows = pairs * config.num_frames * config.grid_size**2  # the stage-2 sequence's visual tokens
     for dtype in DTYPES:
         x = torch.empty(rows, d, dtype=dtype)
         weight = torch.empty(d, dtype=dtype)
         layernorm.add_layer_norm_triton(x, x, weight, weight, 1e-5)  # residual + LayerNorm between encoder blocks
+        fc1 = torch.empty(config.enc_mlp, d, dtype=dtype)  # the MLP's fc1 with the erf GELU epilogue
+        linear_gelu.linear_gelu_triton(x, fc1, torch.empty(config.enc_mlp, dtype=dtype))
 
 
 LAUNCHERS = (
@@ -271,6 +291,7 @@ LAUNCHERS = (
     _launch_decode,
     _launch_logits_pick,
     _launch_split_k_attention,
+    _launch_decode_mlp,
     _launch_encoder,
 )
 

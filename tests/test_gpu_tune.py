@@ -81,6 +81,21 @@ def test_the_split_k_variant_is_the_defaults_with_the_decoders_option(capsys):
     assert "[estimate: -0.1 ms at b32, -0.15 ms at b1]" in capsys.readouterr().out  # written before any GPU ran it
 
 
+def test_the_issue_51_fusions_are_variants_with_their_estimates(capsys):
+    from procap.model.decoder import CaptionDecoder
+    from procap.model.encoder import ProcedureEncoder
+
+    mlp, erf = tune.VARIANTS["decode_mlp"], tune.VARIANTS["encoder_gelu_erf_epilogue"]
+    assert mlp.captioner == {"fused_decoder": {"mlp": True}}
+    assert set(mlp.captioner["fused_decoder"]) <= set(CaptionDecoder.fused_options)
+    assert erf.captioner["fused_encoder"] == {"add_norm": True, "gelu_erf_epilogue": True}
+    assert set(erf.captioner["fused_encoder"]) <= set(ProcedureEncoder.fused_options)
+    assert tune.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "[estimate: -0.1 ms at b32, -0.2 ms at b1]" in listed  # written before any GPU ran them
+    assert "[estimate: -0.55 ms at b32, -0.03 ms at b1]" in listed
+
+
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
     assert tune.main(["--list"]) == 0
     assert "baseline" in capsys.readouterr().out

@@ -178,11 +178,12 @@ class Captioner:
         fused_encoder: the procedure encoder's fused form (:meth:`procap.model.encoder.ProcedureEncoder.use_fused`):
             True (the default: each residual add + the LayerNorm after it in one kernel, the readable stack's
             values), False (the readable stack), or a dict of its options (e.g. ``{"gelu_epilogue": True}``: also
-            the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so opt-in).
+            the MLP's GELU in the GEMM epilogue, tanh-approximated on CUDA, so opt-in; ``{"gelu_erf_epilogue":
+            True}``: the model's erf GELU in a Triton GEMM's epilogue, opt-in until a GPU has timed it).
         fused_decoder: the decoder's fused cached step (:meth:`procap.model.decoder.CaptionDecoder.use_fused`;
             True, the default), a dict of its options (``{"logits_pick": True}``: the greedy step's logits and
-            pick in one Triton kernel, opt-in) or False: every step the readable whole-prefix pass (slower; for
-            comparison).
+            pick in one Triton kernel; ``{"mlp": True}``: each layer's fc1 + GELU + fc2 in one Triton kernel; both
+            opt-in) or False: every step the readable whole-prefix pass (slower; for comparison).
             The three go to :meth:`procap.model.procap.ProCap.use_fused` together.
         precision: ``"bf16"`` (the default: the procedure encoder's GEMMs in the compute dtype) or ``"fp8"``: its
             q/k/v/out, fc1 and fc2 GEMMs in e4m3 (weights quantised once here, per output channel; activations per

@@ -204,11 +204,12 @@ def check_fp8_choices(
 ) -> None:
     """Refuse, in one sentence, FP8 choices that cannot go together with the fused forms asked for.
 
-    The encoder's GELU epilogue reads ``fc1``'s bf16 weight, which the FP8 form no longer holds; the FP8 cross cache
+    The encoder's GELU epilogues read ``fc1``'s bf16 weight, which the FP8 form no longer holds; the FP8 cross cache
     belongs to the decoder's fused step.
     """
-    if precision == "fp8" and isinstance(fused_encoder, Mapping) and fused_encoder.get("gelu_epilogue"):
-        raise ProCapError("precision='fp8' runs fc1 as an FP8 GEMM; leave fused_encoder's gelu_epilogue off.")
+    for epilogue in ("gelu_epilogue", "gelu_erf_epilogue"):
+        if precision == "fp8" and isinstance(fused_encoder, Mapping) and fused_encoder.get(epilogue):
+            raise ProCapError(f"precision='fp8' runs fc1 as an FP8 GEMM; leave fused_encoder's {epilogue} off.")
     if resolve_kv_cache_dtype(kv_cache_dtype) is not None and fused_decoder is False:
         raise ProCapError("kv_cache_dtype='fp8' is a cache of the fused decoding step; leave fused_decoder on.")
 

@@ -276,9 +276,10 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         layers: :class:`DecoderLayer` stack; ``norm`` the final LayerNorm.
     """
 
-    fused_options = ("logits_pick", "kv_cache_dtype", "split_k_attention")
+    fused_options = ("logits_pick", "kv_cache_dtype", "split_k_attention", "mlp")
     fused_logits_pick = False  # the fused form's options, set by use_fused
     fused_split_k_attention = False
+    fused_mlp = False
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
@@ -334,7 +335,9 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         memory's keys/values in the weights' dtype) or ``torch.float8_e4m3fn`` (e4m3 codes with one scale per token
         and head, :class:`procap.model.decoder_step.Fp8CrossCache`); ``split_k_attention`` (default False): the cross
         attention through the split-K kernels of :func:`procap.kernels.decode_attention` (the same tokens, the
-        softmax in another summation order), opt-in until a GPU has timed it.
+        softmax in another summation order), opt-in until a GPU has timed it; ``mlp`` (default False): each layer's
+        fc1, erf GELU and fc2 in one Triton kernel (:func:`procap.kernels.decode_mlp`; the same function, the GEMMs
+        in another summation order), opt-in until a GPU has timed it.
 
         The choice is taken by the next :meth:`setup_caches`: a state keeps the form it was set up in.
         """
@@ -346,6 +349,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
         logits_pick: bool = False,
         kv_cache_dtype: torch.dtype | None = None,
         split_k_attention: bool = False,
+        mlp: bool = False,
     ) -> None:
         """Nothing to build now: :meth:`setup_caches` reads :attr:`fused`, the ``fused_*`` options and the cross
         cache's dtype."""
@@ -353,6 +357,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             raise ProCapError(f"kv_cache_dtype must be None or torch.float8_e4m3fn, got {kv_cache_dtype!r}.")
         self.fused_logits_pick = enabled and bool(logits_pick)
         self.fused_split_k_attention = enabled and bool(split_k_attention)
+        self.fused_mlp = enabled and bool(mlp)
         self.cross_kv_dtype = kv_cache_dtype
 
     def setup_caches(
@@ -378,7 +383,7 @@ class CaptionDecoder(FusedForm, CachedDecoder):
             return DecodingState(prefix, batch, max_len, weight.shape[0], weight.device)
         backend = resolve_backend(self.layers[0].self_attn.backend, weight.device, dtype, use="decode")
         weights = decoder_step.FusedWeights(
-            self, backend, BOS_ID, PAD_ID, self.fused_logits_pick, self.fused_split_k_attention
+            self, backend, BOS_ID, PAD_ID, self.fused_logits_pick, self.fused_split_k_attention, self.fused_mlp
         )
         return decoder_step.FusedDecodingState(weights, len(self.layers), batch, max_len, n, self.cross_kv_dtype)
 

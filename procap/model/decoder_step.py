@@ -23,6 +23,8 @@ the layers written out op by op take about 60):
 - with the decoder's ``split_k_attention`` option the cross attention (one query per head over the memory's cached
   keys) through the split-K kernels of ``procap.kernels.decode_attention`` instead of the attention backend
   (opt-in until a GPU has timed it).
+- with the decoder's ``mlp`` option each layer's fc1 + erf GELU + fc2 in one Triton kernel, the hidden activation
+  kept on chip (``procap.kernels.decode_mlp``; opt-in until a GPU has timed it).
 
 Every buffer and view is made once per :class:`FusedDecodingState`, so the step dispatches no view op either.
 Attention goes through :func:`procap.kernels.attention.attention`, like every other layer's, with the backend
@@ -63,8 +65,9 @@ class _LayerWeights:
         self.cross_kv_weight_t = torch.cat([ca.k_proj.weight, ca.v_proj.weight]).t()
         self.cross_kv_bias = torch.cat([ca.k_proj.bias, ca.v_proj.bias])
         self.cross_out_weight_t, self.cross_out_bias = ca.out_proj.weight.t(), ca.out_proj.bias
-        self.fc1_weight_t, self.fc1_bias = layer.ffn.fc1.weight.t(), layer.ffn.fc1.bias
-        self.fc2_weight_t, self.fc2_bias = layer.ffn.fc2.weight.t(), layer.ffn.fc2.bias
+        self.fc1_weight, self.fc1_bias = layer.ffn.fc1.weight, layer.ffn.fc1.bias
+        self.fc2_weight, self.fc2_bias = layer.ffn.fc2.weight, layer.ffn.fc2.bias
+        self.fc1_weight_t, self.fc2_weight_t = self.fc1_weight.t(), self.fc2_weight.t()
         self.activation = layer.ffn.activation
         self.norms = (layer.norm1, layer.norm2, layer.norm3)
 
@@ -83,15 +86,19 @@ class FusedWeights:
         pad_id: int,
         logits_pick: bool = False,
         split_k_attention: bool = False,
+        mlp: bool = False,
     ) -> None:
         """``backend``: a resolved attention backend (not ``auto``); ``logits_pick``: the greedy step's logits and
         pick through :func:`procap.kernels.greedy_logits_step`; ``split_k_attention``: the cross attention through
-        :func:`procap.kernels.decode_attention`."""
+        :func:`procap.kernels.decode_attention`; ``mlp``: each layer's fc1 + GELU + fc2 through
+        :func:`procap.kernels.decode_mlp` (whose GELU is the erf one the decoder's layers use)."""
         self.backend, self.bos_id, self.pad_id, self.logits_pick = backend, bos_id, pad_id, logits_pick
-        self.split_k_attention = split_k_attention
+        self.split_k_attention, self.mlp = split_k_attention, mlp
         self.embed_weight, self.pos_embed = decoder.embed.weight, decoder.pos_embed
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
         self.layers = [_LayerWeights(layer) for layer in decoder.layers]
+        if mlp and any(layer.activation is not F.gelu for layer in self.layers):
+            raise ValueError("the fused decoding MLP computes the erf GELU; these layers use another activation")
         self.final_norm = decoder.norm
         self.logits_weight = decoder.embed.weight.float()  # (V, D): the fused pick reads rows
         self.logits_weight_t = self.logits_weight.t()
@@ -141,6 +148,8 @@ class FusedDecodingState:
         self.kv_new = self.qkv[:, None, dim:]
         self.q_cross_rows = torch.zeros(batch, dim, dtype=dtype, device=device)
         self.q_cross = self.q_cross_rows.view(batch, heads, 1, head_dim)
+        hidden = weights.layers[0].fc1_weight.shape[0]  # the fused MLP's partial products and counters, if chosen
+        self.mlp_workspace = kernels.decode_mlp_workspace(batch, dim, hidden, device) if weights.mlp else None
         self.self_kv: list[torch.Tensor] = []
         self.cross_kv: list[torch.Tensor] = []
         self.self_kv_heads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (keys, values) views of each buffer
@@ -247,11 +256,18 @@ def hidden_step(state: FusedDecodingState) -> torch.Tensor:
         attended = _attend_memory(w_all, state.q_cross, state.cross_kv_heads[index])
         out = torch.addmm(w.cross_out_bias, attended.view(rows, w_all.dim), w.cross_out_weight_t)
         h = _add_norm(x, out, w.norms[2])
-        hidden = w.activation(torch.addmm(w.fc1_bias, h, w.fc1_weight_t))
         last = index + 1 == len(w_all.layers)
         following = w_all.final_norm if last else w_all.layers[index + 1].norms[0]
-        h = _add_norm(x, torch.addmm(w.fc2_bias, hidden, w.fc2_weight_t), following, last)
+        h = _add_norm(x, _mlp(state, w, h), following, last)
     return h
+
+
+def _mlp(state: FusedDecodingState, w: _LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    """A layer's ``fc2(activation(fc1(h)))``: one kernel with the ``mlp`` option, else two GEMMs and the GELU."""
+    if state.mlp_workspace is not None:
+        return kernels.decode_mlp(h, w.fc1_weight, w.fc1_bias, w.fc2_weight, w.fc2_bias, *state.mlp_workspace)
+    hidden = w.activation(torch.addmm(w.fc1_bias, h, w.fc1_weight_t))
+    return torch.addmm(w.fc2_bias, hidden, w.fc2_weight_t)
 
 
 def logits_step(state: FusedDecodingState) -> None:

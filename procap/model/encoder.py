@@ -17,8 +17,9 @@ Attention is bidirectional (no mask) and goes through :func:`procap.kernels.atte
 Fused inference form (:meth:`ProcedureEncoder.use_fused`, :mod:`procap.model.fused_form`; the Captioner's
 ``fused_encoder``): each residual add and the LayerNorm that reads its sum in one kernel
 (:func:`procap.kernels.add_layer_norm`, the decoding step's; the Captioner's default), and, opt-in, the MLP's bias +
-GELU in the first GEMM's epilogue (``torch._addmm_activation``; tanh-approximated on CUDA, so not the model's erf GELU
-there: docs/gpu.md).
+GELU in the first GEMM's epilogue: ``gelu_epilogue`` (``torch._addmm_activation``; tanh-approximated on CUDA, so not
+the model's erf GELU there: docs/gpu.md) or ``gelu_erf_epilogue`` (a Triton GEMM with the erf GELU,
+:func:`procap.kernels.linear_gelu`: the model's function).
 
 The ``authors`` variant (``config.authors.enabled``) has no stage-1 parts. Its stage-2 sequence starts with
 ``config.authors.prefix_tokens`` learned vectors (the authors' 24 caption slots and two control tokens, constant at
@@ -29,6 +30,7 @@ quirk (:func:`authors_prefix_mask`); with CLIP-style blocks (``enc_activation="q
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from torch import nn
 
 from procap import kernels
 from procap.core.config import ProCapConfig
+from procap.core.errors import ProCapError
 from procap.model.departures import DepartureEmbeddings, space_to_depth
 from procap.model.fused_form import FusedForm
 from procap.model.layers import FeedForward, ModuleStack, MultiHeadAttention
@@ -76,7 +79,7 @@ class ProcedureEncoder(FusedForm, DepartureEmbeddings):
     The stack has a fused inference form (:meth:`use_fused`); an encoder is built with the readable one.
     """
 
-    fused_options = ("add_norm", "gelu_epilogue")
+    fused_options = ("add_norm", "gelu_epilogue", "gelu_erf_epilogue")
 
     def __init__(self, config: ProCapConfig) -> None:
         super().__init__()
@@ -138,14 +141,25 @@ class ProcedureEncoder(FusedForm, DepartureEmbeddings):
                 instead of an add and a LayerNorm (read three, write two); the sublayer's output buffer becomes the
                 residual stream. ``gelu_epilogue`` (default False): the MLP's ``fc1`` bias and GELU in the GEMM
                 (:attr:`FeedForward.gelu_epilogue`); exact on the CPU, tanh-approximated on CUDA, where the model's
-                GELU is erf.
+                GELU is erf. ``gelu_erf_epilogue`` (default False): the same place, the model's erf GELU in a Triton
+                GEMM's epilogue (:func:`procap.kernels.linear_gelu`; the reference on the CPU); not with
+                ``gelu_epilogue``.
         """
         super().use_fused(enabled, **options)
 
-    def _choose_fused(self, enabled: bool, add_norm: bool = True, gelu_epilogue: bool = False) -> None:
+    def check_fused_options(self, enabled: bool, options: Mapping[str, Any]) -> None:
+        """:meth:`FusedForm.check_fused_options`, and one GELU epilogue at most."""
+        super().check_fused_options(enabled, options)
+        if options.get("gelu_epilogue") and options.get("gelu_erf_epilogue"):
+            raise ProCapError("ProcedureEncoder.use_fused takes one GELU epilogue: gelu_epilogue or gelu_erf_epilogue.")
+
+    def _choose_fused(
+        self, enabled: bool, add_norm: bool = True, gelu_epilogue: bool = False, gelu_erf_epilogue: bool = False
+    ) -> None:
         self.fused_add_norm = enabled and bool(add_norm)
         for layer in self.layers:
             layer.mlp.gelu_epilogue = enabled and bool(gelu_epilogue)
+            layer.mlp.gelu_erf_epilogue = enabled and bool(gelu_erf_epilogue)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stack: (B, N, D) -> (B, N, D) after the final LayerNorm (if any); ``attn_mask`` (N, N) bool."""

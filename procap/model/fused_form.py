@@ -6,10 +6,10 @@ inference form of the same computation on the same weights:
 - :class:`procap.model.vqgan.VQGAN`: its encoder, or :class:`procap.model.vqgan_fused.FusedVQGANEncoder` (bias-free
   convolutions, biases added where read); options ``channels_last``, ``downsample_4x4``, ``input_channels``;
 - :class:`procap.model.encoder.ProcedureEncoder`: its stack as written, or each residual add fused with the LayerNorm
-  after it (no-grad calls); options ``add_norm``, ``gelu_epilogue``;
+  after it (no-grad calls); options ``add_norm``, ``gelu_epilogue``, ``gelu_erf_epilogue``;
 - :class:`procap.model.decoder.CaptionDecoder`: its cached decoding interface runs the fused step of
   :mod:`procap.model.decoder_step`, or the readable forward over the whole fixed-length prefix; options
-  ``logits_pick`` and ``kv_cache_dtype`` (the cross-attention keys/values in e4m3).
+  ``logits_pick``, ``kv_cache_dtype`` (the cross-attention keys/values in e4m3) and ``mlp``.
 
 Each is a :class:`FusedForm`: :meth:`FusedForm.use_fused` checks the options against the part's
 :attr:`~FusedForm.fused_options` and hands them to the part's ``_choose_fused``; :attr:`~FusedForm.fused` says which

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, overload
 import torch
 from torch import nn
 
+from procap import kernels
 from procap.kernels.attention import BACKENDS, attention, backend_for_mask
 
 # Covariant, so that a stack of DecoderLayers is a stack of CrossAttentionLayers: nothing declared here takes an item
@@ -148,13 +149,27 @@ class FeedForward(nn.Module):
         # (cuBLASLt's GELU epilogue, and ATen's fallback matches it), while this module's ``gelu`` is erf: on a GPU
         # the fused form is an approximation of the model, measured before it may become a default.
         self.gelu_epilogue = False
+        # Opt-in likewise: the erf GELU in a Triton GEMM's epilogue (procap.kernels.linear_gelu), the model's
+        # function on every device; the GEMM's summation order is its only difference.
+        self.gelu_erf_epilogue = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gelu_epilogue and self.activation is ACTIVATIONS["gelu"] and not torch.is_grad_enabled():
-            flat = x.reshape(-1, x.shape[-1])
+        fused = self._fused_fc1_gelu(x)
+        h = self.activation(self.fc1(x)) if fused is None else fused
+        return self.dropout(self.fc2(self.dropout(h)))
+
+    def _fused_fc1_gelu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``gelu(fc1(x))`` through the GELU epilogue chosen (inference, ``gelu`` modules only), else None."""
+        if self.activation is not ACTIVATIONS["gelu"] or torch.is_grad_enabled():
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        if self.gelu_erf_epilogue:
+            h = kernels.linear_gelu(flat, self.fc1.weight, self.fc1.bias)
+        elif self.gelu_epilogue:
             h = torch._addmm_activation(self.fc1.bias, flat, self.fc1.weight.t(), use_gelu=True)
-            return self.dropout(self.fc2(self.dropout(h.view(*x.shape[:-1], -1))))
-        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
+        else:
+            return None
+        return h.view(*x.shape[:-1], -1)
 
 
 def init_transformer_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -58,6 +58,18 @@ def test_fused_encoder_tokens_equal_generate(trained, pairs, form):
     assert not model.encoder.fused_add_norm  # the caller's model is left as it was
 
 
+def test_the_erf_gelu_epilogue_and_the_fused_decoding_mlp_reach_the_model(trained, pairs):
+    # Both opt-in Triton paths (kernels.linear_gelu, kernels.decode_mlp) run their references on the CPU: the
+    # model's ops, so the tokens are generate's exactly; the options reach the encoder's layers and the decoder.
+    model, _, _ = trained
+    before, after = pairs[0][:4], pairs[1][:4]
+    options = {"fused_encoder": {"gelu_erf_epilogue": True}, "fused_decoder": {"mlp": True}}
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), **options)
+    assert all(layer.mlp.gelu_erf_epilogue for layer in captioner.model.encoder.layers)
+    assert captioner.model.decoder.fused_mlp and not model.decoder.fused_mlp
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+
+
 @pytest.mark.parametrize("configure_as", ["cpu", "cuda"])
 def test_every_part_readable_gives_the_same_tokens(trained, pairs, configure_as):
     # The three parts' readable forms through the same Captioner paths (on "cuda": bucket padding and the whole

@@ -138,6 +138,10 @@ def test_fp8_is_refused_on_a_gpu_without_it_and_chosen_on_one_with_it(monkeypatc
         ({"precision": "fp4"}, "precision must be one of bf16, fp8, got 'fp4'"),
         ({"kv_cache_dtype": "int8"}, "kv_cache_dtype must be None, 'fp8' or torch.float8_e4m3fn, got 'int8'"),
         ({"precision": "fp8", "fused_encoder": {"gelu_epilogue": True}}, "leave fused_encoder's gelu_epilogue off"),
+        (
+            {"precision": "fp8", "fused_encoder": {"gelu_erf_epilogue": True}},
+            "leave fused_encoder's gelu_erf_epilogue off",
+        ),
         ({"kv_cache_dtype": "fp8", "fused_decoder": False}, "leave fused_decoder on"),
     ],
 )

@@ -67,6 +67,7 @@ def test_every_kernel_is_launched(report):
     new = {"_group_norm_finalize_kernel", "_bias_add_kernel", "_add_layer_norm_kernel", "_greedy_step_kernel"}
     new |= {"_logits_tile_pick_kernel"}  # the decoding step's logits + pick (kernels/logits_pick.py)
     new |= {"_decode_attention_split_kernel", "_decode_attention_combine_kernel"}  # kernels/split_k_attention.py
+    new |= {"_decode_mlp_kernel", "_linear_gelu_kernel"}  # the step's MLP; the encoder's fc1 + erf GELU
     assert new <= names
 
 

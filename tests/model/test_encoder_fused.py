@@ -1,6 +1,7 @@
 """The procedure encoder's inference forms (``use_fused``) against its readable stack: residual add +
-LayerNorm in one kernel (every dtype, the Triton kernel interpreted on CPU), and the MLP's GELU in the GEMM epilogue
-(exact on the CPU; tanh-approximated on CUDA, checked there and its effect measured here)."""
+LayerNorm in one kernel (every dtype, the Triton kernel interpreted on CPU), and the MLP's GELU in the GEMM epilogue:
+cuBLASLt's (exact on the CPU; tanh-approximated on CUDA, checked there and its effect measured here) and the erf one of
+a Triton GEMM (every dtype, interpreted on CPU)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from procap import kernels
+from procap.core.errors import ProCapError
 from procap.model.encoder import ProcedureEncoder
 from tests.support import DTYPES, impl_device, max_abs_err, requires_cuda, small_config
 
@@ -75,6 +77,52 @@ def test_gelu_epilogue_on_the_cpu_is_the_models_erf_gelu(dtype):
         fused = encoder(x)
     assert all(layer.mlp.gelu_epilogue for layer in encoder.layers)
     torch.testing.assert_close(fused, readable, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gelu_erf_epilogue_keeps_the_models_function(dtype, monkeypatch):
+    # The erf GELU in a Triton GEMM's epilogue (kernels.linear_gelu, interpreted here): the readable stack's output
+    # within its own rounding (the GEMM's summation order is the only difference), with and without add_norm.
+    device = impl_device("triton")
+    encoder, x = _encoder(dtype).to(device), _tokens(dtype).to(device)
+    calls = []
+    real = kernels.linear_gelu
+    monkeypatch.setattr(kernels, "linear_gelu", lambda *args: calls.append(args[0].shape) or real(*args))
+    monkeypatch.setenv("PROCAP_KERNELS", "triton")
+    kernels.reset_dispatch()
+    with torch.no_grad():
+        readable = encoder(x)
+        truth = _encoder(torch.float64).to(device)(x.double())
+        for add_norm in (False, True):
+            encoder.use_fused(add_norm=add_norm, gelu_erf_epilogue=True)
+            fused = encoder(x)
+            assert fused.dtype == dtype and fused.shape == x.shape
+            assert max_abs_err(fused, truth) <= 2 * max_abs_err(readable, truth) + 1e-5
+            if dtype == torch.float32:
+                torch.testing.assert_close(fused, readable, rtol=1e-5, atol=1e-5)
+    assert calls == [(18, 64)] * 4  # every layer's fc1, both forms
+    assert all(layer.mlp.gelu_erf_epilogue and not layer.mlp.gelu_epilogue for layer in encoder.layers)
+
+
+def test_gelu_erf_epilogue_through_the_reference_is_the_readable_stack():
+    # On the CPU the dispatch runs linear_gelu's reference, F.gelu(F.linear(...)): the readable MLP's ops, the same
+    # bits; with gradients the readable stack runs.
+    encoder, x = _encoder(), _tokens()
+    with torch.no_grad():
+        readable = encoder(x)
+        encoder.use_fused(add_norm=False, gelu_erf_epilogue=True)
+        assert kernels.chosen_impl("linear_gelu", x.device, x.dtype) == "reference"
+        assert torch.equal(encoder(x), readable)
+    out = encoder(x.requires_grad_())
+    out.sum().backward()
+    assert x.grad is not None and torch.equal(out.detach(), readable)
+
+
+def test_one_gelu_epilogue_at_a_time():
+    encoder = _encoder()
+    with pytest.raises(ProCapError, match="one GELU epilogue: gelu_epilogue or gelu_erf_epilogue"):
+        encoder.use_fused(gelu_epilogue=True, gelu_erf_epilogue=True)
+    assert not encoder.fused
 
 
 def test_tanh_gelu_flavour_error_is_small_but_not_zero():

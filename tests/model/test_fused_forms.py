@@ -154,6 +154,10 @@ def test_one_part_at_a_time_and_options():
             r"CaptionDecoder.use_fused has no option 'fast' \(its options: logits_pick, kv_cache_dtype",
         ),
         (lambda m: m.vqgan.use_fused(False, channels_last=True), r"VQGAN.use_fused\(False\) takes no options"),
+        (
+            lambda m: m.use_fused(encoder={"gelu_epilogue": True, "gelu_erf_epilogue": True}),
+            "one GELU epilogue: gelu_epilogue or gelu_erf_epilogue",
+        ),
     ],
 )
 def test_bad_choices_are_refused_in_one_sentence(call, message):
