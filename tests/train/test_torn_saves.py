@@ -54,9 +54,15 @@ def _hidden(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, train_pairs, vocab) -> Path:
-    """The uninterrupted run."""
+    """The uninterrupted run, on one thread as the killed worker and the resumed run are: a module fixture is set up
+    before the suite's one-thread fixture, and two threads sum in another order (1e-6 apart after six steps)."""
     out = tmp_path_factory.mktemp("torn") / "reference"
-    _pretrain(out, train_pairs, vocab)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _pretrain(out, train_pairs, vocab)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -100,7 +106,8 @@ def test_a_run_killed_inside_a_save_resumes_as_the_uninterrupted_run(
     for record in resumed[-(6 - resumed_at) :]:
         assert record["loss"] == pytest.approx(expected[record["step"]], rel=1e-6, abs=1e-7), record["step"]
     final, uninterrupted = load_file(out / "last.safetensors"), load_file(reference / "last.safetensors")
-    assert all(torch.allclose(final[k], uninterrupted[k], rtol=0, atol=1e-6) for k in uninterrupted)
+    apart = {k: float((final[k] - uninterrupted[k]).abs().max()) for k in uninterrupted}
+    assert max(apart.values()) <= 1e-6, {k: v for k, v in apart.items() if v > 1e-6}
     assert _hidden(out) == []  # the dead save and the dead temporary file are gone
     assert ".last.safetensors.abcd1234.tmp" in left_by_the_kill
     assert (".last.safetensors.saving" if point == "weights" else ".last.safetensors.saved") in left_by_the_kill
