@@ -149,6 +149,30 @@ VARIANTS: dict[str, Variant] = {
         {"fused_encoder": {"add_norm": True, "gelu_erf_epilogue": True}},
         estimate_ms_b32=0.55,
         estimate_ms_b1=0.03,
+    # Issue 51 item 2, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"). The 2026-11-26 b32
+    # profile: the GN statistics kernel's 26 launches take 4.13 ms at ~2.0 TB/s, held to 2 resident CTAs per SM by
+    # its registers while its grid assumed 8 (4.12 waves at level 0). At the 2.8 TB/s the apply kernel reaches on the
+    # same tensors: 4.13 * 2.0 / 2.8 = 2.95 ms, -1.18 ms. The finalize's 26 one-warp launches (0.37 ms) become 26
+    # small parallel ones of ~3 us: -0.29 ms. Together -1.47, written -1.45. At b1 (never profiled; the issue puts
+    # the serial finalize at 0.5-1.0 ms of the call) the statistics move 1/32 of the bytes (~0.03 ms to gain) and
+    # the finalize's merge shrinks from hundreds of serial steps to a few: -0.5 to -0.9 ms, written -0.6.
+    "gn_persistent": Variant(
+        "all + the GroupNorm statistics as a persistent kernel (grid of the CTAs its registers let stay resident, "
+        "two row tiles in flight) and the parallel finalize (fused_vqgan group_norm='persistent')",
+        {"fused_vqgan": {"group_norm": "persistent"}},
+        estimate_ms_b32=1.45,
+        estimate_ms_b1=0.6,
+    ),
+    # gn_persistent + one launch instead of three for the 14 norms whose groups fit a program (levels 3 and 4, the
+    # mid block, norm_out: 28 launches fewer) which also read their input once instead of twice: b32 reads 10 x
+    # 12.85 MB (level 4, 512 ch at 14 px) + 4 x 25.7 MB (level 3) = 231 MB less, 0.08 ms at 2.8 TB/s, and ~28 x 2 us of
+    # launch gaps: -0.14 ms more. At b1, latency-bound, ~28 x 3 us: -0.1 ms more.
+    "gn_single_kernel": Variant(
+        "gn_persistent + one launch (statistics, finalize and apply) for the norms whose groups fit one program "
+        "(fused_vqgan group_norm='single_kernel')",
+        {"fused_vqgan": {"group_norm": "single_kernel"}},
+        estimate_ms_b32=1.6,
+        estimate_ms_b1=0.7,
     ),
     # Issue 52, prepared on a CPU (fake-quant) and not yet measured. Estimates from the 2026-11-26 profile: the
     # encoder GEMMs take 6.3 ms at b32 at ~90 % of bf16 peak; at 1.6-1.9x in FP8 they save 2.6-3.3 ms, less the
@@ -170,6 +194,7 @@ VARIANTS: dict[str, Variant] = {
 }
 DEFAULT_VARIANTS = ("all", "readable_encoder", "encoder_gelu_epilogue", "baseline")
 FP8_VARIANTS = ("all", "fp8", "fp8_kv_cache")  # the issue-52 comparison: --variants all,fp8,fp8_kv_cache
+GN_VARIANTS = ("all", "gn_persistent", "gn_single_kernel")  # issue 51 item 2: --variants all,gn_persistent,...
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

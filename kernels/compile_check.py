@@ -40,7 +40,7 @@ from procap.kernels.dispatch import set_recording_launches
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # H100 / H200: opt-in dynamic shared memory per block
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_NOT_KERNEL_MODULES = {"compile_check", "dispatch", "__main__"}
+_NOT_KERNEL_MODULES = {"compile_check", "dispatch", "occupancy", "__main__"}
 
 
 @dataclass
@@ -151,7 +151,15 @@ def _launch_vq(config: Any, pairs: int) -> None:
         )
 
 
+def _group_norm_modes(x: torch.Tensor, in_bias: torch.Tensor) -> tuple[tuple[Any, Any, Any], ...]:
+    """(residual, in_bias, write_sum): plain; chained blocks; a bias-free conv read by the norm alone; the same with
+    its sum kept (the block's shortcut); the chained sum with the previous conv's bias."""
+    return ((None, None, None), (x, None, None), (None, in_bias, False), (None, in_bias, True), (x, in_bias, True))
+
+
 def _launch_group_norm(config: Any, pairs: int) -> None:
+    """Every path's forward (:data:`procap.kernels.groupnorm.GROUP_NORM_PATHS`) at every VQGAN level, dtype and
+    mode, each with the one backward (after the chunked forward only: it does not depend on the path)."""
     from procap.kernels import groupnorm
 
     vq = config.vqgan
@@ -161,25 +169,16 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
         weight, bias = torch.ones(channels), torch.empty(channels)
         for dtype in DTYPES:
             x = torch.empty(images, channels, size, size, dtype=dtype, memory_format=torch.channels_last)
-            in_bias = torch.empty(channels, dtype=dtype)
-            # (residual, in_bias, write_sum): plain; chained blocks; a bias-free conv read by the norm alone; the
-            # same with its sum kept (the block's shortcut); the chained sum with the previous conv's bias.
-            modes = (
-                (None, None, None),
-                (x, None, None),
-                (None, in_bias, False),
-                (None, in_bias, True),
-                (x, in_bias, True),
-            )
-            for silu in (True, False):
-                for residual, ib, write_sum in modes:
-                    y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
-                        x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum
-                    )
-                    if write_sum is False or s is None:  # None only when not written
-                        continue  # the backward reads the written sum
-                    for ds in (None, x):
-                        groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
+            for path in groupnorm.GROUP_NORM_PATHS:
+                for silu in (True, False):
+                    for residual, ib, write_sum in _group_norm_modes(x, torch.empty(channels, dtype=dtype)):
+                        y, s, _, rstd, channel_mean, scale = groupnorm.group_norm_fwd(
+                            x, weight, bias, 32, 1e-6, silu, residual, in_bias=ib, write_sum=write_sum, path=path
+                        )
+                        if path != "chunked" or write_sum is False or s is None:  # None only when not written
+                            continue  # the backward reads the written sum
+                        for ds in (None, x):
+                            groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
 
 
 def _launch_bias_add(config: Any, pairs: int) -> None:

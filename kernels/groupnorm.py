@@ -37,6 +37,8 @@ strides, and Triton specialises the unit stride, so channels-last loads are coal
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -45,6 +47,13 @@ import torch.nn.functional as F
 
 from procap.kernels._common import as_stored, memory_layout, round_to_bf16_rne, row_strides
 from procap.kernels.dispatch import INTERPRETED, FusedOp, register, require_triton_tensor, run, tl, triton, triton_jit
+from procap.kernels.occupancy import resident_programs, sm_resources
+
+# The persistent statistics kernel is compiled once for any chunking: its chunk and item counts are not specialised
+# on (as 1 or multiples of 16), so the kernel that sized the grid (resident_programs) is the one that runs.
+_persistent_jit = (
+    triton.jit(do_not_specialize=["rows_per_chunk", "n_chunks", "n_items"]) if triton is not None else triton_jit
+)
 
 # Elements per (rows x channels) tile. The interpreter's cost is per program (numpy works on whole tiles).
 TILE_ELEMENTS = 16384 if INTERPRETED else 4096
@@ -62,7 +71,27 @@ STATS_PROGRAMS_PER_SM = 8
 MAX_BLOCK_C = 128  # channel tile; the VQGAN's 128/256/512 channels are 1/2/4 tiles
 BLOCK_S = 16  # chunks merged per step in the finalize kernel
 BLOCK_G_MIN = 16
-SM_COUNT_OFF_CUDA = 132  # an H100's: the interpreter and the compile check size their grids as on that GPU
+
+# The forward's paths (``group_norm(..., path=...)``; the VQGAN's fused form takes them as ``group_norm``):
+# "chunked", the three launches above (the default); "persistent", the statistics by as many programs as stay
+# resident at once, each taking work items in turn with two row tiles in flight, then the parallel finalize; and
+# "single_kernel", one launch where a program holds whole groups (single_kernel_tiling), else "persistent".
+GROUP_NORM_PATHS = ("chunked", "persistent", "single_kernel")
+# Work items cost their row tiles plus about one tile's worth of fixed work (the shift row, the block reductions,
+# the partials' stores): persistent_chunks weighs fewer, longer items against an even share per program.
+ITEM_OVERHEAD_TILES = 1
+# The persistent kernel holds the next tile's loads beside its accumulators: with the chunked kernel's tiles it took
+# 126-173 registers in fp16/bf16 (one 8-warp CTA per SM; sm_90, Triton 3.9), with half the rows 70-112 (two or three).
+PERSISTENT_TILE_DIVISOR = 2
+FALLBACK_CTAS_PER_SM = 2  # without compiled metadata (interpreter, compile check): what 128 registers x 8 warps allow
+# The parallel finalize: FINALIZE_LANES channel lanes (whole groups) by FINALIZE_TILE // lanes chunks per step.
+FINALIZE_LANES = 16
+FINALIZE_TILE_ELEMENTS = 1024
+FINALIZE_NUM_WARPS = 4
+# The single-kernel path keeps a program's whole tile (rows x channels of its groups) in fp32 registers: at most 8192
+# elements over 8 warps is 32 a thread (64 with the deviations), clear of spills; at least 16 channels a row.
+SINGLE_KERNEL_MAX_ELEMENTS = 8192
+SINGLE_KERNEL_LANES = 16
 
 
 def group_norm_ref(
@@ -112,10 +141,16 @@ def _silu_grad(z):
 
 
 @triton_jit
+def _channel_tile(tile, C, BLOCK_C: tl.constexpr):
+    """The channels of channel tile ``tile`` and which of them exist: ``(cols, col_ok)``."""
+    cols = tile * BLOCK_C + tl.arange(0, BLOCK_C)
+    return cols, cols < C
+
+
+@triton_jit
 def _channel_block(C, BLOCK_C: tl.constexpr):
     """The channels of this program's block (grid axis 2) and which of them exist: ``(cols, col_ok)``."""
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    return cols, cols < C
+    return _channel_tile(tl.program_id(2), C, BLOCK_C)
 
 
 @triton_jit
@@ -137,6 +172,29 @@ def _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS: tl.constexpr, BLOCK_C: t
 
 
 @triton_jit
+def _load_raw(X_ptr, R_ptr, offs, ok, HAS_RESIDUAL: tl.constexpr):
+    """x and the residual (0.0 without one) as stored: loads issued apart from the arithmetic that uses them, so a
+    loop can have the next tile's in flight while it sums this one."""
+    x = tl.load(X_ptr + offs, mask=ok, other=0.0)
+    r = 0.0
+    if HAS_RESIDUAL:
+        r = tl.load(R_ptr + offs, mask=ok, other=0.0)
+    return x, r
+
+
+@triton_jit
+def _add_inputs(x, r, in_bias, X_ptr, HAS_RESIDUAL: tl.constexpr, HAS_IN_BIAS: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """The tensor the norm sees, in fp32, from loaded x and r: ``(x + in_bias) + r``, each add rounded like the
+    reference's."""
+    x = x.to(tl.float32)
+    if HAS_IN_BIAS:  # the bias of the convolution that produced x, never materialised on its own
+        x = as_stored(x + in_bias, X_ptr, ROUND_BF16)
+    if HAS_RESIDUAL:
+        x = as_stored(x + r.to(tl.float32), X_ptr, ROUND_BF16)
+    return x
+
+
+@triton_jit
 def _summed_input(
     X_ptr,
     R_ptr,
@@ -148,12 +206,122 @@ def _summed_input(
     ROUND_BF16: tl.constexpr,
 ):
     """The tensor the norm sees, in fp32: ``(x + in_bias) + residual``, each add rounded like the reference's."""
-    x = tl.load(X_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    if HAS_IN_BIAS:  # the bias of the convolution that produced x, never materialised on its own
-        x = as_stored(x + in_bias, X_ptr, ROUND_BF16)
-    if HAS_RESIDUAL:
-        x = as_stored(x + tl.load(R_ptr + offs, mask=ok, other=0.0).to(tl.float32), X_ptr, ROUND_BF16)
-    return x
+    x, r = _load_raw(X_ptr, R_ptr, offs, ok, HAS_RESIDUAL)
+    return _add_inputs(x, r, in_bias, X_ptr, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+
+
+@triton_jit
+def _tile_sums(
+    X_ptr,
+    S_ptr,
+    x,
+    r,
+    offs,
+    ok,
+    in_bias,
+    shift,
+    acc,
+    acc_sq,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """One loaded tile summed (stored with ``WRITE_SUM``) and added to the running sums of ``d = s - shift``, d^2."""
+    s = _add_inputs(x, r, in_bias[None, :], X_ptr, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+    if WRITE_SUM:
+        tl.store(S_ptr + offs, s.to(S_ptr.dtype.element_ty), mask=ok)
+    d = tl.where(ok, s - shift[None, :], 0.0)
+    return acc + d, acc_sq + d * d
+
+
+@triton_jit
+def _chunk_sums(
+    X_ptr,
+    R_ptr,
+    S_ptr,
+    in_bias,
+    base,
+    start,
+    stop,
+    cols,
+    col_ok,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """``(shift, acc, acc_sq)`` of rows [start, stop) of one sample: the chunk's first row, and per lane the running
+    sums of ``d = s - shift`` and ``d * d``, one tile loaded and summed at a time."""
+    first = base + start.to(tl.int64) * stride_hw + cols * stride_c
+    shift = _summed_input(X_ptr, R_ptr, first, col_ok, in_bias, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+    acc = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    acc_sq = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    for r0 in range(start, stop, BLOCK_HW):
+        ok, offs = _tile(base, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
+        x, r = _load_raw(X_ptr, R_ptr, offs, ok, HAS_RESIDUAL)
+        acc, acc_sq = _tile_sums(
+            X_ptr, S_ptr, x, r, offs, ok, in_bias, shift, acc, acc_sq, HAS_RESIDUAL, HAS_IN_BIAS, WRITE_SUM, ROUND_BF16
+        )
+    return shift, acc, acc_sq
+
+
+@triton_jit
+def _prefetched_chunk_sums(
+    X_ptr,
+    R_ptr,
+    S_ptr,
+    in_bias,
+    base,
+    start,
+    stop,
+    cols,
+    col_ok,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """:func:`_chunk_sums` with two tiles in flight: the next tile's loads are issued before this tile is summed (the
+    last iteration's are fully masked, so move nothing). The same sums in the same order: the same bits."""
+    first = base + start.to(tl.int64) * stride_hw + cols * stride_c
+    shift = _summed_input(X_ptr, R_ptr, first, col_ok, in_bias, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+    rows = tl.arange(0, BLOCK_HW)
+    acc = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    acc_sq = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
+    ok, offs = _tile(base, start + rows, stop, cols, col_ok, stride_hw, stride_c)
+    x, r = _load_raw(X_ptr, R_ptr, offs, ok, HAS_RESIDUAL)
+    for r0 in range(start, stop, BLOCK_HW):
+        next_ok, next_offs = _tile(base, r0 + BLOCK_HW + rows, stop, cols, col_ok, stride_hw, stride_c)
+        next_x, next_r = _load_raw(X_ptr, R_ptr, next_offs, next_ok, HAS_RESIDUAL)
+        # This tile's offsets are made again rather than carried: int64 offsets held across the loop cost more
+        # registers than the few integer instructions that rebuild them.
+        ok, offs = _tile(base, r0 + rows, stop, cols, col_ok, stride_hw, stride_c)
+        acc, acc_sq = _tile_sums(
+            X_ptr, S_ptr, x, r, offs, ok, in_bias, shift, acc, acc_sq, HAS_RESIDUAL, HAS_IN_BIAS, WRITE_SUM, ROUND_BF16
+        )
+        x, r = next_x, next_r
+    return shift, acc, acc_sq
+
+
+@triton_jit
+def _store_partials(Mean_ptr, M2_ptr, slot, C, cols, col_ok, shift, acc, acc_sq, n):
+    """A chunk's per-channel mean and M2 (``sum(d^2) - sum(d)^2 / n``: ``d`` is near the spread, so it does not
+    cancel) into partial-statistics row ``slot`` = sample * chunks + chunk; the block-wide reductions happen here,
+    once per chunk."""
+    sum_d = tl.sum(acc, axis=0)
+    sum_sq = tl.sum(acc_sq, axis=0)
+    out = slot.to(tl.int64) * C + cols
+    tl.store(Mean_ptr + out, shift + sum_d / n, mask=col_ok)
+    tl.store(M2_ptr + out, tl.maximum(sum_sq - sum_d * (sum_d / n), 0.0), mask=col_ok)
 
 
 @triton_jit
@@ -177,37 +345,59 @@ def _group_norm_stats_kernel(
     BLOCK_HW: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """Per-channel (mean, M2) of rows [chunk * rows_per_chunk, ...) of one sample, without a barrier in the loop.
-
-    Every lane keeps its own running sums of ``d = x - shift`` and ``d * d`` in registers (``shift``: the chunk's
-    first row, per channel, so ``d`` stays near the spread and the final ``sum(d^2) - sum(d)^2 / n`` does not
-    cancel); the block-wide reductions happen once, after the loop. With ``WRITE_SUM`` the summed input is stored.
-    """
+    """Grid (B, chunks, channel tiles): per-channel (mean, M2) of rows [chunk * rows_per_chunk, ...) of one sample,
+    without a barrier in the loop (:func:`_chunk_sums`); with ``WRITE_SUM`` the summed input is stored."""
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
     cols, col_ok = _channel_block(C, BLOCK_C)
     start = pid_s * rows_per_chunk
     stop = tl.minimum(start + rows_per_chunk, HW)
-    base = pid_b.to(tl.int64) * stride_b
     in_bias = _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS, BLOCK_C)
-    first = base + start.to(tl.int64) * stride_hw + cols * stride_c
-    shift = _summed_input(X_ptr, R_ptr, first, col_ok, in_bias, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
-    acc = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
-    acc_sq = tl.zeros((BLOCK_HW, BLOCK_C), dtype=tl.float32)
-    for r0 in range(start, stop, BLOCK_HW):
-        ok, offs = _tile(base, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
-        x = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
-        if WRITE_SUM:
-            tl.store(S_ptr + offs, x.to(S_ptr.dtype.element_ty), mask=ok)
-        d = tl.where(ok, x - shift[None, :], 0.0)
-        acc += d
-        acc_sq += d * d
-    n = (stop - start).to(tl.float32)
-    sum_d = tl.sum(acc, axis=0)
-    sum_sq = tl.sum(acc_sq, axis=0)
-    out = (pid_b * tl.num_programs(1) + pid_s).to(tl.int64) * C + cols
-    tl.store(Mean_ptr + out, shift + sum_d / n, mask=col_ok)
-    tl.store(M2_ptr + out, tl.maximum(sum_sq - sum_d * (sum_d / n), 0.0), mask=col_ok)
+    shift, acc, acc_sq = _chunk_sums(
+        X_ptr, R_ptr, S_ptr, in_bias, pid_b.to(tl.int64) * stride_b, start, stop, cols, col_ok, stride_hw, stride_c,
+        HAS_RESIDUAL, HAS_IN_BIAS, WRITE_SUM, ROUND_BF16, BLOCK_HW, BLOCK_C,
+    )  # fmt: skip
+    slot = pid_b * tl.num_programs(1) + pid_s
+    _store_partials(Mean_ptr, M2_ptr, slot, C, cols, col_ok, shift, acc, acc_sq, (stop - start).to(tl.float32))
+
+
+@_persistent_jit
+def _group_norm_stats_persistent_kernel(
+    X_ptr,
+    R_ptr,
+    IB_ptr,
+    S_ptr,
+    Mean_ptr,
+    M2_ptr,
+    HW,
+    C,
+    rows_per_chunk,
+    n_chunks,
+    n_items,
+    stride_b,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Grid (resident programs,): :func:`_group_norm_stats_kernel`'s work items (sample, chunk, channel tile), taken
+    in turn by each program, with two row tiles in flight (:func:`_prefetched_chunk_sums`); the same partials."""
+    c_tiles = tl.cdiv(C, BLOCK_C)
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        slot = item // c_tiles  # sample * n_chunks + chunk: the partial-statistics row, as the chunked grid's
+        cols, col_ok = _channel_tile(item % c_tiles, C, BLOCK_C)
+        start = (slot % n_chunks) * rows_per_chunk
+        stop = tl.minimum(start + rows_per_chunk, HW)
+        in_bias = _channel_in_bias(IB_ptr, cols, col_ok, HAS_IN_BIAS, BLOCK_C)
+        shift, acc, acc_sq = _prefetched_chunk_sums(
+            X_ptr, R_ptr, S_ptr, in_bias, (slot // n_chunks).to(tl.int64) * stride_b, start, stop, cols, col_ok,
+            stride_hw, stride_c, HAS_RESIDUAL, HAS_IN_BIAS, WRITE_SUM, ROUND_BF16, BLOCK_HW, BLOCK_C,
+        )  # fmt: skip
+        _store_partials(Mean_ptr, M2_ptr, slot, C, cols, col_ok, shift, acc, acc_sq, (stop - start).to(tl.float32))
 
 
 @triton_jit
@@ -249,6 +439,22 @@ def _merge_chunks(
 
 
 @triton_jit
+def _add_channel(g_mean, g_m2, c_mean, c_m2, j, HW):
+    """Chan's update of a group's (mean, M2) with its channel ``j`` (HW rows, like the ``j`` channels merged before)."""
+    seen = j * 1.0
+    delta = c_mean - g_mean
+    g_mean = g_mean + delta / (seen + 1.0)
+    g_m2 = g_m2 + c_m2 + delta * delta * (HW * 1.0) * (seen / (seen + 1.0))
+    return g_mean, g_m2
+
+
+@triton_jit
+def _rstd(m2, count, eps):
+    """``1 / sqrt(M2 / count + eps)``, correctly rounded square root (the same wherever it runs)."""
+    return 1.0 / tl.sqrt_rn(m2 / count + eps)
+
+
+@triton_jit
 def _group_stats(
     Mean_ptr,
     M2_ptr,
@@ -273,12 +479,8 @@ def _group_stats(
         c_mean, c_m2 = _merge_chunks(
             Mean_ptr, M2_ptr, pid_b, groups * per_group + j, g_ok, HW, C, n_chunks, rows_per_chunk, BLOCK_S, BLOCK_G
         )
-        seen = j * 1.0
-        delta = c_mean - g_mean
-        g_mean = g_mean + delta / (seen + 1.0)
-        g_m2 = g_m2 + c_m2 + delta * delta * (HW * 1.0) * (seen / (seen + 1.0))
-    rstd = 1.0 / tl.sqrt_rn(g_m2 / (HW * per_group * 1.0) + eps)
-    return g_mean, rstd
+        g_mean, g_m2 = _add_channel(g_mean, g_m2, c_mean, c_m2, j, HW)
+    return g_mean, _rstd(g_m2, HW * per_group * 1.0, eps)
 
 
 @triton_jit
@@ -317,6 +519,104 @@ def _group_norm_finalize_kernel(
 
 
 @triton_jit
+def _group_lanes(tile, C, G, BLOCK_GT: tl.constexpr, BLOCK_PG: tl.constexpr):
+    """The lanes of group tile ``tile``: ``BLOCK_GT`` groups of ``BLOCK_PG`` channel slots each, as ``(groups,
+    channels, j, ok)`` per lane (``j``: the channel's place in its group; ``ok``: the channel exists)."""
+    lanes = tl.arange(0, BLOCK_GT * BLOCK_PG)
+    groups = tile * BLOCK_GT + lanes // BLOCK_PG
+    j = lanes % BLOCK_PG
+    per_group = C // G
+    return groups, groups * per_group + j, j, (j < per_group) & (groups < G)
+
+
+@triton_jit
+def _group_sum(lane_values, BLOCK_GT: tl.constexpr, BLOCK_PG: tl.constexpr):
+    """Per group, the sum of its lanes' values (lanes of missing channels must hold 0)."""
+    return tl.sum(tl.reshape(lane_values, (BLOCK_GT, BLOCK_PG)), axis=1)
+
+
+@triton_jit
+def _to_lanes(group_values, BLOCK_GT: tl.constexpr, BLOCK_PG: tl.constexpr):
+    """Each lane given its group's value."""
+    return tl.reshape(tl.broadcast_to(group_values[:, None], (BLOCK_GT, BLOCK_PG)), (BLOCK_GT * BLOCK_PG,))
+
+
+@triton_jit
+def _merge_channels(c_mean, c_m2, per_group, HW, BLOCK_GT: tl.constexpr, BLOCK_PG: tl.constexpr):
+    """Group (mean, M2) of ``BLOCK_GT`` groups from their channels' (one per lane), merged channel by channel in
+    :func:`_group_stats`'s order (channel ``j`` picked out of its lanes exactly: a sum of it and zeros)."""
+    means = tl.reshape(c_mean, (BLOCK_GT, BLOCK_PG))
+    m2s = tl.reshape(c_m2, (BLOCK_GT, BLOCK_PG))
+    column = tl.arange(0, BLOCK_PG)[None, :]
+    g_mean = tl.zeros((BLOCK_GT,), dtype=tl.float32)
+    g_m2 = tl.zeros((BLOCK_GT,), dtype=tl.float32)
+    for j in range(per_group):
+        c_mean_j = tl.sum(tl.where(column == j, means, 0.0), axis=1)
+        c_m2_j = tl.sum(tl.where(column == j, m2s, 0.0), axis=1)
+        g_mean, g_m2 = _add_channel(g_mean, g_m2, c_mean_j, c_m2_j, j, HW)
+    return g_mean, g_m2
+
+
+@triton_jit
+def _store_statistics(W_ptr, GStats_ptr, CStats_ptr, groups, channels, j, ok, G, C, lane_mean, lane_rstd):
+    """Store one program's statistics (grid axis 0: the sample): group mean and rstd in ``GStats`` (2, B, G), once
+    per group, and per channel its group's mean and ``scale = rstd * w`` in ``CStats`` (2, B, C). Returns the
+    lanes' scale."""
+    pid_b = tl.program_id(0)
+    batch = tl.num_programs(0)
+    first = ok & (j == 0)
+    tl.store(GStats_ptr + pid_b * G + groups, lane_mean, mask=first)
+    tl.store(GStats_ptr + (batch + pid_b) * G + groups, lane_rstd, mask=first)
+    scale = lane_rstd * tl.load(W_ptr + channels, mask=ok, other=0.0).to(tl.float32)
+    tl.store(CStats_ptr + pid_b * C + channels, lane_mean, mask=ok)
+    tl.store(CStats_ptr + (batch + pid_b) * C + channels, scale, mask=ok)
+    return scale
+
+
+@triton_jit
+def _group_norm_finalize_tiles_kernel(
+    Mean_ptr,
+    M2_ptr,
+    W_ptr,
+    GStats_ptr,
+    CStats_ptr,
+    HW,
+    C,
+    G,
+    n_chunks,
+    rows_per_chunk,
+    eps,
+    BLOCK_S: tl.constexpr,
+    BLOCK_GT: tl.constexpr,
+    BLOCK_PG: tl.constexpr,
+):
+    """Grid (B, group tiles): :func:`_group_norm_finalize_kernel`'s statistics, every channel of ``BLOCK_GT`` groups
+    in its own lane, so the chunks of all of them are merged at once (``BLOCK_S`` chunks a step) instead of one
+    channel per group at a time in one program per sample; then the channels in order, as there."""
+    groups, channels, j, ok = _group_lanes(tl.program_id(1), C, G, BLOCK_GT, BLOCK_PG)
+    c_mean, c_m2 = _merge_chunks(
+        Mean_ptr, M2_ptr, tl.program_id(0), channels, ok, HW, C, n_chunks, rows_per_chunk, BLOCK_S, BLOCK_GT * BLOCK_PG
+    )
+    g_mean, g_m2 = _merge_channels(c_mean, c_m2, C // G, HW, BLOCK_GT, BLOCK_PG)
+    rstd = _rstd(g_m2, HW * (C // G) * 1.0, eps)
+    lane_mean = _to_lanes(g_mean, BLOCK_GT, BLOCK_PG)
+    _store_statistics(
+        W_ptr, GStats_ptr, CStats_ptr, groups, channels, j, ok, G, C, lane_mean, _to_lanes(rstd, BLOCK_GT, BLOCK_PG)
+    )
+
+
+@triton_jit
+def _store_normalized(Y_ptr, offs, ok, x, mean, scale, bias, SILU: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """Store ``y = act((x - mean) * scale + bias)`` on one tile; the per-channel vectors are (1, channels)."""
+    y = (x - mean) * scale + bias
+    if SILU:
+        y = y * tl.sigmoid(y)
+    if ROUND_BF16:
+        y = round_to_bf16_rne(y)
+    tl.store(Y_ptr + offs, y.to(Y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton_jit
 def _apply_tile(
     X_ptr,
     Y_ptr,
@@ -330,14 +630,66 @@ def _apply_tile(
     SILU: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    """Store ``y = act((x (+ in_bias) - mean) * scale + bias)`` on one tile; the per-channel vectors are (1, BLOCK_C)."""
+    """Store ``y = act((x (+ in_bias) - mean) * scale + bias)`` on one tile (per-channel vectors: (1, BLOCK_C))."""
     x = _summed_input(X_ptr, X_ptr, offs, ok, in_bias, False, HAS_IN_BIAS, ROUND_BF16)
-    y = (x - mean) * scale + bias
-    if SILU:
-        y = y * tl.sigmoid(y)
-    if ROUND_BF16:
-        y = round_to_bf16_rne(y)
-    tl.store(Y_ptr + offs, y.to(Y_ptr.dtype.element_ty), mask=ok)
+    _store_normalized(Y_ptr, offs, ok, x, mean, scale, bias, SILU, ROUND_BF16)
+
+
+@triton_jit
+def _resident_moments(s, ok, j, count, eps, BLOCK_HW: tl.constexpr, BLOCK_GT: tl.constexpr, BLOCK_PG: tl.constexpr):
+    """Per lane, its group's mean and rstd from a tile holding every row of the groups. The mean is the group's
+    first value (row 0 of its channel 0) plus the mean deviation from it, so a mean far above the spread loses no
+    digits to the sum; then the squared deviations from that mean (two passes over the registers)."""
+    s = tl.where(ok, s, 0.0)
+    first = tl.sum(tl.where((tl.arange(0, BLOCK_HW) == 0)[:, None] & (j == 0)[None, :], s, 0.0), axis=0)
+    shift = _to_lanes(_group_sum(first, BLOCK_GT, BLOCK_PG), BLOCK_GT, BLOCK_PG)  # a sum of one value and zeros
+    d = tl.where(ok, s - shift[None, :], 0.0)
+    lane_mean = shift + _to_lanes(_group_sum(tl.sum(d, axis=0), BLOCK_GT, BLOCK_PG) / count, BLOCK_GT, BLOCK_PG)
+    d = tl.where(ok, s - lane_mean[None, :], 0.0)
+    rstd = _rstd(_group_sum(tl.sum(d * d, axis=0), BLOCK_GT, BLOCK_PG), count, eps)
+    return lane_mean, _to_lanes(rstd, BLOCK_GT, BLOCK_PG)
+
+
+@triton_jit
+def _group_norm_single_kernel(
+    X_ptr,
+    R_ptr,
+    IB_ptr,
+    S_ptr,
+    Y_ptr,
+    W_ptr,
+    Bias_ptr,
+    GStats_ptr,
+    CStats_ptr,
+    HW,
+    C,
+    G,
+    eps,
+    stride_b,
+    stride_hw,
+    stride_c,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_IN_BIAS: tl.constexpr,
+    WRITE_SUM: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_HW: tl.constexpr,
+    BLOCK_GT: tl.constexpr,
+    BLOCK_PG: tl.constexpr,
+):
+    """Grid (B, group tiles), for groups whose every row fits one program (:func:`single_kernel_tiling`): the summed
+    input loaded once (and written with ``WRITE_SUM``), its statistics, ``y``: the three passes in one launch."""
+    groups, channels, j, lane_ok = _group_lanes(tl.program_id(1), C, G, BLOCK_GT, BLOCK_PG)
+    base = tl.program_id(0).to(tl.int64) * stride_b
+    ok, offs = _tile(base, tl.arange(0, BLOCK_HW), HW, channels, lane_ok, stride_hw, stride_c)
+    in_bias = _channel_in_bias(IB_ptr, channels, lane_ok, HAS_IN_BIAS, BLOCK_GT * BLOCK_PG)
+    s = _summed_input(X_ptr, R_ptr, offs, ok, in_bias[None, :], HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
+    if WRITE_SUM:
+        tl.store(S_ptr + offs, s.to(S_ptr.dtype.element_ty), mask=ok)
+    mean, rstd = _resident_moments(s, ok, j, HW * (C // G) * 1.0, eps, BLOCK_HW, BLOCK_GT, BLOCK_PG)
+    scale = _store_statistics(W_ptr, GStats_ptr, CStats_ptr, groups, channels, j, lane_ok, G, C, mean, rstd)
+    bias = tl.load(Bias_ptr + channels, mask=lane_ok, other=0.0).to(tl.float32)
+    _store_normalized(Y_ptr, offs, ok, s, mean[None, :], scale[None, :], bias[None, :], SILU, ROUND_BF16)
 
 
 @triton_jit
@@ -503,15 +855,59 @@ def _chunks(
     Off CUDA (the interpreter, the compile check) an H100's SM count stands in, so the same chunking is exercised.
     """
     if rows_per_chunk is None:
-        sms = (
-            torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda"
-            else SM_COUNT_OFF_CUDA
-        )
-        programs = programs_per_sm * sms
+        programs = programs_per_sm * sm_resources(device)[0]
         chunks = max(1, min(triton.cdiv(programs, batch * c_tiles), triton.cdiv(hw, block_hw)))
         rows_per_chunk = triton.cdiv(triton.cdiv(hw, chunks), block_hw) * block_hw
     return rows_per_chunk, triton.cdiv(hw, rows_per_chunk)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+@functools.cache
+def persistent_chunks(batch: int, c_tiles: int, hw: int, block_hw: int, programs: int) -> tuple[int, int]:
+    """(rows per chunk, chunks per sample) for ``programs`` resident programs taking the (sample, chunk, channel
+    tile) items of a persistent statistics pass in turn.
+
+    Items go round-robin, so the busiest program has ``ceil(items / programs)`` of them, each costing its row tiles
+    plus :data:`ITEM_OVERHEAD_TILES`. Of every whole number of tiles per chunk (evened out over the sample's
+    tiles), the chunking whose busiest program does the least; on a tie the fewer chunks (fewer partials).
+    """
+    tiles = -(-hw // block_hw)
+    best: tuple[tuple[int, int], int] | None = None
+    for chunks in range(1, tiles + 1):
+        per_chunk = -(-tiles // chunks)
+        if -(-tiles // per_chunk) != chunks:  # as many tiles a chunk as a smaller count: that one was weighed
+            continue
+        rounds = -(-(batch * c_tiles * chunks) // programs)
+        cost = (rounds * (per_chunk + ITEM_OVERHEAD_TILES), chunks)
+        if best is None or cost < best[0]:
+            best = (cost, per_chunk)
+    assert best is not None  # one tile at least: hw >= 1
+    rows = best[1] * block_hw
+    return rows, -(-hw // rows)
+
+
+def finalize_tiling(groups: int, per_group: int) -> tuple[int, int, int]:
+    """``(BLOCK_S, BLOCK_GT, BLOCK_PG)`` of the parallel finalize: chunks merged per step, groups per program and
+    channel lanes per group (a power of two: lanes past ``per_group`` are masked); about :data:`FINALIZE_LANES`
+    lanes a program and :data:`FINALIZE_TILE_ELEMENTS` partials a step."""
+    block_pg = _next_power_of_2(per_group)
+    block_gt = max(1, min(_next_power_of_2(groups), FINALIZE_LANES // block_pg))
+    return max(1, FINALIZE_TILE_ELEMENTS // (block_gt * block_pg)), block_gt, block_pg
+
+
+def single_kernel_tiling(hw: int, channels: int, groups: int) -> tuple[int, int, int] | None:
+    """``(BLOCK_HW, BLOCK_GT, BLOCK_PG)`` of the single-kernel path, or None where a group's rows by its channels
+    (each a power of two) exceed :data:`SINGLE_KERNEL_MAX_ELEMENTS`: the three-pass path runs there. A program takes
+    as many groups as make :data:`SINGLE_KERNEL_LANES` channels (wider rows load in longer runs), within the limit."""
+    block_hw, block_pg = _next_power_of_2(hw), _next_power_of_2(channels // groups)
+    if block_hw * block_pg > SINGLE_KERNEL_MAX_ELEMENTS:
+        return None
+    fit = SINGLE_KERNEL_MAX_ELEMENTS // (block_hw * block_pg)
+    block_gt = max(1, min(_next_power_of_2(groups), SINGLE_KERNEL_LANES // block_pg, fit))
+    return block_hw, block_gt, block_pg
 
 
 def _check(
@@ -521,6 +917,7 @@ def _check(
     num_groups: int,
     residual: torch.Tensor | None,
     in_bias: torch.Tensor | None = None,
+    path: str = "chunked",
 ) -> None:
     if x.dim() != 4:
         raise ValueError(f"the fused group norm takes (B, C, H, W) tensors, got shape {tuple(x.shape)}")
@@ -533,6 +930,8 @@ def _check(
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} differs from x {tuple(x.shape)} {x.dtype}")
     if in_bias is not None and in_bias.shape != (x.shape[1],):
         raise ValueError(f"in_bias must have shape ({x.shape[1]},), got {tuple(in_bias.shape)}")
+    if path not in GROUP_NORM_PATHS:
+        raise ValueError(f"path must be one of {', '.join(GROUP_NORM_PATHS)}, got {path!r}")
     require_triton_tensor(x, "group norm")
 
 
@@ -571,6 +970,49 @@ class _Tiling:
         return cls(batch, channels, hw, stats_hw, apply_hw, block_c, c_tiles, rows, n_chunks)
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What the forward kernels read and write, in one layout: x, the residual and the in_bias (x itself when absent:
+    the kernels take a pointer either way) and the sum ``s`` (x itself when it is not written)."""
+
+    x: torch.Tensor
+    residual: torch.Tensor
+    in_bias: torch.Tensor
+    s: torch.Tensor
+    has_residual: bool
+    has_in_bias: bool
+
+    @classmethod
+    def of(
+        cls, x: torch.Tensor, residual: torch.Tensor | None, in_bias: torch.Tensor | None, write_sum: bool
+    ) -> _Inputs:
+        layout = memory_layout(x)
+        x = x.contiguous(memory_format=layout)
+        r = x if residual is None else residual.contiguous(memory_format=layout)
+        ib = x if in_bias is None else in_bias.to(x.dtype).contiguous()  # rounded like the reference's eager add
+        return cls(x, r, ib, torch.empty_like(x) if write_sum else x, residual is not None, in_bias is not None)
+
+    @property
+    def stats_tile(self) -> int:
+        """Elements of a statistics tile (fewer rows with both a residual and an in_bias: see the constants)."""
+        return STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if self.has_residual and self.has_in_bias else STATS_TILE_ELEMENTS
+
+    @property
+    def persistent_stats_tile(self) -> int:
+        """The persistent kernel's tile: half the rows (it holds a second tile in flight), and in fp32 half again,
+        the same bytes as in 16 bits (fp32 with a residual spilled at the 16-bit element count)."""
+        return self.stats_tile // PERSISTENT_TILE_DIVISOR // max(1, self.x.element_size() // 2)
+
+    def flags(self) -> dict[str, bool]:
+        """The statistics and single kernels' constexprs for these inputs."""
+        return {
+            "HAS_RESIDUAL": self.has_residual,
+            "HAS_IN_BIAS": self.has_in_bias,
+            "WRITE_SUM": self.s is not self.x,
+            "ROUND_BF16": INTERPRETED and self.x.dtype == torch.bfloat16,
+        }
+
+
 def group_norm_fwd(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -584,6 +1026,8 @@ def group_norm_fwd(
     write_sum: bool | None = None,
     block_hw: int | None = None,
     rows_per_chunk: int | None = None,
+    path: str = "chunked",
+    programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernels.
 
@@ -592,30 +1036,29 @@ def group_norm_fwd(
         in_bias: optional (C,) vector added to x first (the bias of the convolution that produced x).
         write_sum: store ``s = (x + in_bias) + residual`` (default: whenever it differs from x). Without it an
             in_bias is added again where the apply kernel reads x, and ``s`` is returned as None.
-        block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones).
+        block_hw, rows_per_chunk: tile and chunk sizes (None: chosen here; tests force small ones; forced sizes
+            keep the single-kernel path to the three passes).
+        path: one of :data:`GROUP_NORM_PATHS`. programs: the persistent statistics grid (None: what stays resident).
 
     Returns:
         ``(y, s, mean, rstd, channel_mean, scale)``: y and ``s`` (x itself when nothing is added, None when not
         written) in x's layout and dtype; fp32 group mean and rstd (B, G); fp32 per-channel mean and
         ``rstd * weight`` (B, C).
     """
-    _check(x, weight, bias, num_groups, residual, in_bias)
+    _check(x, weight, bias, num_groups, residual, in_bias, path)
     summed = residual is not None or in_bias is not None
     write_sum = _sum_written(residual, summed, write_sum)
-    layout = memory_layout(x)
-    x = x.contiguous(memory_format=layout)
-    s = torch.empty_like(x) if write_sum else x
-    both = residual is not None and in_bias is not None
-    stats_tile = STATS_TILE_ELEMENTS_RESIDUAL_IN_BIAS if both else STATS_TILE_ELEMENTS
-    tiling = _Tiling.plan(x, block_hw, rows_per_chunk, stats_tile, STATS_PROGRAMS_PER_SM)
-    r = x if residual is None else residual.contiguous(memory_format=layout)
-    ib = x if in_bias is None else in_bias.to(x.dtype).contiguous()  # rounded like the reference's eager add
-    part_mean, part_m2 = _forward_partial_stats(x, r, ib, s, tiling, residual is not None, in_bias is not None)
-    mean, rstd, channel_mean, scale = _forward_finalize(part_mean, part_m2, weight, num_groups, eps, tiling)
-    add_in_bias = in_bias is not None and not write_sum  # the sum is not stored: the apply pass adds in_bias again
-    y = _forward_apply(s, ib, bias, channel_mean, scale, silu, add_in_bias, tiling)
-    kept = s if write_sum or not summed else None
-    return y, kept, mean, rstd, channel_mean, scale
+    inputs = _Inputs.of(x, residual, in_bias, write_sum)
+    single = None
+    if path == "single_kernel" and block_hw is None and rows_per_chunk is None:
+        single = single_kernel_tiling(x.shape[2] * x.shape[3], x.shape[1], num_groups)
+    if single is not None:
+        y, group_stats, channel_stats = _forward_single(inputs, weight, bias, num_groups, eps, silu, single)
+    else:
+        sizes = (block_hw, rows_per_chunk, programs)
+        y, group_stats, channel_stats = _forward_passes(inputs, weight, bias, (num_groups, eps, silu), path, sizes)
+    kept = inputs.s if write_sum or not summed else None
+    return y, kept, group_stats[0], group_stats[1], channel_stats[0], channel_stats[1]
 
 
 def _sum_written(residual: torch.Tensor | None, summed: bool, write_sum: bool | None) -> bool:
@@ -627,36 +1070,64 @@ def _sum_written(residual: torch.Tensor | None, summed: bool, write_sum: bool | 
     return written
 
 
-def _forward_partial_stats(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    in_bias: torch.Tensor,
-    s: torch.Tensor,
-    tiling: _Tiling,
-    has_residual: bool,
-    has_in_bias: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward's first pass: per-chunk channel means and M2 (B, chunks, C) fp32 of ``(x + in_bias) +
-    residual``, written to ``s`` when ``s`` is not x (``residual`` / ``in_bias``: x itself when absent)."""
-    part_mean, part_m2 = (
-        torch.empty(tiling.batch, tiling.n_chunks, tiling.channels, dtype=torch.float32, device=x.device)
-        for _ in range(2)
+def _forward_passes(
+    inputs: _Inputs,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    norm: tuple[int, float, bool],
+    path: str,
+    sizes: tuple[int | None, int | None, int | None],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three passes: partial statistics (the chunked grid, or persistent), their finalize (one program per
+    sample, or the parallel one), the apply pass. ``norm``: (groups, eps, silu); ``sizes``: forced block_hw,
+    rows_per_chunk, programs. Returns y and the stacked statistics (see :func:`_statistics_buffers`)."""
+    num_groups, eps, silu = norm
+    block_hw, rows_per_chunk, programs = sizes
+    if path == "chunked":
+        tiling = _Tiling.plan(inputs.x, block_hw, rows_per_chunk, inputs.stats_tile, STATS_PROGRAMS_PER_SM)
+        part_mean, part_m2 = _forward_partial_stats(inputs, tiling)
+        group_stats, channel_stats = _forward_finalize(part_mean, part_m2, weight, num_groups, eps, tiling)
+    else:
+        tiling, (part_mean, part_m2) = _persistent_partial_stats(inputs, block_hw, rows_per_chunk, programs)
+        group_stats, channel_stats = _finalize_tiles(part_mean, part_m2, weight, num_groups, eps, tiling)
+    y = _forward_apply(inputs, bias, channel_stats, silu, tiling)
+    return y, group_stats, channel_stats
+
+
+def _partial_buffers(tiling: _Tiling, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial statistics, mean and M2 (B, chunks, C) fp32: row ``b * chunks + s``, channel c holds the mean and
+    M2 of channel c over rows [s * rows_per_chunk, (s + 1) * rows_per_chunk) of sample b, whichever pass wrote it."""
+    shape = (tiling.batch, tiling.n_chunks, tiling.channels)
+    return torch.empty(shape, dtype=torch.float32, device=device), torch.empty(
+        shape, dtype=torch.float32, device=device
     )
+
+
+def _statistics_buffers(batch: int, groups: int, channels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The finalized statistics, fp32: group mean and rstd stacked (2, B, G), channel mean and scale (2, B, C)."""
+    return (
+        torch.empty(2, batch, groups, dtype=torch.float32, device=device),
+        torch.empty(2, batch, channels, dtype=torch.float32, device=device),
+    )
+
+
+def _forward_partial_stats(inputs: _Inputs, tiling: _Tiling) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked statistics pass, grid (B, chunks, channel tiles): the partials of ``(x + in_bias) + residual``
+    (:func:`_partial_buffers`), the sum written to ``s`` when ``s`` is not x."""
+    x = inputs.x
+    part_mean, part_m2 = _partial_buffers(tiling, x.device)
     _group_norm_stats_kernel[(tiling.batch, tiling.n_chunks, tiling.c_tiles)](
         x,
-        residual,
-        in_bias,
-        s,
+        inputs.residual,
+        inputs.in_bias,
+        inputs.s,
         part_mean,
         part_m2,
         tiling.hw,
         tiling.channels,
         tiling.rows_per_chunk,
         *row_strides(x),
-        HAS_RESIDUAL=has_residual,
-        HAS_IN_BIAS=has_in_bias,
-        WRITE_SUM=s is not x,
-        ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
+        **inputs.flags(),
         BLOCK_HW=tiling.stats_hw,
         BLOCK_C=tiling.block_c,
         num_warps=4 if INTERPRETED else STATS_NUM_WARPS,
@@ -664,29 +1135,62 @@ def _forward_partial_stats(
     return part_mean, part_m2
 
 
+def _persistent_partial_stats(
+    inputs: _Inputs, block_hw: int | None, rows_per_chunk: int | None, programs: int | None
+) -> tuple[_Tiling, tuple[torch.Tensor, torch.Tensor]]:
+    """The persistent statistics pass: a grid of the programs that stay resident together (from the compiled
+    kernel's registers, :func:`procap.kernels.occupancy.resident_programs`), each taking the work items of
+    :func:`persistent_chunks` in turn; the same partials as the chunked pass (None: sizes chosen here)."""
+    x = inputs.x
+    tiling = _Tiling.plan(x, block_hw, rows_per_chunk, inputs.persistent_stats_tile, 1)
+    meta = {**inputs.flags(), "BLOCK_HW": tiling.stats_hw, "BLOCK_C": tiling.block_c}
+    meta["num_warps"] = 4 if INTERPRETED else STATS_NUM_WARPS
+    kernel = _group_norm_stats_persistent_kernel
+    if programs is None:
+        probe = _persistent_arguments(inputs, tiling, None)
+        programs = resident_programs(kernel, probe, meta, x.device, FALLBACK_CTAS_PER_SM)
+    if rows_per_chunk is None:  # the plan's chunks were the chunked grid's: these share the work among `programs`
+        rows, chunks = persistent_chunks(tiling.batch, tiling.c_tiles, tiling.hw, tiling.stats_hw, programs)
+        tiling = dataclasses.replace(tiling, rows_per_chunk=rows, n_chunks=chunks)
+    partials = _partial_buffers(tiling, x.device)
+    items = tiling.batch * tiling.n_chunks * tiling.c_tiles
+    kernel[(min(programs, items),)](*_persistent_arguments(inputs, tiling, partials), **meta)
+    return tiling, partials
+
+
+def _persistent_arguments(
+    inputs: _Inputs, tiling: _Tiling, partials: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor | int, ...]:
+    """The persistent statistics kernel's arguments but its constexprs; ``partials`` None: a probe for
+    :func:`~procap.kernels.occupancy.resident_programs` (placeholder buffers, and counts it does not specialise on)."""
+    x = inputs.x
+    counts = (tiling.rows_per_chunk, tiling.n_chunks, tiling.batch * tiling.n_chunks * tiling.c_tiles)
+    if partials is None:
+        partials = (torch.empty(1, dtype=torch.float32, device=x.device),) * 2
+        counts = (1, 1, 1)
+    part_mean, part_m2 = partials
+    head = (x, inputs.residual, inputs.in_bias, inputs.s, part_mean, part_m2, tiling.hw, tiling.channels)
+    return head + counts + row_strides(x)
+
+
 def _forward_apply(
-    s: torch.Tensor,
-    in_bias: torch.Tensor,
-    bias: torch.Tensor,
-    channel_mean: torch.Tensor,
-    scale: torch.Tensor,
-    silu: bool,
-    add_in_bias: bool,
-    tiling: _Tiling,
+    inputs: _Inputs, bias: torch.Tensor, channel_stats: torch.Tensor, silu: bool, tiling: _Tiling
 ) -> torch.Tensor:
-    """The forward's last pass: ``y = act((s [+ in_bias] - channel_mean) * scale + bias)`` in s's layout."""
+    """The forward's last pass: ``y = act((s [+ in_bias] - channel_mean) * scale + bias)`` in s's layout (the
+    in_bias added here when the sum was not stored)."""
+    s = inputs.s
     y = torch.empty_like(s)
     _group_norm_apply_kernel[(tiling.batch, triton.cdiv(tiling.hw, tiling.apply_hw), tiling.c_tiles)](
         s,
-        in_bias,
+        inputs.in_bias,
         y,
-        channel_mean,
-        scale,
+        channel_stats[0],
+        channel_stats[1],
         bias.contiguous(),
         tiling.hw,
         tiling.channels,
         *row_strides(s),
-        HAS_IN_BIAS=add_in_bias,
+        HAS_IN_BIAS=inputs.has_in_bias and s is inputs.x,
         SILU=silu,
         ROUND_BF16=INTERPRETED and s.dtype == torch.bfloat16,
         BLOCK_HW=tiling.apply_hw,
@@ -698,21 +1202,17 @@ def _forward_apply(
 
 def _forward_finalize(
     part_mean: torch.Tensor, part_m2: torch.Tensor, weight: torch.Tensor, num_groups: int, eps: float, tiling: _Tiling
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chunks' statistics combined: fp32 group mean and rstd (B, G), per-channel mean and ``rstd * weight``."""
-    device = part_mean.device
-    mean, rstd = (torch.empty(tiling.batch, num_groups, dtype=torch.float32, device=device) for _ in range(2))
-    channel_mean, scale = (
-        torch.empty(tiling.batch, tiling.channels, dtype=torch.float32, device=device) for _ in range(2)
-    )
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunks' statistics combined by one program per sample (:func:`_statistics_buffers`)."""
+    group_stats, channel_stats = _statistics_buffers(tiling.batch, num_groups, tiling.channels, part_mean.device)
     _group_norm_finalize_kernel[(tiling.batch,)](
         part_mean,
         part_m2,
         weight.contiguous(),
-        mean,
-        rstd,
-        channel_mean,
-        scale,
+        group_stats[0],
+        group_stats[1],
+        channel_stats[0],
+        channel_stats[1],
         tiling.hw,
         tiling.channels,
         num_groups,
@@ -723,7 +1223,74 @@ def _forward_finalize(
         BLOCK_G=max(BLOCK_G_MIN, triton.next_power_of_2(num_groups)),
         num_warps=1,
     )
-    return mean, rstd, channel_mean, scale
+    return group_stats, channel_stats
+
+
+def _finalize_tiles(
+    part_mean: torch.Tensor, part_m2: torch.Tensor, weight: torch.Tensor, num_groups: int, eps: float, tiling: _Tiling
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parallel finalize, grid (B, group tiles) (:func:`finalize_tiling`): the same statistics as
+    :func:`_forward_finalize`, merged in the same order but for the chunks' step, deterministic run to run."""
+    block_s, block_gt, block_pg = finalize_tiling(num_groups, tiling.channels // num_groups)
+    group_stats, channel_stats = _statistics_buffers(tiling.batch, num_groups, tiling.channels, part_mean.device)
+    _group_norm_finalize_tiles_kernel[(tiling.batch, triton.cdiv(num_groups, block_gt))](
+        part_mean,
+        part_m2,
+        weight.contiguous(),
+        group_stats,
+        channel_stats,
+        tiling.hw,
+        tiling.channels,
+        num_groups,
+        tiling.n_chunks,
+        tiling.rows_per_chunk,
+        eps,
+        BLOCK_S=block_s,
+        BLOCK_GT=block_gt,
+        BLOCK_PG=block_pg,
+        num_warps=FINALIZE_NUM_WARPS,
+    )
+    return group_stats, channel_stats
+
+
+def _forward_single(
+    inputs: _Inputs,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    silu: bool,
+    blocks: tuple[int, int, int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The single-kernel forward, grid (B, group tiles): y, and the statistics as the three passes store them."""
+    x = inputs.x
+    block_hw, block_gt, block_pg = blocks
+    batch, channels, height, width = x.shape
+    y = torch.empty_like(x)
+    group_stats, channel_stats = _statistics_buffers(batch, num_groups, channels, x.device)
+    _group_norm_single_kernel[(batch, triton.cdiv(num_groups, block_gt))](
+        x,
+        inputs.residual,
+        inputs.in_bias,
+        inputs.s,
+        y,
+        weight.contiguous(),
+        bias.contiguous(),
+        group_stats,
+        channel_stats,
+        height * width,
+        channels,
+        num_groups,
+        eps,
+        *row_strides(x),
+        **inputs.flags(),
+        SILU=silu,
+        BLOCK_HW=block_hw,
+        BLOCK_GT=block_gt,
+        BLOCK_PG=block_pg,
+        num_warps=8 if block_hw * block_gt * block_pg > 4096 else 4,
+    )
+    return y, group_stats, channel_stats
 
 
 def _backward_coefficients(
@@ -861,9 +1428,9 @@ class GroupNormFunction(torch.autograd.Function):
     """Autograd wrapper: differentiable in x, weight, bias, the residual and the in_bias (the sum's gradient too)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum):
+    def forward(ctx, x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum, path):
         y, s, _, rstd, channel_mean, scale = group_norm_fwd(
-            x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias
+            x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, path=path
         )
         ctx.save_for_backward(s, weight, bias, rstd, channel_mean, scale)
         ctx.silu, ctx.has_residual, ctx.in_bias_dtype = silu, residual is not None, None
@@ -883,7 +1450,7 @@ class GroupNormFunction(torch.autograd.Function):
         if ctx.in_bias_dtype is not None:  # a per-channel add: its gradient is dx summed over samples and positions
             d_in_bias = dx.float().sum((0, 2, 3)).to(ctx.in_bias_dtype)
         d_residual = dx if ctx.has_residual else None
-        return (dx, dweight.to(weight.dtype), dbias.to(bias.dtype), d_residual, d_in_bias, None, None, None, None)
+        return (dx, dweight.to(weight.dtype), dbias.to(bias.dtype), d_residual, d_in_bias, None, None, None, None, None)
 
 
 def group_norm_triton(
@@ -896,15 +1463,18 @@ def group_norm_triton(
     residual: torch.Tensor | None = None,
     in_bias: torch.Tensor | None = None,
     return_sum: bool = False,
+    *,
+    path: str = "chunked",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`group_norm_ref` (same arguments, same outputs)."""
+    """Triton version of :func:`group_norm_ref` (same arguments, same outputs) along ``path`` (one of
+    :data:`GROUP_NORM_PATHS`; the backward is the same for every path)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(x, weight, bias, residual, in_bias)):
-        return GroupNormFunction.apply(x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum)
+        return GroupNormFunction.apply(x, weight, bias, residual, in_bias, num_groups, eps, silu, return_sum, path)
     # Inference (the frozen VQGAN): no autograd context to build and keep; the statistics are dropped, and an
     # in_bias sum nobody asked for is never written (the apply kernel adds the bias again as it reads x).
     keep_sum = residual is not None or return_sum
     y, s = group_norm_fwd(
-        x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, write_sum=keep_sum or None
+        x, weight, bias, num_groups, eps, silu, residual, in_bias=in_bias, write_sum=keep_sum or None, path=path
     )[:2]
     if not keep_sum:
         return y
@@ -918,6 +1488,12 @@ def _tensors(*maybe: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
 
 # ----------------------------------------------------------------------------------------------- dispatch
 GROUP_NORM = register(FusedOp("group_norm", group_norm_ref, group_norm_triton))  # no csrc/ version: CPU = reference
+# The opt-in paths are ops of their own, with the same reference: PROCAP_KERNELS, impl= and the fallbacks apply
+# to them as to the default one, and each is chosen (and reported by chosen_impl) under its own name.
+GROUP_NORM_OPS = {"chunked": GROUP_NORM.name} | {
+    path: register(FusedOp(f"group_norm_{path}", group_norm_ref, functools.partial(group_norm_triton, path=path))).name
+    for path in GROUP_NORM_PATHS[1:]
+}
 
 
 # What comes back follows from the arguments: y alone without a residual or return_sum, (y, s) with a residual.
@@ -934,6 +1510,7 @@ def group_norm(
     *,
     in_bias: torch.Tensor | None = ...,
     return_sum: Literal[False] = ...,
+    path: str = ...,
 ) -> torch.Tensor: ...
 
 
@@ -950,6 +1527,7 @@ def group_norm(
     *,
     in_bias: torch.Tensor | None = ...,
     return_sum: bool = ...,
+    path: str = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -966,6 +1544,7 @@ def group_norm(
     *,
     in_bias: torch.Tensor | None = ...,
     return_sum: Literal[True],
+    path: str = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -982,6 +1561,7 @@ def group_norm(
     *,
     in_bias: torch.Tensor | None = ...,
     return_sum: bool = ...,
+    path: str = ...,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -997,6 +1577,7 @@ def group_norm(
     *,
     in_bias: torch.Tensor | None = None,
     return_sum: bool = False,
+    path: str = "chunked",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GroupNorm, optionally fused with SiLU, a preceding per-channel bias and residual add, through the fastest
     implementation.
@@ -1013,14 +1594,20 @@ def group_norm(
         in_bias: optional (C,) vector added to x before the residual: the bias of a convolution run without it,
             added where the norm reads its input instead of in a separate pass.
         return_sum: also return ``s = (x + in_bias) + residual`` when there is no residual.
+        path: the Triton forward's kernels, one of :data:`GROUP_NORM_PATHS`: ``"chunked"`` (the default: statistics,
+            finalize and apply passes), ``"persistent"`` (the statistics by the programs that stay resident, each
+            with two row tiles in flight; a parallel finalize) or ``"single_kernel"`` (one launch where a program
+            holds whole groups, else ``"persistent"``). The same outputs up to fp32 summation order, the same
+            backward; dispatched as ops of their own (``group_norm_persistent``, ``group_norm_single_kernel``).
 
     Returns:
         y (B, C, H, W) in x's dtype and layout, or ``(y, s)`` with a residual or ``return_sum``.
     """
+    if path not in GROUP_NORM_OPS:
+        raise ValueError(f"path must be one of {', '.join(GROUP_NORM_PATHS)}, got {path!r}")
     if torch.compiler.is_compiling() or (impl is None and x.dim() != 4):
         return group_norm_ref(x, weight, bias, num_groups, eps, silu, residual, in_bias, return_sum)
     tensors = _tensors(x, weight, bias, residual, in_bias)
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return run(
-        "group_norm", impl, x, requires_grad, x, weight, bias, num_groups, eps, silu, residual, in_bias, return_sum
-    )
+    args = (x, weight, bias, num_groups, eps, silu, residual, in_bias, return_sum)
+    return run(GROUP_NORM_OPS[path], impl, x, requires_grad, *args)

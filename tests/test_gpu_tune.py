@@ -94,6 +94,19 @@ def test_the_issue_51_fusions_are_variants_with_their_estimates(capsys):
     listed = capsys.readouterr().out
     assert "[estimate: -0.1 ms at b32, -0.2 ms at b1]" in listed  # written before any GPU ran them
     assert "[estimate: -0.55 ms at b32, -0.03 ms at b1]" in listed
+def test_the_group_norm_variants_are_the_defaults_with_the_vqgans_option(capsys):
+    from procap.kernels.groupnorm import GROUP_NORM_PATHS
+    from procap.model.vqgan import VQGAN
+
+    assert set(tune.GN_VARIANTS) <= set(tune.VARIANTS) and tune.GN_VARIANTS[0] == "all"
+    for name, path in (("gn_persistent", "persistent"), ("gn_single_kernel", "single_kernel")):
+        variant = tune.VARIANTS[name]
+        assert variant.captioner == {"fused_vqgan": {"group_norm": path}} and path in GROUP_NORM_PATHS
+        assert set(variant.captioner["fused_vqgan"]) <= set(VQGAN.fused_options)
+    assert tune.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "[estimate: -1.45 ms at b32, -0.6 ms at b1]" in listed  # written before any GPU ran it
+    assert "[estimate: -1.6 ms at b32, -0.7 ms at b1]" in listed
 
 
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):

@@ -16,7 +16,10 @@ bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes we
   size, with no padded copy of the activation (the zero taps are hardware FLOPs, not model FLOPs: benchmarks count
   model FLOPs on the reference module);
 - ``conv_in`` reads its 3-channel input zero-padded to 8 channels with zero weights, so cuDNN's kernels for
-  16-byte-aligned channels apply.
+  16-byte-aligned channels apply;
+- every GroupNorm runs the fused kernels along the path of the ``group_norm`` option
+  (``procap.kernels.groupnorm.GROUP_NORM_PATHS``: the three chunked passes by default; ``"persistent"`` and
+  ``"single_kernel"`` are opt-in until a GPU has measured them, docs/gpu.md "Prepared for issue 51").
 
 The readable encoder (``procap.model.vqgan.Encoder``) stays the reference; the VQGAN chooses this form with
 :meth:`procap.model.vqgan.VQGAN.use_fused` (``procap.fast.Captioner`` does by default), and the tests
@@ -35,7 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from procap import kernels
+from procap.core.errors import ProCapError, shown
 from procap.kernels.attention import attention
+from procap.kernels.groupnorm import GROUP_NORM_PATHS
 from procap.model.vqgan_blocks import AttnBlock, Downsample, ResnetBlock
 
 if TYPE_CHECKING:  # the VQGAN imports this module to build it
@@ -98,6 +103,8 @@ class FusedVQGANEncoder(nn.Module):
             and the bias-free 3x3 convolution).
         input_channels: pad the image channels to this many (zero weights) before ``conv_in``; None keeps 3.
         channels_last: run in channels-last (the CUDA path), which makes the 1x1 GEMMs copy-free.
+        group_norm: the fused GroupNorm's path, one of ``GROUP_NORM_PATHS`` (``procap.kernels.group_norm``'s
+            ``path``); the outputs agree up to fp32 summation order.
 
     Attributes:
         reference: the wrapped :class:`Encoder` (not a submodule: its children are this module's children).
@@ -113,8 +120,15 @@ class FusedVQGANEncoder(nn.Module):
         downsample_4x4: bool = True,
         input_channels: int | None = INPUT_CHANNELS,
         channels_last: bool = False,
+        group_norm: str = "chunked",
     ) -> None:
         super().__init__()
+        if group_norm not in GROUP_NORM_PATHS:
+            raise ProCapError(
+                f"The fused VQGAN's group_norm option must be one of {', '.join(GROUP_NORM_PATHS)}, "
+                f"got {shown(group_norm)}."
+            )
+        self.group_norm = group_norm
         self.conv_in, self.down, self.mid = encoder.conv_in, encoder.down, encoder.mid
         self.norm_out, self.conv_out = encoder.norm_out, encoder.conv_out
         object.__setattr__(self, "reference", encoder)  # kept out of the module tree: no second set of keys
@@ -144,22 +158,22 @@ class FusedVQGANEncoder(nn.Module):
             return kernels.bias_add(value.tensor, value.bias, value.residual)
         return value.tensor if value.residual is None else value.tensor + value.residual
 
-    @staticmethod
-    def _norm(norm: nn.GroupNorm, value: _Pending, silu: bool = True) -> torch.Tensor:
+    def _norm(self, norm: nn.GroupNorm, value: _Pending, silu: bool = True) -> torch.Tensor:
         """``act(norm(v))`` of the pending value v, its adds done inside the fused norm."""
         args = (norm.weight, norm.bias, norm.num_groups, norm.eps, silu)
         if value.bias is None and value.residual is None:
-            return kernels.group_norm(value.tensor, *args)
-        out = kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias)
+            return kernels.group_norm(value.tensor, *args, path=self.group_norm)
+        out = kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias, path=self.group_norm)
         return out[0] if isinstance(out, tuple) else out
 
-    @staticmethod
-    def _norm_and_sum(norm: nn.GroupNorm, value: _Pending) -> tuple[torch.Tensor, torch.Tensor]:
+    def _norm_and_sum(self, norm: nn.GroupNorm, value: _Pending) -> tuple[torch.Tensor, torch.Tensor]:
         """``(act(norm(v)), v)`` of the pending value v: the fused norm does its adds and writes v for the shortcut."""
         args = (norm.weight, norm.bias, norm.num_groups, norm.eps, True)
         if value.bias is None and value.residual is None:
-            return kernels.group_norm(value.tensor, *args), value.tensor
-        return kernels.group_norm(value.tensor, *args, value.residual, in_bias=value.bias, return_sum=True)
+            return kernels.group_norm(value.tensor, *args, path=self.group_norm), value.tensor
+        return kernels.group_norm(
+            value.tensor, *args, value.residual, in_bias=value.bias, return_sum=True, path=self.group_norm
+        )
 
     @staticmethod
     def _conv3x3(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -179,7 +193,8 @@ class FusedVQGANEncoder(nn.Module):
         """taming's single-head spatial attention with q/k/v in one GEMM; x + proj_out(attention)."""
         b, c, h, w = x.shape
         key = _key(name)
-        y = kernels.group_norm(x, block.norm.weight, block.norm.bias, block.norm.num_groups, block.norm.eps)
+        norm = block.norm
+        y = kernels.group_norm(x, norm.weight, norm.bias, norm.num_groups, norm.eps, path=self.group_norm)
         qkv = F.linear(y.permute(0, 2, 3, 1), getattr(self, f"qkv_weight_{key}"), getattr(self, f"qkv_bias_{key}"))
         q, k, v = qkv.view(b, 1, h * w, 3 * c).split(c, dim=-1)  # (B, 1, HW, C) each, one head of width C
         out = F.linear(attention(q, k, v), block.proj_out.weight.flatten(1), block.proj_out.bias)

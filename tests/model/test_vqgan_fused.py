@@ -13,6 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from procap import kernels
 from procap.core.config import VQGANConfig
+from procap.core.errors import ProCapError
+from procap.kernels.groupnorm import GROUP_NORM_OPS, GROUP_NORM_PATHS
 from procap.model.vqgan import VQGAN
 from procap.model.vqgan_fused import FusedVQGANEncoder, downsample_weight_4x4
 from tests.support import impl_device, requires_triton
@@ -104,9 +106,11 @@ def test_shares_the_modules_and_keys():
 
 @requires_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_triton_path_matches_the_reference(dtype, monkeypatch):
+@pytest.mark.parametrize("group_norm", GROUP_NORM_PATHS)
+def test_triton_path_matches_the_reference(dtype, group_norm, monkeypatch):
     # The fused path with the Triton kernels (on a GPU, or interpreted on CPU tensors): in_bias norms, the bias +
-    # shortcut add. The fp64 truth is computed on the CPU, where every build has fp64 convolutions.
+    # shortcut add, every GroupNorm path (on 16 px every norm fits the single kernel). The fp64 truth is computed on
+    # the CPU, where every build has fp64 convolutions.
     device = impl_device("triton")
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # fp32 convolutions in fp32 on a GPU too
     encoder = _encoder()
@@ -117,14 +121,19 @@ def test_triton_path_matches_the_reference(dtype, monkeypatch):
         eager = encoder(images.to(device, dtype)).cpu()
         monkeypatch.setenv("PROCAP_KERNELS", "triton")
         kernels.reset_dispatch()
-        got = FusedVQGANEncoder(encoder, channels_last=True)(images.to(device, dtype)).cpu()
-    assert kernels.chosen_impl("group_norm", device, dtype) == "triton"
+        got = FusedVQGANEncoder(encoder, channels_last=True, group_norm=group_norm)(images.to(device, dtype)).cpu()
+    assert kernels.chosen_impl(GROUP_NORM_OPS[group_norm], device, dtype) == "triton"
     assert kernels.chosen_impl("bias_add", device, dtype) == "triton"
     err, eager_err = ((t.double() - truth).norm() / truth.norm() for t in (got, eager))
     if dtype == torch.float32:
         assert err <= 1e-5
     else:  # the fused path rounds less often than the eager bf16 model; allow it the same error and some slack
         assert err <= 2 * eager_err + 1e-3, (err, eager_err)
+
+
+def test_a_group_norm_path_that_does_not_exist_is_refused_in_one_sentence():
+    with pytest.raises(ProCapError, match=r"group_norm option must be one of chunked, persistent, single_kernel"):
+        VQGAN(CONFIG).eval().use_fused(group_norm="fastest")
 
 
 def test_the_zero_taps_would_inflate_a_flop_count():
