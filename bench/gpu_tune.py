@@ -149,6 +149,7 @@ VARIANTS: dict[str, Variant] = {
         {"fused_encoder": {"add_norm": True, "gelu_erf_epilogue": True}},
         estimate_ms_b32=0.55,
         estimate_ms_b1=0.03,
+    ),
     # Issue 51 item 2, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"). The 2026-11-26 b32
     # profile: the GN statistics kernel's 26 launches take 4.13 ms at ~2.0 TB/s, held to 2 resident CTAs per SM by
     # its registers while its grid assumed 8 (4.12 waves at level 0). At the 2.8 TB/s the apply kernel reaches on the

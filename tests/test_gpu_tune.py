@@ -94,6 +94,8 @@ def test_the_issue_51_fusions_are_variants_with_their_estimates(capsys):
     listed = capsys.readouterr().out
     assert "[estimate: -0.1 ms at b32, -0.2 ms at b1]" in listed  # written before any GPU ran them
     assert "[estimate: -0.55 ms at b32, -0.03 ms at b1]" in listed
+
+
 def test_the_group_norm_variants_are_the_defaults_with_the_vqgans_option(capsys):
     from procap.kernels.groupnorm import GROUP_NORM_PATHS
     from procap.model.vqgan import VQGAN
