@@ -1,7 +1,8 @@
 """Fused ops, imported as ``procap.kernels``: one file per op, one small dispatch.
 
-Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``residual.py``, ``layernorm.py``, ``greedy.py``,
-``logits_pick.py``, ``split_k_attention.py``, ``linear_gelu.py``, ``decode_mlp.py``) holds the op's whole story: its contract, the plain PyTorch reference,
+Each op file (``masking.py``, ``vq.py``, ``groupnorm.py``, ``conv_in.py``, ``residual.py``, ``layernorm.py``,
+``greedy.py``, ``logits_pick.py``, ``split_k_attention.py``, ``linear_gelu.py``, ``decode_mlp.py``) holds the op's
+whole story: its contract, the plain PyTorch reference,
 the Triton kernels with their launchers and autograd, and the Python registration of the compiled op from csrc/
 (compiled on first use by ``_ext.py``).
 ``dispatch.py`` picks an implementation once per input kind (compiled op -> Triton -> reference by device, dtype
@@ -12,6 +13,7 @@ Adding an op: one ``kernels/<op>.py`` (registering a ``FusedOp``), one ``csrc/<o
 ``csrc/module.cpp``, both under ``kernels/``) and one export line below; docs/architecture.md lists the steps.
 """
 
+from procap.kernels.conv_in import conv_in_norm, conv_in_norm_ref
 from procap.kernels.decode_mlp import decode_mlp, decode_mlp_ref, decode_mlp_workspace
 from procap.kernels.dispatch import IMPLS, chosen_impl, reset_dispatch
 from procap.kernels.greedy import greedy_step, greedy_step_ref
@@ -32,6 +34,8 @@ __all__ = [
     "bias_add",
     "bias_add_ref",
     "chosen_impl",
+    "conv_in_norm",
+    "conv_in_norm_ref",
     "decode_attention",
     "decode_attention_ref",
     "decode_mlp",

@@ -181,6 +181,21 @@ def _launch_group_norm(config: Any, pairs: int) -> None:
                             groupnorm.group_norm_bwd(y, ds, s, weight, bias, rstd, channel_mean, scale, silu)
 
 
+def _launch_conv_in(config: Any, pairs: int) -> None:
+    from procap.kernels import conv_in
+
+    vq = config.vqgan
+    norm = torch.ones(vq.ch)
+    for dtype in DTYPES:
+        # the images' own 3 channels in the encoder's two layouts (the conv_in_stats option), and the 8 of the padded
+        # cuDNN input the kernel also takes
+        for channels, layout in ((3, torch.channels_last), (3, torch.contiguous_format), (8, torch.channels_last)):
+            size = (2 * pairs, channels, config.image_size, config.image_size)
+            images = torch.empty(size, dtype=dtype, memory_format=layout)
+            weight, bias = torch.empty(vq.ch, channels, 3, 3, dtype=dtype), torch.empty(vq.ch, dtype=dtype)
+            conv_in.conv_in_norm_triton(images, weight, bias, norm, norm, 32, 1e-6, True)
+
+
 def _launch_bias_add(config: Any, pairs: int) -> None:
     from procap.kernels import residual as residual_op
 
@@ -286,6 +301,7 @@ LAUNCHERS = (
     _launch_masking,
     _launch_vq,
     _launch_group_norm,
+    _launch_conv_in,
     _launch_bias_add,
     _launch_decode,
     _launch_logits_pick,

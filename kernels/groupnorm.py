@@ -231,6 +231,13 @@ def _tile_sums(
     s = _add_inputs(x, r, in_bias[None, :], X_ptr, HAS_RESIDUAL, HAS_IN_BIAS, ROUND_BF16)
     if WRITE_SUM:
         tl.store(S_ptr + offs, s.to(S_ptr.dtype.element_ty), mask=ok)
+    return _shifted_sums(acc, acc_sq, s, shift, ok)
+
+
+@triton_jit
+def _shifted_sums(acc, acc_sq, s, shift, ok):
+    """The running per-lane sums of ``d = s - shift[c]`` and ``d * d`` with the tile ``s`` added (where ``ok``): what
+    :func:`_store_partials` reduces, whoever produced the tile (``procap.kernels.conv_in``'s convolution too)."""
     d = tl.where(ok, s - shift[None, :], 0.0)
     return acc + d, acc_sq + d * d
 
@@ -1224,6 +1231,46 @@ def _forward_finalize(
         num_warps=1,
     )
     return group_stats, channel_stats
+
+
+def group_norm_from_partial_stats(
+    s: torch.Tensor,
+    part_mean: torch.Tensor,
+    part_m2: torch.Tensor,
+    rows_per_chunk: int,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    silu: bool,
+) -> torch.Tensor:
+    """The forward's finalize and apply passes over statistics another kernel wrote while it produced ``s``.
+
+    For a producer that already holds every element of ``s`` (``procap.kernels.conv_in``: the convolution writing
+    the first norm's input), so the statistics pass that would read ``s`` again is skipped.
+
+    Args:
+        s: (B, C, H, W) the tensor to normalise, dense (channels-last or NCHW).
+        part_mean, part_m2: the partial statistics of ``s`` (:func:`_partial_buffers`' layout, as
+            :func:`_store_partials` writes it), ``rows_per_chunk`` rows a chunk.
+        weight, bias, num_groups, eps, silu: as :func:`group_norm_ref`'s.
+
+    Returns:
+        ``act(group_norm(s))`` in s's dtype and layout.
+    """
+    _check(s, weight, bias, num_groups, None)
+    batch, channels, height, width = s.shape
+    chunks = triton.cdiv(height * width, rows_per_chunk)
+    for part in (part_mean, part_m2):
+        if part.shape != (batch, chunks, channels) or part.dtype != torch.float32:
+            raise ValueError(
+                f"partial statistics must be fp32 of shape {(batch, chunks, channels)} for {rows_per_chunk} rows per "
+                f"chunk, got {part.dtype} {tuple(part.shape)}"
+            )
+    inputs = _Inputs.of(s, None, None, False)
+    tiling = _Tiling.plan(inputs.x, None, rows_per_chunk, inputs.stats_tile, STATS_PROGRAMS_PER_SM)
+    channel_stats = _forward_finalize(part_mean, part_m2, weight, num_groups, eps, tiling)[1]
+    return _forward_apply(inputs, bias, channel_stats, silu, tiling)
 
 
 def _finalize_tiles(

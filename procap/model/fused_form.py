@@ -4,7 +4,8 @@ Three parts of the model have a readable form (what trains, and the reference th
 inference form of the same computation on the same weights:
 
 - :class:`procap.model.vqgan.VQGAN`: its encoder, or :class:`procap.model.vqgan_fused.FusedVQGANEncoder` (bias-free
-  convolutions, biases added where read); options ``channels_last``, ``downsample_4x4``, ``input_channels``;
+  convolutions, biases added where read); options ``channels_last``, ``downsample_4x4``, ``input_channels``,
+  ``conv_in_stats``;
 - :class:`procap.model.encoder.ProcedureEncoder`: its stack as written, or each residual add fused with the LayerNorm
   after it (no-grad calls); options ``add_norm``, ``gelu_epilogue``, ``gelu_erf_epilogue``;
 - :class:`procap.model.decoder.CaptionDecoder`: its cached decoding interface runs the fused step of

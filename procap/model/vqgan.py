@@ -156,7 +156,7 @@ class VQGAN(FusedForm, nn.Module):
         config: architecture hyper-parameters; ``VQGANConfig()`` is the f16, 1024-code model of the paper.
     """
 
-    fused_options = ("channels_last", "downsample_4x4", "input_channels", "group_norm")
+    fused_options = ("channels_last", "downsample_4x4", "input_channels", "group_norm", "conv_in_stats")
 
     def __init__(self, config: VQGANConfig | None = None) -> None:
         super().__init__()
@@ -187,7 +187,7 @@ class VQGAN(FusedForm, nn.Module):
         Args:
             enabled: the fused form (True) or the readable :class:`Encoder` (False).
             options: :class:`~procap.model.vqgan_fused.FusedVQGANEncoder`'s keyword arguments (``channels_last``,
-                ``downsample_4x4``, ``input_channels``, ``group_norm``).
+                ``downsample_4x4``, ``input_channels``, ``group_norm``, ``conv_in_stats``).
         """
         super().use_fused(enabled, **options)
 

@@ -16,7 +16,10 @@ bias, which ATen's non-vectorised elementwise kernel executes: 36 such passes we
   size, with no padded copy of the activation (the zero taps are hardware FLOPs, not model FLOPs: benchmarks count
   model FLOPs on the reference module);
 - ``conv_in`` reads its 3-channel input zero-padded to 8 channels with zero weights, so cuDNN's kernels for
-  16-byte-aligned channels apply;
+  16-byte-aligned channels apply; or, opt-in (``conv_in_stats``), ``procap.kernels.conv_in_norm`` runs ``conv_in``
+  on the 3 channels as a Triton convolution that adds the bias and writes the first norm's statistics, so that
+  norm skips its statistics pass (a read and a write of the 128-channel output; docs/gpu.md, "Prepared for issue
+  51"): inference only, with an input that requires grad the op's reference runs;
 - every GroupNorm runs the fused kernels along the path of the ``group_norm`` option
   (``procap.kernels.groupnorm.GROUP_NORM_PATHS``: the three chunked passes by default; ``"persistent"`` and
   ``"single_kernel"`` are opt-in until a GPU has measured them, docs/gpu.md "Prepared for issue 51").
@@ -51,11 +54,15 @@ INPUT_CHANNELS = 8  # conv_in's input padded to 8 channels: 16 bytes per pixel i
 
 @dataclass
 class _Pending:
-    """A tensor whose value is ``(tensor + bias[c]) + residual``: the adds not yet done, left to the next reader."""
+    """A tensor whose value is ``(tensor + bias[c]) + residual``: the adds not yet done, left to the next reader.
+
+    ``normed``: the first residual block's ``norm1`` output of ``tensor``, made with it (``conv_in_stats``).
+    """
 
     tensor: torch.Tensor
     bias: torch.Tensor | None = None
     residual: torch.Tensor | None = None
+    normed: torch.Tensor | None = None
 
 
 def _bias(conv: nn.Conv2d) -> torch.Tensor:
@@ -105,6 +112,8 @@ class FusedVQGANEncoder(nn.Module):
         channels_last: run in channels-last (the CUDA path), which makes the 1x1 GEMMs copy-free.
         group_norm: the fused GroupNorm's path, one of ``GROUP_NORM_PATHS`` (``procap.kernels.group_norm``'s
             ``path``); the outputs agree up to fp32 summation order.
+        conv_in_stats: run ``conv_in`` and the first norm as ``procap.kernels.conv_in_norm`` (the images' own channels;
+            ``input_channels`` is then not used): opt-in until a GPU has timed it.
 
     Attributes:
         reference: the wrapped :class:`Encoder` (not a submodule: its children are this module's children).
@@ -121,6 +130,7 @@ class FusedVQGANEncoder(nn.Module):
         input_channels: int | None = INPUT_CHANNELS,
         channels_last: bool = False,
         group_norm: str = "chunked",
+        conv_in_stats: bool = False,
     ) -> None:
         super().__init__()
         if group_norm not in GROUP_NORM_PATHS:
@@ -128,14 +138,20 @@ class FusedVQGANEncoder(nn.Module):
                 f"The fused VQGAN's group_norm option must be one of {', '.join(GROUP_NORM_PATHS)}, "
                 f"got {shown(group_norm)}."
             )
+        if conv_in_stats and not len(encoder.down[0].block):
+            raise ProCapError(
+                "conv_in_stats needs a residual block after conv_in, and this VQGAN's first level has none."
+            )
         self.group_norm = group_norm
         self.conv_in, self.down, self.mid = encoder.conv_in, encoder.down, encoder.mid
         self.norm_out, self.conv_out = encoder.norm_out, encoder.conv_out
         object.__setattr__(self, "reference", encoder)  # kept out of the module tree: no second set of keys
-        self.downsample_4x4, self.channels_last = downsample_4x4, channels_last
+        self.downsample_4x4, self.channels_last, self.conv_in_stats = downsample_4x4, channels_last, conv_in_stats
         self.train(encoder.training)
         layout = torch.channels_last if channels_last else torch.contiguous_format
         weight = self.conv_in.weight.detach()
+        if conv_in_stats:  # the Triton convolution reads the images' own channels and a contiguous weight
+            layout, input_channels = torch.contiguous_format, None
         if input_channels is not None and input_channels > weight.shape[1]:
             weight = torch.cat([weight, weight.new_zeros(weight.shape[0], input_channels - weight.shape[1], 3, 3)], 1)
         self.register_buffer("conv_in_weight", weight.contiguous(memory_format=layout), persistent=False)
@@ -168,6 +184,8 @@ class FusedVQGANEncoder(nn.Module):
 
     def _norm_and_sum(self, norm: nn.GroupNorm, value: _Pending) -> tuple[torch.Tensor, torch.Tensor]:
         """``(act(norm(v)), v)`` of the pending value v: the fused norm does its adds and writes v for the shortcut."""
+        if value.normed is not None:  # conv_in_stats: the first block's norm1 ran with conv_in
+            return value.normed, value.tensor
         args = (norm.weight, norm.bias, norm.num_groups, norm.eps, True)
         if value.bias is None and value.residual is None:
             return kernels.group_norm(value.tensor, *args, path=self.group_norm), value.tensor
@@ -217,14 +235,22 @@ class FusedVQGANEncoder(nn.Module):
         padded[:, : images.shape[1]] = images
         return padded
 
+    def _conv_in(self, images: torch.Tensor) -> _Pending:
+        """``conv_in`` of the prepared images, its bias pending; with ``conv_in_stats`` also the first norm's output."""
+        if not self.conv_in_stats:
+            return _Pending(F.conv2d(images, self.conv_in_weight, None, 1, 1), self.conv_in.bias)
+        norm = self.down[0].block[0].norm1
+        args = (norm.weight, norm.bias, norm.num_groups, norm.eps, True)
+        normed, s = kernels.conv_in_norm(images, self.conv_in_weight, self.conv_in.bias, *args)
+        return _Pending(s, normed=normed)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, z_channels, S/f, S/f), equal to the reference encoder's output up to rounding."""
         if self.training:
             raise RuntimeError(
                 "FusedVQGANEncoder is an inference path: call .eval() (training uses the model's Encoder)"
             )
-        h = F.conv2d(self._input(images), self.conv_in_weight, None, 1, 1)
-        value = _Pending(h, self.conv_in.bias)
+        value = self._conv_in(self._input(images))
         for index, level in enumerate(self.down):
             for i, block in enumerate(level.block):
                 value = self._resnet(block, value)

@@ -6,6 +6,8 @@ relative; bf16: within the bf16 model's own error against fp32) and must never h
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +19,7 @@ from procap.core.errors import ProCapError
 from procap.kernels.groupnorm import GROUP_NORM_OPS, GROUP_NORM_PATHS
 from procap.model.vqgan import VQGAN
 from procap.model.vqgan_fused import FusedVQGANEncoder, downsample_weight_4x4
-from tests.support import impl_device, requires_triton
+from tests.support import DTYPES, impl_device, requires_triton
 
 # f4 on 16 px: two chained blocks per level, attention after each block of level 1 (nominal 8 px), a 1x1 shortcut
 # where level 2 doubles the width, two downsamples and the mid block.
@@ -169,3 +171,71 @@ def test_the_vqgan_chooses_its_encoder_form():
         again = vqgan.features(images)
     assert ((fused - readable).norm() / readable.norm()) <= 1e-5
     assert torch.equal(again, readable)
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("batch", [1, 3], ids=lambda b: f"b{b}")
+def test_conv_in_stats_gives_the_encoders_output(dtype, batch, monkeypatch):
+    # The option on against off, both through the Triton kernels (interpreted on a CPU), at an odd size: conv_in and
+    # the first norm's statistics in one kernel must leave the encoder's output as it was, up to rounding.
+    device = impl_device("triton")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    encoder = _encoder()
+    with torch.no_grad():  # norms that differ from one another: the first norm's must be the one applied
+        for module in encoder.modules():
+            if isinstance(module, torch.nn.GroupNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.5)
+    images = torch.rand(batch, 3, 17, 17)
+    with torch.no_grad():
+        truth = encoder.double()(images.double())
+        encoder.to(device, dtype)
+        monkeypatch.setenv("PROCAP_KERNELS", "triton")
+        kernels.reset_dispatch()
+        off = FusedVQGANEncoder(encoder, channels_last=True)(images.to(device, dtype)).cpu()
+        fused = FusedVQGANEncoder(encoder, channels_last=True, conv_in_stats=True)
+        assert fused.conv_in_weight.shape[1] == 3  # the images' own channels: no padded copy
+        with _ConvolutionLog() as log:
+            on = fused(images.to(device, dtype)).cpu()
+    assert kernels.chosen_impl("conv_in_norm", device, dtype) == "triton"
+    assert len(log.conv_biases) == 2 * 8 + 2 + 1  # conv_in is no aten convolution any more
+    assert on.shape == off.shape == truth.shape
+    err_on, err_off = ((t.double() - truth).norm() / truth.norm() for t in (on, off))
+    if dtype == torch.float32:
+        assert err_on <= 1e-5
+    else:  # the summation order of one convolution changes; allow what the option-off path errs, and some slack
+        assert err_on <= 2 * err_off + 1e-3, (err_on, err_off)
+
+
+def test_conv_in_stats_with_grad_runs_the_reference():
+    # Inference only: with parameters that require grad the op's reference (F.conv2d + the GroupNorm reference)
+    # runs, which autograd differentiates; the output is the option-off path's.
+    encoder = _encoder()
+    images = torch.rand(1, 3, 16, 16)
+    fused = FusedVQGANEncoder(encoder, conv_in_stats=True)
+    with pytest.warns(RuntimeWarning, match="no fused backward") if _triton_chosen() else contextlib.nullcontext():
+        out = fused(images)
+    assert kernels.chosen_impl("conv_in_norm", "cpu", torch.float32, True) == "reference"
+    out.sum().backward()
+    norm1 = encoder.down[0].block[0].norm1  # conv_in's weight is a derived buffer; its bias and the norm are not
+    for parameter in (encoder.conv_in.bias, norm1.weight, norm1.bias):
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.testing.assert_close(out, encoder(images), rtol=1e-5, atol=1e-5)
+
+
+def _triton_chosen() -> bool:
+    return kernels.chosen_impl("conv_in_norm", "cpu", torch.float32) == "triton"  # the interpreter
+
+
+def test_the_vqgan_takes_the_conv_in_stats_option():
+    vqgan = VQGAN(CONFIG).eval()
+    vqgan.use_fused(conv_in_stats=True)
+    assert isinstance(vqgan.encoder, FusedVQGANEncoder) and vqgan.encoder.conv_in_stats
+    vqgan.use_fused()
+    assert not vqgan.encoder.conv_in_stats  # opt-in: off by default
+    encoder = _encoder()
+    encoder.down[0].block = torch.nn.ModuleList()
+    with pytest.raises(ProCapError, match="conv_in_stats needs a residual block"):
+        FusedVQGANEncoder(encoder, conv_in_stats=True)
