@@ -175,6 +175,22 @@ VARIANTS: dict[str, Variant] = {
         estimate_ms_b32=1.6,
         estimate_ms_b1=0.7,
     ),
+    # Issue 51 item 3, estimated before any GPU ran it (docs/gpu.md, "Prepared for issue 51"). At b32 the VQGAN
+    # encodes 64 images of 224 px: conv_in's output is 64 x 128 x 224^2 x 2 B = 822 MB. Now: conv_in 0.86 ms (the
+    # CUTLASS sm80 kernel at 1.0 TB/s: 822 MB written, 51 MB of 8-channel input read); the first norm's statistics
+    # pass reads the 822 MB and writes them again with the bias (the block's shortcut), 1.64 GB at the statistics
+    # kernels' ~2.0 TB/s = 0.82 ms; the 8-channel padding (a fill and a copy) ~0.04 ms: 1.72 ms. Fused: 822 MB
+    # written + 19 MB of images read at ~2.4 TB/s (untuned: 2.0-2.8; 64 x 5 chunks x 4 channel tiles = 1,280
+    # programs, 4.8 waves at 2 blocks per SM) = 0.34 ms, + the images' channels-last copy ~0.02 ms: 0.36 ms.
+    # Saves 1.36 ms, written as 1.3 (0.9-1.5: the last six estimates reached ~70 %). b1 (2 images, 25.7 MB):
+    # conv ~0.027 + statistics pass 51 MB ~0.026 + two padding launches ~0.006 = 0.06 ms against ~0.016 ms: -0.04.
+    "conv_in_stats": Variant(
+        "all + conv_in as a Triton direct convolution on the images' 3 channels that adds its bias and writes the "
+        "first norm's partial statistics (that norm's statistics pass skipped)",
+        {"fused_vqgan": {"conv_in_stats": True}},
+        estimate_ms_b32=1.3,
+        estimate_ms_b1=0.04,
+    ),
     # Issue 52, prepared on a CPU (fake-quant) and not yet measured. Estimates from the 2026-11-26 profile: the
     # encoder GEMMs take 6.3 ms at b32 at ~90 % of bf16 peak; at 1.6-1.9x in FP8 they save 2.6-3.3 ms, less the
     # per-row quantisation of 4 activations per layer (~0.3 ms at b32 while no producing kernel writes e4m3):

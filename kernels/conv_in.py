@@ -6,7 +6,7 @@ cuDNN convolution and hands its bias to the first residual block's ``norm1``, wh
 convolution took 0.86 ms per batch-32 call at 1.0 TB/s (a CUTLASS sm80 kernel, write-bound), and the statistics pass
 moves twice its output again (docs/gpu.md, "Prepared for issue 51"). Here one kernel does both:
 
-- ``_conv_in_stats_kernel``, grid (B, chunks, channel tiles): a direct 3x3 convolution of a (64 rows x 128 channels)
+- ``_conv_in_stats_kernel``, grid (B, chunks, channel tiles): a direct 3x3 convolution of a (64 rows x 32 channels)
   output tile as one ``tl.dot`` of the tile's im2col patches (K = 9 * C_in, padded to a power of two: 32 for 3
   channels) with the weights, plus the bias; the tile is stored, and its running per-channel sums feed the first
   norm's partial statistics of the chunk, written in the layout of the GroupNorm statistics pass
@@ -52,18 +52,20 @@ from procap.kernels.groupnorm import (
     group_norm_ref,
 )
 
-# The tile: 64 output pixels x 64 channels over 8 warps. Compiled for sm_90 (Triton 3.9) the fp16 / bf16 kernel on
-# the images' 3 channels takes 126 registers a thread, so two blocks share an SM; 128 channels a tile took 242 (one
-# block). The 128 channels of conv_in are two tiles, each gathering the (small) input again from cache. Untuned:
-# no GPU has run it (docs/gpu.md, "Prepared for issue 51").
+# The tile: 64 output pixels x 32 channels over 8 warps. Compiled for sm_90, the fp16 / bf16 kernel on the images' 3
+# channels takes 120 registers a thread under Triton 3.9 and 109 under 3.6 (the GPU image's), so two blocks share
+# an SM under both; 64 channels took 126 / 145 (one block under 3.6), 128 channels 242. The 128 channels of conv_in
+# are four tiles, each gathering the small input again from cache. Untuned: no GPU has run it (docs/gpu.md,
+# "Prepared for issue 51").
 BLOCK_HW = 64
-BLOCK_C = 64
+BLOCK_C = 32
 NUM_WARPS = 8
 # im2col columns per dot: the 9 x 3 of the images' own channels take one dot, the 9 x 8 of the padded input three
 TAPS_PER_DOT = triton_constexpr(32)
 MAX_IN_CHANNELS = 16
-# Chunks per sample sized as the statistics pass sizes its own (8 programs per SM), so the grid fills the GPU at
-# batch 1 (262 chunks of a 224 px image) and the finalize merges no more chunks than after that pass.
+# Chunks per sample sized as the statistics pass sizes its own (8 programs per SM): the grid fills the GPU at batch
+# 1 (131 chunks of a 224 px image, 1,048 programs for a pair), and the finalize merges fewer chunks than after that
+# pass (5 instead of 17 at batch 32).
 PROGRAMS_PER_SM = 8
 
 

@@ -111,6 +111,16 @@ def test_the_group_norm_variants_are_the_defaults_with_the_vqgans_option(capsys)
     assert "[estimate: -1.6 ms at b32, -0.7 ms at b1]" in listed
 
 
+def test_the_conv_in_stats_variant_is_the_defaults_with_the_vqgans_option(capsys):
+    from procap.model.vqgan import VQGAN
+
+    variant = tune.VARIANTS["conv_in_stats"]
+    assert variant.captioner == {"fused_vqgan": {"conv_in_stats": True}}
+    assert set(variant.captioner["fused_vqgan"]) <= set(VQGAN.fused_options)
+    assert tune.main(["--list"]) == 0
+    assert "[estimate: -1.3 ms at b32, -0.04 ms at b1]" in capsys.readouterr().out  # written before any GPU ran it
+
+
 def test_list_prints_the_variants_and_a_run_without_a_gpu_is_refused(capsys):
     assert tune.main(["--list"]) == 0
     assert "baseline" in capsys.readouterr().out

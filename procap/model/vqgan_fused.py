@@ -241,7 +241,7 @@ class FusedVQGANEncoder(nn.Module):
             return _Pending(F.conv2d(images, self.conv_in_weight, None, 1, 1), self.conv_in.bias)
         norm = self.down[0].block[0].norm1
         args = (norm.weight, norm.bias, norm.num_groups, norm.eps, True)
-        normed, s = kernels.conv_in_norm(images, self.conv_in_weight, self.conv_in.bias, *args)
+        normed, s = kernels.conv_in_norm(images, self.conv_in_weight, _bias(self.conv_in), *args)
         return _Pending(s, normed=normed)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

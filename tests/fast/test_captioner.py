@@ -70,6 +70,16 @@ def test_the_erf_gelu_epilogue_and_the_fused_decoding_mlp_reach_the_model(traine
     assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
 
 
+def test_conv_in_stats_tokens_equal_generate(trained, pairs):
+    # The VQGAN's opt-in conv_in + first norm in one op, chosen through the Captioner (on the CPU its reference runs)
+    model, _, _ = trained
+    before, after = pairs[0][:4], pairs[1][:4]
+    options = {"device": "cpu", "max_len": 16, "batch_sizes": (4,), "fused_vqgan": {"conv_in_stats": True}}
+    captioner = Captioner(model, IdVocab(), **options)
+    assert captioner.model.vqgan.encoder.conv_in_stats
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
+
+
 @pytest.mark.parametrize("configure_as", ["cpu", "cuda"])
 def test_every_part_readable_gives_the_same_tokens(trained, pairs, configure_as):
     # The three parts' readable forms through the same Captioner paths (on "cuda": bucket padding and the whole

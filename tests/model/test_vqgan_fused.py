@@ -6,8 +6,6 @@ relative; bf16: within the bf16 model's own error against fp32) and must never h
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -214,8 +212,7 @@ def test_conv_in_stats_with_grad_runs_the_reference():
     encoder = _encoder()
     images = torch.rand(1, 3, 16, 16)
     fused = FusedVQGANEncoder(encoder, conv_in_stats=True)
-    with pytest.warns(RuntimeWarning, match="no fused backward") if _triton_chosen() else contextlib.nullcontext():
-        out = fused(images)
+    out = fused(images)
     assert kernels.chosen_impl("conv_in_norm", "cpu", torch.float32, True) == "reference"
     out.sum().backward()
     norm1 = encoder.down[0].block[0].norm1  # conv_in's weight is a derived buffer; its bias and the norm are not
@@ -223,10 +220,6 @@ def test_conv_in_stats_with_grad_runs_the_reference():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0
     with torch.no_grad():
         torch.testing.assert_close(out, encoder(images), rtol=1e-5, atol=1e-5)
-
-
-def _triton_chosen() -> bool:
-    return kernels.chosen_impl("conv_in_norm", "cpu", torch.float32) == "triton"  # the interpreter
 
 
 def test_the_vqgan_takes_the_conv_in_stats_option():
