@@ -7,8 +7,8 @@ convolution took 0.86 ms per batch-32 call at 1.0 TB/s (a CUTLASS sm80 kernel, w
 moves twice its output again (docs/gpu.md, "Prepared for issue 51"). Here one kernel does both:
 
 - ``_conv_in_stats_kernel``, grid (B, chunks, channel tiles): a direct 3x3 convolution of a (64 rows x 32 channels)
-  output tile as one ``tl.dot`` of the tile's im2col patches (K = 9 * C_in, padded to a power of two: 32 for 3
-  channels) with the weights, plus the bias; the tile is stored, and its running per-channel sums feed the first
+  output tile as ``tl.dot`` s of the tile's im2col patches with the weights, 32 of the 9 * C_in columns a dot (one
+  for 3 channels, three for 8), plus the bias; the tile is stored, and its running per-channel sums feed the first
   norm's partial statistics of the chunk, written in the layout of the GroupNorm statistics pass
   (``procap.kernels.groupnorm._store_partials``);
 - :func:`procap.kernels.groupnorm.group_norm_from_partial_stats` then finalises and applies the norm: the statistics
