@@ -74,6 +74,13 @@ def _bias(conv: nn.Conv2d) -> torch.Tensor:
     return conv.bias
 
 
+def _padded_weight(weight: torch.Tensor, input_channels: int | None) -> torch.Tensor:
+    """``conv_in``'s weight with zero input channels up to ``input_channels`` (None, or fewer: as it is)."""
+    if input_channels is None or input_channels <= weight.shape[1]:
+        return weight
+    return torch.cat([weight, weight.new_zeros(weight.shape[0], input_channels - weight.shape[1], 3, 3)], 1)
+
+
 def _key(module_name: str) -> str:
     """A buffer-name suffix for the attention block at ``module_name`` (``mid.attn_1`` -> ``mid_attn_1``)."""
     return module_name.replace(".", "_")
@@ -139,9 +146,7 @@ class FusedVQGANEncoder(nn.Module):
                 f"got {shown(group_norm)}."
             )
         if conv_in_stats and not len(encoder.down[0].block):
-            raise ProCapError(
-                "conv_in_stats needs a residual block after conv_in, and this VQGAN's first level has none."
-            )
+            raise ProCapError("conv_in_stats needs a residual block after conv_in; this VQGAN's first level has none.")
         self.group_norm = group_norm
         self.conv_in, self.down, self.mid = encoder.conv_in, encoder.down, encoder.mid
         self.norm_out, self.conv_out = encoder.norm_out, encoder.conv_out
@@ -149,12 +154,10 @@ class FusedVQGANEncoder(nn.Module):
         self.downsample_4x4, self.channels_last, self.conv_in_stats = downsample_4x4, channels_last, conv_in_stats
         self.train(encoder.training)
         layout = torch.channels_last if channels_last else torch.contiguous_format
-        weight = self.conv_in.weight.detach()
-        if conv_in_stats:  # the Triton convolution reads the images' own channels and a contiguous weight
-            layout, input_channels = torch.contiguous_format, None
-        if input_channels is not None and input_channels > weight.shape[1]:
-            weight = torch.cat([weight, weight.new_zeros(weight.shape[0], input_channels - weight.shape[1], 3, 3)], 1)
-        self.register_buffer("conv_in_weight", weight.contiguous(memory_format=layout), persistent=False)
+        # conv_in_stats: the Triton convolution reads the images' own channels and a contiguous weight
+        channels, weight_layout = (None, torch.contiguous_format) if conv_in_stats else (input_channels, layout)
+        weight = _padded_weight(self.conv_in.weight.detach(), channels)
+        self.register_buffer("conv_in_weight", weight.contiguous(memory_format=weight_layout), persistent=False)
         for i, level in enumerate(self.down):
             if level.downsample is not None and downsample_4x4:
                 w4 = downsample_weight_4x4(level.downsample.conv.weight.detach())

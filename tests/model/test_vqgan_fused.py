@@ -194,6 +194,7 @@ def test_conv_in_stats_gives_the_encoders_output(dtype, batch, monkeypatch):
         off = FusedVQGANEncoder(encoder, channels_last=True)(images.to(device, dtype)).cpu()
         fused = FusedVQGANEncoder(encoder, channels_last=True, conv_in_stats=True)
         assert fused.conv_in_weight.shape[1] == 3  # the images' own channels: no padded copy
+        assert fused.downsample_weight_0.is_contiguous(memory_format=torch.channels_last)  # the others' layout kept
         with _ConvolutionLog() as log:
             on = fused(images.to(device, dtype)).cpu()
     assert kernels.chosen_impl("conv_in_norm", device, dtype) == "triton"
