@@ -191,6 +191,22 @@ VARIANTS: dict[str, Variant] = {
         estimate_ms_b32=1.3,
         estimate_ms_b1=0.04,
     ),
+    # Every issue-51 option at once: the round's predicted end point. Not the sum of the estimates above: conv_in_stats
+    # removes the first norm's statistics pass, which the GroupNorm paths speed up (~0.23 ms of overlap at b32). At
+    # b32: GN single kernel 1.6 + conv_in_stats 1.3 - 0.23 + erf epilogue 0.55 + logits pick 0.25 + decode MLP 0.1
+    # + split-K 0.1 = 3.7 ms, 36.6 -> ~32.9 ms (~23,300 TPS; the 30 ms target would need 2.9 ms more). At b1:
+    # 0.7 + 0.04 + 0.03 + 0.05 + 0.2 + 0.15 = 1.2 ms, 5.78 -> ~4.6 ms (target 5.0).
+    "issue51_all": Variant(
+        "all + every issue-51 option together (GroupNorm single-kernel path, conv_in with statistics, erf GELU "
+        "epilogue, logits pick, decode MLP, split-K attention)",
+        {
+            "fused_vqgan": {"group_norm": "single_kernel", "conv_in_stats": True},
+            "fused_encoder": {"add_norm": True, "gelu_erf_epilogue": True},
+            "fused_decoder": {"logits_pick": True, "mlp": True, "split_k_attention": True},
+        },
+        estimate_ms_b32=3.7,
+        estimate_ms_b1=1.2,
+    ),
     # Issue 52, prepared on a CPU (fake-quant) and not yet measured. Estimates from the 2026-11-26 profile: the
     # encoder GEMMs take 6.3 ms at b32 at ~90 % of bf16 peak; at 1.6-1.9x in FP8 they save 2.6-3.3 ms, less the
     # per-row quantisation of 4 activations per layer (~0.3 ms at b32 while no producing kernel writes e4m3):
@@ -212,12 +228,31 @@ VARIANTS: dict[str, Variant] = {
 DEFAULT_VARIANTS = ("all", "readable_encoder", "encoder_gelu_epilogue", "baseline")
 FP8_VARIANTS = ("all", "fp8", "fp8_kv_cache")  # the issue-52 comparison: --variants all,fp8,fp8_kv_cache
 GN_VARIANTS = ("all", "gn_persistent", "gn_single_kernel")  # issue 51 item 2: --variants all,gn_persistent,...
+# The issue-51 round in one GPU call: GPU_TUNE_ARGS="--variants issue51" (docs/gpu.md).
+ISSUE_51_VARIANTS = (
+    "all",
+    "gn_persistent",
+    "gn_single_kernel",
+    "conv_in_stats",
+    "encoder_gelu_erf_epilogue",
+    "decode_logits_pick",
+    "decode_mlp",
+    "decode_split_k",
+    "issue51_all",
+    "compile",
+)
+# Names that --variants expands to a list of variants (none is a variant's name).
+VARIANT_GROUPS = {"issue51": ISSUE_51_VARIANTS, "gn": GN_VARIANTS, "fp8_round": FP8_VARIANTS}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; unknown variants, bad batch lists and non-positive counts exit with status 2."""
     parser = argparse.ArgumentParser(prog="python bench/gpu_tune.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated names (see --list)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated names (see --list) or groups ({', '.join(VARIANT_GROUPS)})",
+    )
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
     parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes (default 1,32)")
     parser.add_argument("--preset", default="clevr", help="model preset with random weights (default clevr)")
@@ -233,7 +268,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top", type=int, default=12, help="kernels per printed profile table (default 12)")
     parser.add_argument("--out", type=Path, help="write the results JSON here")
     args = parser.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.variants = list(dict.fromkeys(n for name in names for n in VARIANT_GROUPS.get(name, (name,))))
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")

@@ -255,3 +255,17 @@ def test_the_sm_clock_is_recorded_beside_each_batch_or_its_absence_said_once():
     assert not tune.clocks_missing(with_clock)
     assert tune.clocks_missing({"all": {"batches": {"1": {"median_ms": 1.0, "sm_clock_mhz": None}}}})
     assert "nvidia-ml-py" in tune.NO_NVML
+
+
+def test_the_issue_51_end_point_is_every_option_of_the_rounds_variants():
+    """``issue51_all`` must hold each issue-51 variant's options (a variant added to the round and not to the end
+    point, or an option spelled differently, fails here); ``--variants issue51`` expands to the round."""
+    combined = tune.VARIANTS["issue51_all"].captioner
+    for name in tune.ISSUE_51_VARIANTS:
+        if name in ("all", "compile", "issue51_all", "gn_persistent"):  # the baseline, the reference, itself, a subset
+            continue
+        for choice, options in tune.VARIANTS[name].captioner.items():
+            assert set(options.items()) <= set(combined[choice].items()), (name, choice)
+    args = tune.parse_args(["--variants", "issue51,all"])
+    assert args.variants == list(tune.ISSUE_51_VARIANTS)
+    assert not set(tune.VARIANT_GROUPS) & set(tune.VARIANTS)
