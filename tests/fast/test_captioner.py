@@ -272,3 +272,22 @@ def test_torch_compile_path_equals_generate(trained, pairs, backend):
     assert set(captioner.model.state_dict()) == set(model.state_dict())
     if backend == "recording":
         assert graphs, "torch.compile captured nothing"
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_every_issue_51_option_together_gives_generates_tokens(trained, pairs, impl, monkeypatch):
+    # bench/gpu_tune.py's issue51_all: every opt-in kernel of the round in one Captioner (through the interpreter
+    # with "triton"): they combine, and the greedy tokens stay the model's.
+    from bench.gpu_tune import VARIANTS
+    from procap import kernels
+
+    model, _, _ = trained
+    before, after = pairs[0][:4], pairs[1][:4]
+    monkeypatch.setenv("PROCAP_KERNELS", impl)
+    kernels.reset_dispatch()
+    options = VARIANTS["issue51_all"].captioner
+    captioner = Captioner(model, IdVocab(), device="cpu", max_len=16, batch_sizes=(4,), **options)
+    decoder = captioner.model.decoder
+    assert decoder.fused_mlp and decoder.fused_split_k_attention and decoder.fused_logits_pick
+    assert captioner.model.vqgan.encoder.conv_in_stats
+    assert torch.equal(captioner.generate(before, after), model.generate(before, after, max_len=16))
