@@ -116,8 +116,10 @@ def _greedy_step_kernel(
                 dims = d0 + tl.arange(0, BLOCK_D)
                 ok = row_ok[:, None] & (dims < D)[None, :]
                 e = tl.load(Embed_ptr + token[:, None] * D + dims[None, :], mask=ok, other=0.0).to(tl.float32)
-                p = tl.load(PosEmbed_ptr + following * D + dims, mask=dims < D, other=0.0).to(tl.float32)
-                value = as_stored(e + p[None, :], X_ptr, ROUND_BF16)
+                # The position row loaded as a (1, BLOCK_D) tile: loaded 1-D, its layout conversion to the tile's
+                # made ptxas 12.8 (Triton 3.6) spill 4 bytes in fp16 / bf16 (docs/kernels.md, compile check).
+                p = tl.load(PosEmbed_ptr + following * D + dims[None, :], mask=(dims < D)[None, :], other=0.0)
+                value = as_stored(e + p.to(tl.float32), X_ptr, ROUND_BF16)
                 tl.store(
                     X_ptr + rows.to(tl.int64)[:, None] * D + dims[None, :], value.to(X_ptr.dtype.element_ty), mask=ok
                 )

@@ -783,12 +783,15 @@ def _group_norm_bwd_stats_kernel(
     start = pid_s * rows_per_chunk
     stop = tl.minimum(start + rows_per_chunk, HW)
     base = pid_b.to(tl.int64) * stride_b
+    # The sample's offset folded into the pointers once: kept as an int64 offset added to every tile's, its high word
+    # was spilled by ptxas 12.8 (Triton 3.6) in fp32 (docs/kernels.md, compile check).
+    x_sample, dy_sample = X_ptr + base, DY_ptr + base
     acc_dz = tl.zeros((BLOCK_C,), dtype=tl.float32)
     acc_dz_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for r0 in range(start, stop, BLOCK_HW):
-        ok, offs = _tile(base, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
-        x, z = _affine_input(X_ptr, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
-        dz = tl.load(DY_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        ok, offs = _tile(0, r0 + tl.arange(0, BLOCK_HW), stop, cols, col_ok, stride_hw, stride_c)
+        x, z = _affine_input(x_sample, CMean_ptr, Scale_ptr, Bias_ptr, offs, ok, per_channel, cols, col_ok)
+        dz = tl.load(dy_sample + offs, mask=ok, other=0.0).to(tl.float32)
         if SILU:
             dz = dz * _silu_grad(z)
         acc_dz += tl.sum(dz, axis=0)
