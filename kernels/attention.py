@@ -192,10 +192,13 @@ def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[s
 
 
 def device_architecture(device: torch.device | str) -> str:
-    """The key of :data:`MEASURED_ORDER` for ``device``: ``sm<major><minor>`` for a CUDA GPU, else the device type."""
+    """The key of :data:`MEASURED_ORDER` for ``device``: ``sm<major><minor>`` for a CUDA GPU, else the device type
+    (also ``cuda`` where no GPU can be asked: that key has no entry, so ``auto`` takes the safe order)."""
     device = torch.device(device)
     if device.type != "cuda":
         return device.type
+    if not torch.cuda.is_available():  # a CUDA configuration resolved on a machine without one (configure_as)
+        return "cuda"
     return _cuda_architecture(torch.cuda.current_device() if device.index is None else device.index)
 
 
