@@ -22,7 +22,7 @@ the layers written out op by op take about 60):
   (``procap.kernels.greedy_logits_step``; opt-in until a GPU has timed it);
 - with the decoder's ``split_k_attention`` option the cross attention (one query per head over the memory's cached
   keys) through the split-K kernels of ``procap.kernels.decode_attention`` instead of the attention backend
-  (opt-in until a GPU has timed it).
+  (opt-in until a GPU has timed it);
 - with the decoder's ``mlp`` option each layer's fc1 + erf GELU + fc2 in one Triton kernel, the hidden activation
   kept on chip (``procap.kernels.decode_mlp``; opt-in until a GPU has timed it).
 

@@ -268,12 +268,14 @@ class Trainer:
         logger.debug("%s: saved step %d to %s", self.name, self.state.step, self.last_path)
 
     def _check_resumable(self) -> None:
-        """Refuse a resume without a saved state, or whose options contradict the run's config file (the command
-        line fills the options it is not given from that file; a program passes the run's own TrainConfig)."""
         if not has_resumable(self.last_path):
             raise ProCapError(
                 f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"
             )
+
+    def _check_resumed_options(self) -> None:
+        """Refuse a resume whose options contradict the run's config file (the command line fills the options it
+        is not given from that file; a program passes the run's own TrainConfig)."""
         if not self.config_path.is_file():
             return  # an older run or a deleted file: resumed from the options given, as the command line notes
         saved = read_json(self.config_path, "run config file")
@@ -488,6 +490,7 @@ class Trainer:
         run = RunFolder(self.cfg) if self.ctx.is_main else None  # refuses a folder this run may not write
         if self.cfg.resume:
             self._check_resumable()  # before anything is created
+            self._check_resumed_options()
         # an --init or --vqgan inside --out would be overwritten at the first save: refuse before any work
         refuse_inputs(self.last_path, *state_paths(self.last_path), self.best_path, self.config_path, self.log.path)
         created = make_parents(self.out / "log.jsonl") if self.ctx.is_main else []
