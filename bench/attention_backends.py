@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -320,10 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     results["order"] = {use: measured_order(results, use) for use in ("encoder", "decode")}
     if args.out:
+        from procap.core.files import atomic_write_json
+
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1) + "\n")
-        os.replace(tmp, args.out)
+        atomic_write_json(args.out, results, indent=1)
     print("\n".join(order_lines(results, str(args.out or "not written"))))
     return 0
 
