@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from procap import kernels
+from procap.core.errors import ProCapError
 from procap.kernels import fp8
 from procap.kernels.attention import attention, backend_for_mask
 from procap.kernels.logits_pick import logits_tiles
@@ -98,7 +99,9 @@ class FusedWeights:
         self.dim, self.heads = decoder.embed.weight.shape[1], decoder.layers[0].self_attn.heads
         self.layers = [_LayerWeights(layer) for layer in decoder.layers]
         if mlp and any(layer.activation is not F.gelu for layer in self.layers):
-            raise ValueError("the fused decoding MLP computes the erf GELU; these layers use another activation")
+            raise ProCapError(
+                "fused_decoder option mlp computes the erf GELU, but this decoder's layers use another activation."
+            )
         self.final_norm = decoder.norm
         self.logits_weight = decoder.embed.weight.float()  # (V, D): the fused pick reads rows
         self.logits_weight_t = self.logits_weight.t()

@@ -295,3 +295,14 @@ def test_the_step_stays_under_the_op_ceiling(monkeypatch):
     assert mlp_ops.count("fused:decode_mlp") == config.dec_layers and "gelu" not in mlp_ops
     assert len(mlp_ops) == len(step_ops) - 2 * config.dec_layers
     assert mlp_ops.count("addmm") == step_ops.count("addmm") - 2 * config.dec_layers
+
+
+def test_the_fused_mlp_refuses_layers_without_the_erf_gelu():
+    # The kernel computes the erf GELU: a decoder whose layers use another activation is refused in one sentence.
+    from procap.core.errors import ProCapError
+
+    decoder = CaptionDecoder(get_preset("tiny")).eval()
+    decoder.layers[0].ffn.activation = torch.relu
+    decoder.use_fused(mlp=True)
+    with pytest.raises(ProCapError, match="fused_decoder option mlp computes the erf GELU"):
+        decoder.setup_caches(2, 6, torch.float32, "cpu")
