@@ -152,6 +152,7 @@ def small_config(**overrides):
         "standardize_features": False,
         "image_encoder": 0,
         "learned_localisation": False,
+        "restart_front_end": False,
     }
     return get_preset("tiny", **{**base, **overrides})
 

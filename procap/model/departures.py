@@ -29,6 +29,29 @@ from torch import nn
 
 from procap.core.config import ProCapConfig
 
+# The encoder's front end, by attribute name: every module that embeds the frames before the transformer stack,
+# the paper's (visual_norm, visual_proj) and the departures'. ``Departures.restart_front_end`` draws them anew when
+# stage 2 starts from stage 1. feature_norm is not among them: its running statistics describe the frozen
+# tokenizer's features, which stage 1 and stage 2 share.
+FRONT_END_MODULES = (
+    "visual_norm",
+    "visual_proj",
+    "image_encoder",
+    "image_norm",
+    "image_proj",
+    "difference_norm",
+    "difference_proj",
+    "difference_mlp",
+    "pixel_cnn",
+    "change_mlp",
+    "change_embedding",
+    "change_temperature",
+    "change_score",
+    "window_glimpse",
+    "window_mlp",
+    "window_pos",
+)
+
 
 class DepartureEmbeddings(nn.Module):
     """The departures' embeddings of the procedure encoder (a base class: the encoder holds their parameters).

@@ -44,6 +44,7 @@ from procap.model.authors_decoder import AuthorsAttention, AuthorsCaptionDecoder
 from procap.model.checkpoint_file import check_stage_can_caption
 from procap.model.decoder import PAD_ID, CaptionDecoder
 from procap.model.decoding import DecodingStrategy, resolve_strategy
+from procap.model.departures import FRONT_END_MODULES
 from procap.model.encoder import ProcedureEncoder
 from procap.model.fused_form import FusedChoice, FusedForm, fused_options
 from procap.model.layers import MultiHeadAttention, init_transformer_weights
@@ -156,6 +157,29 @@ class ProCap(PretrainedMixin, SequenceAssembly, nn.Module):
         super().train(mode)
         self.vqgan.eval()
         return self
+
+    def restart_front_end(self, seed: int) -> list[str]:
+        """Draw the encoder's front end anew: the weights a new model of this config starts from under ``seed``.
+
+        The front end is :data:`procap.model.departures.FRONT_END_MODULES`, what embeds the frames before the
+        transformer stack; the stack, the positions, e_m, the heads and the decoder keep their weights. Stage 2 calls
+        it when it starts from a stage-1 checkpoint under ``departures.restart_front_end`` (docs/model.md). The
+        global random state is left as it was.
+
+        Returns:
+            The names of the parameters and buffers restarted.
+        """
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = ProCap(self.config).state_dict()
+        restarted = []
+        with torch.no_grad():
+            for name, tensor in self.state_dict().items():
+                owner, _, rest = name.partition(".")
+                if owner == "encoder" and rest.split(".")[0] in FRONT_END_MODULES:
+                    tensor.copy_(fresh[name])
+                    restarted.append(name)
+        return restarted
 
     # -- stage 1 --------------------------------------------------------------------------------------------------
     def stage1_loss(

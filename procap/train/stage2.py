@@ -8,6 +8,7 @@ is never looked at.
 
 from __future__ import annotations
 
+import logging
 import random
 import warnings
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from procap.core.extras import require_all
 from procap.data.images import ImageCache
 from procap.eval.correctness import caption_accuracy, scene_truths
 from procap.eval.split import caption_pairs, score_captions
-from procap.loading.checkpoint import save_checkpoint
+from procap.loading.checkpoint import read_checkpoint_metadata, recorded_stage, save_checkpoint
 from procap.model.decoder import PAD_ID
 from procap.train import distributed
 from procap.train.common import load_pairs, with_domain
@@ -34,6 +35,24 @@ from procap.train.stage1 import placed_model, weight_loader
 if TYPE_CHECKING:
     from procap.data import Vocabulary
     from procap.model.procap import ProCap
+
+logger = logging.getLogger(__name__)
+
+
+def restart_front_end(cfg: TrainConfig, model: ProCap) -> list[str]:
+    """Under ``departures.restart_front_end``, a run started from a stage-1 checkpoint (``cfg.init``) draws the
+    encoder's front end anew from ``cfg.seed`` and keeps the rest (:meth:`ProCap.restart_front_end`); returns the
+    names restarted, none for any other start (from scratch, or from a stage-2 checkpoint, whose front end already
+    learned to caption)."""
+    if not (cfg.init and model.departures.restart_front_end):
+        return []
+    if recorded_stage(read_checkpoint_metadata(cfg.init)) != "stage1":
+        return []
+    restarted = model.restart_front_end(cfg.seed)
+    logger.info(
+        "stage 2: the front end starts anew (%d tensors); the stack, positions and e_m are stage 1's", len(restarted)
+    )
+    return restarted
 
 
 def validation_subset(pairs: Sequence[Any], limit: int | None, seed: int = 0) -> list:
@@ -186,6 +205,7 @@ def train(
     pairs += identical_training_pairs(pairs, cfg.identical_pairs, cfg.seed)
     val_pairs, truths = _validation_set(cfg, val_pairs, truths)
     model, vocab, _ = placed_model(cfg, pairs, vocab)
+    restart_front_end(cfg, model)
     model.trained_stage = "stage2"  # a stage-1 init's record no longer holds: this run trains the decoder
     config = model.config
     facts = with_domain(cfg, pairs, model)

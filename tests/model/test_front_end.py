@@ -177,10 +177,58 @@ def test_tiny_carries_the_front_end_and_old_files_keep_theirs():
     assert tiny.image_encoder > 0 and tiny.learned_localisation and tiny.pixel_cnn == 0
     # a file written before the front end names neither field: it was trained without them
     old = get_preset("tiny").to_dict()
-    for name in ("image_encoder", "learned_localisation"):
+    for name in ("image_encoder", "learned_localisation", "restart_front_end"):
         del old["departures"][name]
     old["departures"]["pixel_cnn"] = 32
     from procap.core.config import ProCapConfig
 
     read = ProCapConfig.from_dict(old).departures
-    assert read.image_encoder == 0 and not read.learned_localisation
+    assert read.image_encoder == 0 and not read.learned_localisation and not read.restart_front_end
+    assert get_preset("tiny").departures.restart_front_end and get_preset("tiny").csy_weight == 0.1
+    assert not get_preset("clevr").departures.restart_front_end and get_preset("clevr").csy_weight == 1.0
+
+
+# What the encoder holds besides its front end: the stack, the tokenizer features' statistics, the caption side
+# and the stage-1 heads (and the authors' prefix). Every attribute of the encoder with weights is one or the other.
+NOT_FRONT_END = {"layers", "norm", "feature_norm", "text_embed", "text_pos", "align_token", "csy_token"}
+NOT_FRONT_END |= {"msm_head", "align_head", "csy_head", "prefix"}
+
+
+@pytest.mark.parametrize("mode", ["joint", "absolute"])
+def test_every_weight_of_the_encoder_is_front_end_or_not(mode):
+    """A new embedding module must be put on one side: restart_front_end would otherwise keep it silently."""
+    from procap.model.departures import FRONT_END_MODULES
+
+    changes = {} if mode == "joint" else {"difference_mode": "absolute"}
+    encoder = ProCap(front_end_config(**changes)).encoder
+    owners = {name.split(".")[0] for name, _ in [*encoder.named_parameters(), *encoder.named_buffers()]}
+    assert owners - NOT_FRONT_END <= set(FRONT_END_MODULES)
+    assert not set(FRONT_END_MODULES) & NOT_FRONT_END
+    assert {"visual_proj", "image_encoder", "change_score", "window_glimpse"} <= owners
+
+
+def test_restart_front_end_draws_a_new_models_front_end_and_keeps_the_rest():
+    config = front_end_config()
+    torch.manual_seed(0)
+    model = ProCap(config)
+    with torch.no_grad():  # stands for training: every weight moved away from any initialisation
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(torch.rand_like(tensor) + 0.5)
+    trained = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    random_state = torch.get_rng_state()
+    restarted = model.restart_front_end(7)
+    assert torch.equal(torch.get_rng_state(), random_state)
+    torch.manual_seed(7)
+    fresh = ProCap(config).state_dict()
+    assert {"encoder.visual_proj.weight", "encoder.change_temperature", "encoder.window_pos"} <= set(restarted)
+    assert any(name.startswith("encoder.image_encoder.") for name in restarted)
+    for name, tensor in model.state_dict().items():
+        expected = fresh[name] if name in restarted else trained[name]
+        assert torch.equal(tensor, expected), name
+    kept = set(trained) - set(restarted)
+    assert {"encoder.layers.0.attn.q_proj.weight", "mask_embedding", "pos_frame", "decoder.embed.weight"} <= kept
+    assert "encoder.feature_norm.running_mean" in kept
+    # another seed draws another front end
+    model.restart_front_end(8)
+    assert not torch.equal(model.encoder.visual_proj.weight, fresh["encoder.visual_proj.weight"])
