@@ -422,7 +422,7 @@ def curves_figure(folder: Path) -> Any:
         return None
     figure = Figure(figsize=(13, 7), dpi=90)
     (loss1, align), (loss2, cider) = figure.subplots(2, 2)
-    _plot(loss1, stage1, "loss", "stage-1 loss (7 MSM + 0.5 align + 0.5 csy)", "loss")
+    _plot(loss1, stage1, "loss", "stage-1 loss (MSM, align and csy, weighted as the model config says)", "loss")
     _plot(align, stage1, "align", "stage-1 alignment loss (caption vs procedure)", "alignment loss")
     if align.lines:
         align.axhline(ALIGN_CHANCE, color="grey", linestyle=":", label=f"chance (2 ln 2 = {ALIGN_CHANCE:.3f})")
