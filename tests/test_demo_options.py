@@ -146,7 +146,11 @@ def test_resume_refuses_a_finished_seed_of_another_model_design(tmp_path):
     assert set(finished_reports(tmp_path, configs)) == {name for name, _ in MODELS}
     before = today.replace(image_encoder=0, learned_localisation=False, pixel_cnn=32)
     save_checkpoint(tmp_path / "static" / "best.safetensors", ProCap(before), vocab)
-    with pytest.raises(ProCapError, match=r"static was trained with another model \(departures pixel_cnn, image_enc"):
+    with pytest.raises(ProCapError, match=r"static was trained with another model \(departure pixel_cnn, departure im"):
+        finished_reports(tmp_path, configs)
+    # a stage 1 weighed otherwise (tiny's consistency weight was 1 before it learned its alignment)
+    save_checkpoint(tmp_path / "static" / "best.safetensors", ProCap(today.replace(csy_weight=1.0)), vocab)
+    with pytest.raises(ProCapError, match=r"static was trained with another model \(csy_weight\) than"):
         finished_reports(tmp_path, configs)
 
 

@@ -61,6 +61,8 @@ MAX_SEEDS = DEMO_MAX_SEEDS
 IMAGE_SIZE = 64
 # The demo's table keeps four caption metrics beside the correctness columns; `procap evaluate` reports every metric.
 DEMO_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+# The weights of stage 1's losses, which a resumed seed must share with today's preset (_check_departures)
+STAGE1_WEIGHTS = ("msm_weight", "align_weight", "csy_weight")
 MODELS = DEMO_MODELS  # (run folder, label)
 # correctness figures averaged over seeds (procap.eval.correctness.caption_accuracy), the failure kinds included
 ACCURACY_KEYS = (
@@ -488,20 +490,26 @@ def _check_settings(run: Path, saved: dict[str, Any], config: TrainConfig) -> No
 
 
 def _check_departures(run: Path) -> None:
-    """Refuse a finished run whose model departs from the paper otherwise than today's preset: the settings name
-    the preset, and a preset's departures change between releases (the learned front end of issue 54)."""
+    """Refuse a finished run whose model departs from the paper otherwise than today's preset, or weighs stage 1's
+    losses otherwise: the settings name the preset, and a preset's departures and weights change between releases
+    (the learned front end of issue 54, then its consistency weight)."""
     from procap.core.config import ProCapConfig, get_preset
     from procap.loading.checkpoint import read_checkpoint_metadata
 
     checkpoint = run / "best.safetensors"
     if not checkpoint.is_file():
         return  # metrics.json names the checkpoint it scored; without it there is nothing to compare
-    recorded = ProCapConfig.from_dict(read_checkpoint_metadata(checkpoint)["config"]).departures
-    wanted = get_preset(PRESET).departures
-    changed = [f.name for f in dataclasses.fields(wanted) if getattr(recorded, f.name) != getattr(wanted, f.name)]
+    recorded = ProCapConfig.from_dict(read_checkpoint_metadata(checkpoint)["config"])
+    wanted = get_preset(PRESET)
+    changed = [
+        f"departure {f.name}"
+        for f in dataclasses.fields(wanted.departures)
+        if getattr(recorded.departures, f.name) != getattr(wanted.departures, f.name)
+    ]
+    changed += [name for name in STAGE1_WEIGHTS if getattr(recorded, name) != getattr(wanted, name)]
     if changed:
         raise ProCapError(
-            f"--resume: {run} was trained with another model (departures {', '.join(changed)}) than this demo's "
+            f"--resume: {run} was trained with another model ({', '.join(changed)}) than this demo's "
             f"{PRESET} preset; give a new --out, or run without --resume to train it again."
         )
 
