@@ -431,9 +431,6 @@ PRESETS: dict[str, ProCapConfig] = {
         dec_layers=2,
         dropout=0.0,
         label_smoothing=0.0,
-        # At the consistency loss's full weight stage 1's alignment stayed at chance for 400 steps in every run on
-        # the learned front end; at 0.1 (or 0) it learns (docs/model.md)
-        csy_weight=0.1,
         departures=Departures(
             difference_embedding=True,
             width_scaled_init=True,

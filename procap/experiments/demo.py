@@ -137,8 +137,8 @@ FULL = DemoBudget(
     vqgan_steps=1200,  # with --train-tokenizer only; the embedded tokenizer is this run (tools/make_demo_tokenizer.sh)
     vqgan_batch=16,
     # 100 steps on 480 pairs left align at chance and MSM at 7 % (issue 37): four times the steps, on every
-    # training pair (four epochs of the 1,600); on the learned front end align leaves chance from about step 250,
-    # with tiny's consistency weight of 0.1 (docs/model.md)
+    # training pair (four epochs of the 1,600); on the learned front end align stays at chance, unless the
+    # consistency loss is weighed down, which made stage 2 worse (docs/model.md)
     stage1_steps=400,
     stage1_batch=16,
     # 2,400: what 25 min a seed bought with three models side by side; with the 2 x 2's fourth run and the longer
