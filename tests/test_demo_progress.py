@@ -193,3 +193,18 @@ def test_a_worker_ends_when_the_demo_that_started_it_is_killed(tmp_path):
         for pid in (worker, demo.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_log_stamped_by_a_coarse_clock_just_before_the_monitor_started_is_live(tmp_path):
+    """File mtimes come from a coarser clock than time.time(): a log written right after the monitor started can
+    carry a stamp a few milliseconds before it (a CI run showed such a run as waiting)."""
+    from procap.experiments.demo import MTIME_SLACK_S, _live_log
+
+    log = tmp_path / "procap" / "log.jsonl"
+    log.parent.mkdir()
+    log.write_text("{}\n")
+    since = time.time()
+    os.utime(log, (since - 0.01, since - 0.01))
+    assert _live_log(log.parent, since) == log
+    os.utime(log, (since - 10 * MTIME_SLACK_S, since - 10 * MTIME_SLACK_S))  # an earlier run's log
+    assert _live_log(log.parent, since) is None

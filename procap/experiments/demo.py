@@ -781,6 +781,11 @@ def follow_parent(every_s: float = 1.0) -> threading.Thread:
     return thread
 
 
+# A file's mtime comes from a coarser clock than time.time() (the kernel's tick; whole seconds on some file systems):
+# a log written just after ``since`` was taken can read as older than it
+MTIME_SLACK_S = 2.0
+
+
 def _live_log(out: Path, since: float) -> Path | None:
     """The log.jsonl a stage-2 run in ``out`` is writing now: in ``out``, or in the folder beside it where a run that
     replaces an earlier one trains (:class:`procap.train.run_folder.RunFolder`); a log not written since ``since``
@@ -789,7 +794,7 @@ def _live_log(out: Path, since: float) -> Path | None:
     live = []
     for path in candidates:
         with contextlib.suppress(OSError):  # a folder swapped in or removed between the listing and the stat
-            if path.stat().st_mtime >= since:
+            if path.stat().st_mtime >= since - MTIME_SLACK_S:
                 live.append((path.stat().st_mtime, path))
     return max(live)[1] if live else None
 
