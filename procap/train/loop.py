@@ -268,6 +268,7 @@ class Trainer:
         logger.debug("%s: saved step %d to %s", self.name, self.state.step, self.last_path)
 
     def _check_resumable(self) -> None:
+        """Refuse a resume without a saved state to resume from."""
         if not has_resumable(self.last_path):
             raise ProCapError(
                 f"--resume: no checkpoint to resume in {self.out} (expected {self.last_path.name} and its .state files)"

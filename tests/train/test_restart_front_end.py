@@ -65,3 +65,21 @@ def test_other_starts_keep_their_front_end(tmp_path, clevr_root, train_pairs, vo
     captioner = save_checkpoint(tmp_path / "captioner.safetensors", model, vocabulary, {"stage": "stage2"})
     start = _start_of_stage2(captioner, clevr_root, train_pairs, tmp_path / "on" / "s2")
     torch.testing.assert_close(start[FRONT], model.state_dict()[FRONT], atol=1e-9, rtol=0)
+
+
+def test_a_run_from_scratch_starts_from_the_front_end_restart_draws(
+    tmp_path, clevr_root, train_pairs, vocab, monkeypatch
+):
+    """What docs/model.md says of the departure: the front end it draws is the one a run from scratch with the same
+    seed starts from, so the cells with and without stage 1 begin from the same front end."""
+    from procap.train import stage1
+    from procap.train.stage2 import train
+
+    config = small_training_config(len(vocab), restart_front_end=True)
+    monkeypatch.setattr(stage1, "new_model", lambda preset, vocab, vqgan, **kw: ProCap(config.replace(**kw)))
+    cfg = TrainConfig(
+        stage="train", data=str(clevr_root), out=str(tmp_path / "s2"), steps=1, batch_size=4, seed=5, lr=1e-12,
+        weight_decay=0.0, progress=False,
+    )  # fmt: skip
+    model, _, _ = load_checkpoint(train(cfg, pairs=train_pairs))
+    torch.testing.assert_close(model.state_dict()[FRONT], _fresh(config, 5)[FRONT], atol=1e-9, rtol=0)
